@@ -1,0 +1,103 @@
+"""The policy protocol every model backend implements.
+
+A *policy* turns chat conversations into completions. Backends with a parameter space (HF transformers,
+vLLM engines) also expose their named parameters so that ES (``coevo.es``) can perturb them in place;
+API backends (OpenAI-compatible endpoints) have none and serve context evolution only.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decoding settings.
+
+    Attributes:
+        max_new_tokens: maximum completion length in tokens (>= 1).
+        temperature: 0 means greedy decoding.
+        top_p, top_k: nucleus / top-k filtering (top_k 0 = off).
+        seed: seed of the sampling RNG; the same seed, prompts and weights give the same completions on
+            the same backend and device. ``None`` draws from the backend's global RNG.
+        stop: strings at which a completion is cut (the stop string itself is removed).
+    """
+
+    max_new_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def with_seed(self, seed: int | None) -> SamplingParams:
+        return replace(self, seed=seed)
+
+
+@dataclass
+class Completion:
+    """One generated completion.
+
+    Attributes:
+        text: the completion text (without the prompt).
+        prompt_tokens, completion_tokens: token counts.
+        finish_reason: "stop" (EOS or stop string), "length" (max_new_tokens reached) or "error".
+        error: error message when finish_reason is "error" (the text is then empty).
+        duration_s: wall time of the batch this completion was part of (s).
+    """
+
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str = "stop"
+    error: str | None = None
+    duration_s: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class PolicyError(RuntimeError):
+    """A backend could not produce completions (endpoint down, model missing, ...)."""
+
+
+class Policy(ABC):
+    """A chat model.
+
+    Subclasses implement :meth:`generate`; parameter-space backends also implement
+    :meth:`named_parameters` and set ``has_parameters = True``.
+    """
+
+    #: whether ES can perturb this policy's weights
+    has_parameters: bool = False
+    #: identifier of the loaded model (path or name), recorded in histories and reports
+    model_id: str = ""
+
+    @abstractmethod
+    def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:
+        """Generate one completion per conversation.
+
+        Args:
+            conversations: a batch of chat conversations (list of messages each).
+            params: decoding settings.
+
+        Returns:
+            One :class:`Completion` per conversation, in order.
+
+        Raises:
+            PolicyError: when the backend cannot serve the request at all.
+        """
+
+    def named_parameters(self) -> Iterator[tuple[str, Any]]:
+        """Yield ``(canonical HF name, tensor)`` pairs of the weights ES may perturb.
+
+        Raises:
+            TypeError: for backends without a parameter space.
+        """
+        raise TypeError(f"{type(self).__name__} has no parameter space; ES needs an HF or vLLM policy")
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (engines, clients)."""

@@ -1,0 +1,168 @@
+"""Record types shared by every part of coevo.
+
+One objective direction holds across the framework: **reward, higher is better**. Problems that minimise
+(tour length, bins used) convert once at their boundary (``reward = -objective``) and keep the raw
+objective beside it in ``EvalResult.objective`` / ``Trajectory.meta``.
+
+These are plain dataclasses so that workers (sandbox processes, Ray actors) can build and return them
+without touching the store; only the loop's process writes to the store.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Space = Literal["parameter", "context"]
+
+#: Failure kinds an evaluation or a sample can end with (``None`` means valid).
+FAILURE_KINDS = (
+    "parse",  # no code / no JSON / no action could be extracted from the model output
+    "syntax",  # extracted code does not compile
+    "import",  # import of a forbidden or missing module, or import-time failure
+    "timeout",  # wall-clock or CPU limit reached
+    "memory",  # address-space limit reached
+    "runtime",  # an exception while running
+    "return_type",  # wrong return type / shape / NaN
+    "infeasible",  # solution violates a constraint
+    "llm_error",  # the model call itself failed
+    "sandbox",  # the sandbox could not start or died without a result
+    "other",
+)
+
+
+@dataclass
+class Step:
+    """One step of a trajectory (one model call and what followed it).
+
+    Attributes:
+        observation: what the agent saw before acting (text), or the prompt for one-shot tasks.
+        model_output: raw text the model produced.
+        action: the parsed action (web action string, extracted code, ...), ``None`` if unparsable.
+        tool_result: environment / evaluator feedback after the action (text).
+        reward: per-step reward (higher is better), ``None`` when the task only has a final reward.
+        meta: free JSON-serialisable metadata.
+    """
+
+    observation: str | None = None
+    model_output: str | None = None
+    action: str | None = None
+    tool_result: str | None = None
+    reward: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ESMember:
+    """The ES population member a trajectory was produced under.
+
+    Attributes:
+        seed: the member's noise seed (int, 0 <= seed < 2**63).
+        sigma: perturbation scale used (float, units of the weights).
+        sign: +1, or -1 for the mirrored (antithetic) half of a pair.
+        index: position of the member in its generation's population.
+    """
+
+    seed: int
+    sigma: float
+    sign: int = 1
+    index: int = 0
+
+
+@dataclass
+class ContextRef:
+    """The context version a trajectory ran under (all optional)."""
+
+    skill_name: str | None = None
+    skill_version: int | None = None
+    heuristic_id: str | None = None
+    prompt: str | None = None
+
+
+@dataclass
+class Trajectory:
+    """A complete rollout: what the store records atomically.
+
+    Attributes:
+        key: idempotency key, unique within the store; writing a trajectory whose key exists is a no-op.
+            Evolvers build it deterministically from (run, evolver, round, generation, member, index) so
+            that a step re-run after a crash finds its earlier trajectories instead of duplicating them.
+        run_id, evolver, space, round, generation: provenance.
+        task_id: task or instance id (``None`` for tasks without one).
+        steps: ordered steps.
+        reward: final reward (higher is better); ``None`` when invalid and not scored.
+        valid: whether the rollout produced a valid, scorable result.
+        failure: failure kind (one of ``FAILURE_KINDS``) when ``valid`` is False.
+        failure_detail: human-readable reason.
+        member: the ES member, or ``None`` when produced by the unperturbed model.
+        context: the context version used.
+        llm_calls: number of LLM samples this trajectory consumed (counts against the sample budget,
+            valid or not).
+        prompt_tokens, completion_tokens: token counts summed over the trajectory's model calls.
+        started_at: UNIX time (s); duration_s: wall time (s).
+        meta: free JSON-serialisable metadata (objective, code, thought, operator, ...).
+        id: row id assigned by the store (``None`` until stored).
+    """
+
+    key: str
+    run_id: str
+    evolver: str
+    space: Space
+    round: int = 0
+    generation: int = 0
+    task_id: str | None = None
+    steps: list[Step] = field(default_factory=list)
+    reward: float | None = None
+    valid: bool = True
+    failure: str | None = None
+    failure_detail: str | None = None
+    member: ESMember | None = None
+    context: ContextRef = field(default_factory=ContextRef)
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    started_at: float = field(default_factory=time.time)
+    duration_s: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict)
+    id: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+        d = dict(d)
+        d["steps"] = [Step(**s) for s in d.get("steps") or []]
+        d["member"] = ESMember(**d["member"]) if d.get("member") else None
+        d["context"] = ContextRef(**(d.get("context") or {}))
+        return cls(**d)
+
+
+@dataclass
+class EvalResult:
+    """Typed result of evaluating one candidate (heuristic program, answer, ...). Never a bare None.
+
+    Attributes:
+        valid: True when the candidate ran and every solution was feasible.
+        objective: problem objective as the problem defines it (e.g. mean tour length; lower is better for
+            minimisation problems), ``None`` when invalid.
+        score: the same result as a reward (higher is better), ``None`` when invalid.
+        metrics: extra numbers (per-instance objectives, gap_percent, ...).
+        feedback: short text for the model / the user.
+        error_kind: one of ``FAILURE_KINDS`` when invalid.
+        error: detail of the failure.
+        duration_s: wall time of the evaluation (s).
+    """
+
+    valid: bool
+    objective: float | None = None
+    score: float | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    feedback: str = ""
+    error_kind: str | None = None
+    error: str | None = None
+    duration_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
