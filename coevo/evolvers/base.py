@@ -76,6 +76,8 @@ class RunContext:
         evolvers: the run's evolvers by name, for evolvers that cooperate (e.g. ES generating EoH children).
         seed: the run's base seed.
         round: the current round (set by the loop).
+        sampling: the run's default decoding settings (``coevo.config.SamplingConfig``), see
+            :meth:`sampling_params`.
     """
 
     run_id: str
@@ -87,6 +89,7 @@ class RunContext:
     evolvers: dict[str, Evolver] = field(default_factory=dict)
     seed: int = 0
     round: int = 0
+    sampling: Any = None
     _policy: Policy | None = None
 
     @property
@@ -102,16 +105,26 @@ class RunContext:
             self._policy = self.policy_factory()
         return self._policy
 
+    def sampling_params(self, **overrides: Any):
+        """The run's decoding settings as :class:`~coevo.backends.base.SamplingParams`, with overrides."""
+        from coevo.backends.base import SamplingParams
+
+        base = self.sampling.model_dump() if self.sampling is not None else {}
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        if "stop" in base:
+            base["stop"] = tuple(base["stop"])
+        return SamplingParams(**base)
+
     def cached(self, key: str) -> Trajectory | None:
         """The stored trajectory with this idempotency key, or None (see the module's resume contract)."""
         return self.store.get_by_key(key)
 
     def record(self, trajectory: Trajectory) -> Trajectory:
-        """Store a trajectory (idempotent) and charge its LLM calls to the budget once.
+        """Store a trajectory (idempotent); its ``llm_calls`` count against the budget once.
 
         Returns the stored trajectory (the earlier copy if the key already existed).
         """
-        stored, inserted = self.store.add_trajectory(trajectory)
+        stored, _inserted = self.store.add_trajectory(trajectory)
         return stored
 
     def traj_key(self, evolver: str, *parts: object) -> str:
@@ -159,6 +172,10 @@ class Evolver(ABC):
 
     def load_checkpoint(self, directory: Path) -> None:  # noqa: B027 - optional hook
         """Read what :meth:`save_checkpoint` wrote."""
+
+    def report_markdown(self) -> str | None:
+        """A Markdown section for the run report (tables of this evolver's results), or None."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources at the end of the run."""

