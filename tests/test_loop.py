@@ -15,7 +15,7 @@ import yaml
 from coevo.config import parse_config
 from coevo.loop import CoEvolutionLoop
 from coevo.report.writer import step_records
-from coevo.store import TrajectoryStore
+from coevo.store import SchemaError, TrajectoryStore
 
 TESTS = Path(__file__).parent
 
@@ -112,9 +112,12 @@ def test_resume_after_kill_9_loses_and_duplicates_nothing(tmp_path):
         deadline = time.time() + 60
         while time.time() < deadline:
             if db.exists():
-                with TrajectoryStore(db, readonly=True) as s:
-                    if len(s.query(run_id="killed")) >= wait_for:
-                        break
+                try:
+                    with TrajectoryStore(db, readonly=True) as s:
+                        if len(s.query(run_id="killed")) >= wait_for:
+                            break
+                except SchemaError:  # the writer has created the file but not yet its schema
+                    pass
             time.sleep(0.02)
         time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
