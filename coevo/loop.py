@@ -102,6 +102,8 @@ class CoEvolutionLoop:
         self.show_progress = progress
         if resume and not (self.run_dir / "config.yaml").exists():
             raise FileNotFoundError(f"no run to resume in {self.run_dir} (config.yaml missing)")
+        if not resume:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
         if not resume and raw_config is not None:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(raw_config, sort_keys=False))
         self.run_id = self.run_dir.name

