@@ -1,0 +1,70 @@
+"""Command line for skills: ``coevo skills validate DIR [DIR...]``.
+
+``add_parser(subparsers)`` registers the ``skills`` command on the main ``coevo`` parser; the chosen
+sub-command's handler is stored as ``args.func`` and returns the process exit code.
+``python -m coevo.skills.cli skills validate DIR`` runs it without the main CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from coevo.skills.validate import validate_paths
+
+
+def run_validate(dirs: Sequence[str], out: TextIO | None = None) -> int:
+    """Validate skill folders (or folders of skills) and print one line per violation.
+
+    Each line reads ``FILE: FIELD: MESSAGE``; a closing line counts skills and violations.
+
+    Returns:
+        0 when every skill is valid, 1 when any violation was found.
+    """
+    out = out or sys.stdout
+    results = validate_paths(dirs)
+    n_violations = 0
+    for skill_dir, violations in results.items():
+        for v in violations:
+            print(str(v), file=out)
+        n_violations += len(violations)
+        if not violations:
+            print(f"{skill_dir}: ok", file=out)
+    n_bad = sum(1 for v in results.values() if v)
+    print(f"{len(results)} skill(s) checked, {n_bad} invalid, {n_violations} violation(s)", file=out)
+    return 1 if n_violations else 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    return run_validate(args.dirs)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``skills`` (with sub-command ``validate``) on the main CLI's subparsers.
+
+    Returns:
+        The ``skills`` parser.
+    """
+    parser = subparsers.add_parser("skills", help="Agent Skills tools", description="Agent Skills tools.")
+    sub = parser.add_subparsers(dest="skills_command", required=True)
+    validate = sub.add_parser(
+        "validate", help="check skill folders against the Agent Skills specification",
+        description="Check skill folders against the Agent Skills specification. Each DIR is a skill folder "
+                    "(holding SKILL.md) or a folder of skill folders. Exit status 1 on any violation.")
+    validate.add_argument("dirs", nargs="+", metavar="DIR", help="a skill folder or a folder of skills")
+    validate.set_defaults(func=_cmd_validate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (e.g. ``["skills", "validate", "skills/"]``) and run the command; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="coevo")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
