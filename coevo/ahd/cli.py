@@ -1,0 +1,112 @@
+"""``coevo heuristics ...``: evaluate a heuristic file on a problem's instances from the command line.
+
+    coevo heuristics list
+    coevo heuristics eval PROBLEM FILE.py [--size N --count K --seed S | --instances PATH] [--json]
+
+``eval`` runs the file through the sandbox on every instance (going on after failures, to count them) and
+prints the mean objective, the gap and what it is measured against, and the number of invalid instances.
+With ``--json`` it prints one object with keys mean_objective, gap_percent, reference, n_instances,
+n_invalid, invalid_reasons (plus problem, direction, objective_name, valid, error_kind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from coevo.ahd.evaluate import evaluate_heuristic
+from coevo.ahd.problem import available_problems, heuristics_root, load_problem
+
+
+def eval_report(args: argparse.Namespace) -> dict[str, Any]:
+    """Evaluate ``args.file`` on the chosen instances; return the --json object.
+
+    Raises:
+        ValueError / FileNotFoundError: bad problem, file or instance options (reported as exit code 2).
+    """
+    problem = load_problem(args.problem)
+    code = Path(args.file).read_text()
+    if args.instances:
+        if args.size is not None:
+            raise ValueError("give either --instances or --size/--count/--seed, not both")
+        instances = problem.load_instances(args.instances)
+        if args.count is not None:
+            instances = instances.subset(args.count)
+    else:
+        instances = problem.generate(args.size if args.size is not None else problem.default_size,
+                                     args.count if args.count is not None else problem.default_count, args.seed)
+    res = evaluate_heuristic(problem, code, instances, keep_going=True, with_reference=not args.no_reference)
+    m = res.metrics
+    n_invalid = m.get("n_invalid", len(instances))  # absent: the whole candidate failed before any instance
+    reasons = m.get("invalid_reasons") or ({f"{res.error_kind}: {res.error}": len(instances)} if not res.valid
+                                           else {})
+    return {
+        "problem": problem.name,
+        "direction": problem.direction,
+        "objective_name": problem.objective_name,
+        "mean_objective": res.objective if res.valid else m.get("mean_valid_objective"),
+        "gap_percent": m.get("gap_percent"),
+        "reference": m.get("reference"),
+        "reference_mean": m.get("reference_mean"),
+        "n_instances": len(instances),
+        "n_invalid": n_invalid,
+        "invalid_reasons": reasons,
+        "valid": res.valid,
+        "error_kind": res.error_kind,
+        "instances_source": instances.source,
+    }
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    try:
+        out = eval_report(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"coevo heuristics eval: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(out))
+        return 0 if out["valid"] else 1
+    mean = "n/a" if out["mean_objective"] is None else f"{out['mean_objective']:.6f}"
+    print(f"problem: {out['problem']} ({out['direction']} {out['objective_name']})")
+    print(f"instances: {out['n_instances']} ({out['instances_source']})")
+    print(f"mean {out['objective_name']}: {mean}" + (" (valid instances only)" if out["n_invalid"] else ""))
+    if out["gap_percent"] is not None:
+        print(f"gap: {out['gap_percent']:.4f}% vs {out['reference']} (mean {out['reference_mean']:.6f})")
+    print(f"invalid: {out['n_invalid']} of {out['n_instances']}")
+    for reason, count in out["invalid_reasons"].items():
+        print(f"  {count} x {reason}")
+    return 0 if out["valid"] else 1
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    for name in available_problems():
+        p = load_problem(name)
+        print(f"{name}\t{p.function_name}\t{p.direction} {p.objective_name}\tsizes {list(p.sizes)}\t"
+              f"reference: {p.reference_name}")
+    if not available_problems():
+        print(f"no problems found in {heuristics_root()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``heuristics list`` and ``heuristics eval`` on the top-level ``coevo`` sub-parsers."""
+    heur = subparsers.add_parser("heuristics", help="heuristic-design problems")
+    sub = heur.add_subparsers(dest="heuristics_cmd", required=True)
+    lst = sub.add_parser("list", help="list the available problems")
+    lst.set_defaults(func=_cmd_list)
+    ev = sub.add_parser("eval", help="evaluate a heuristic file on a problem's instances (exit 1 if invalid)")
+    ev.add_argument("problem", help="problem name (a folder under heuristics/) or a problem folder")
+    ev.add_argument("file", help="Python file defining the problem's function (e.g. select_next_node)")
+    ev.add_argument("--size", type=int, default=None, help="generated instance size (default: the problem's)")
+    ev.add_argument("--count", type=int, default=None,
+                    help="number of instances (generated; or the first K of --instances)")
+    ev.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    ev.add_argument("--instances", default=None,
+                    help="instance file or folder (.npz, TSPLIB .tsp, BPP .json, CVRPLIB .vrp)")
+    ev.add_argument("--no-reference", action="store_true", help="skip the reference solver (no gap)")
+    ev.add_argument("--json", action="store_true", help="print one JSON object")
+    ev.set_defaults(func=_cmd_eval)

@@ -1,0 +1,173 @@
+"""Evaluate heuristic programs on a problem's instances, through the sandbox, into an :class:`EvalResult`.
+
+The candidate's code runs in the sandbox worker (:class:`coevo.sandbox.runner.Sandbox`), which calls the
+target :data:`TARGET` = ``coevo.ahd.problem:run_target`` with the candidate's function and a payload
+``{"problem": <problem folder>, "instances_path": <InstanceSet .npz>}``; the target returns the per-instance
+objectives. This module then converts to coevo's reward once (``score = -objective`` when the problem
+minimises, ``+objective`` when it maximises) and adds the gap to the problem's reference, always naming the
+reference (``metrics["reference"]``), so a user can tell what a gap is measured against.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coevo.ahd.instances import InstanceSet
+from coevo.ahd.problem import HeuristicProblem, load_problem
+from coevo.ahd.references import cache_dir, gap_percent
+from coevo.types import EvalResult
+
+TARGET = "coevo.ahd.problem:run_target"
+
+
+def instances_file(instances: InstanceSet, folder: str | os.PathLike | None = None) -> Path:
+    """Save ``instances`` (once per content hash) to ``<folder>/<problem>-<hash>.npz`` for the worker.
+
+    ``folder`` defaults to ``$COEVO_CACHE/instances``. Returns the path.
+    """
+    folder = Path(folder) if folder is not None else cache_dir().parent / "instances"
+    path = folder / f"{instances.problem}-{instances.content_hash()[:32]}.npz"
+    if not path.is_file():
+        instances.save(path)
+    return path
+
+
+def _resolve(problem: HeuristicProblem | str | os.PathLike,
+             instances: InstanceSet | str | os.PathLike) -> tuple[HeuristicProblem, InstanceSet]:
+    prob = problem if isinstance(problem, HeuristicProblem) else load_problem(problem)
+    inst = instances if isinstance(instances, InstanceSet) else prob.load_instances(instances)
+    if inst.problem != prob.name:
+        raise ValueError(f"instances are for {inst.problem!r}, not {prob.name!r}")
+    return prob, inst
+
+
+def summarize(problem: HeuristicProblem, instances: InstanceSet, raw: EvalResult,
+              with_reference: bool = True) -> EvalResult:
+    """Turn the sandbox's raw result (``metrics["objectives"]``) into the problem's EvalResult.
+
+    Valid: ``n_invalid`` = 0, ``objective`` = mean objective, ``score`` = -objective (minimise) or
+    objective (maximise), ``metrics`` = objectives, n_instances, reference, reference_mean, gap_percent
+    (None without reference).
+    Invalid: the sandbox's failure kind and detail, with ``reference`` named. A valid run whose objectives do
+    not match the instances (count, finiteness) becomes invalid with kind ``sandbox``. With per-instance
+    ``failures`` (keep_going), the result is invalid (most common kind) and ``metrics`` carries n_invalid,
+    invalid_reasons ({"kind: detail": count}) and mean_valid_objective / gap over the instances that ran.
+    """
+    metrics: dict[str, Any] = {"n_instances": len(instances), "direction": problem.direction,
+                               "objective_name": problem.objective_name}
+    if not raw.valid:
+        metrics["reference"] = instances.known_reference_name or problem.reference_name
+        return EvalResult(valid=False, metrics=metrics, feedback=f"invalid ({raw.error_kind}): {raw.error}",
+                          error_kind=raw.error_kind, error=raw.error, duration_s=raw.duration_s)
+    objectives = (raw.metrics or {}).get("objectives")
+    failures = (raw.metrics or {}).get("failures") or [None] * len(instances)
+    if (not isinstance(objectives, list) or len(objectives) != len(instances) or len(failures) != len(instances)
+            or not all((f is not None and o is None) or (isinstance(o, (int, float)) and math.isfinite(o))
+                       for o, f in zip(objectives, failures))):
+        detail = f"target returned objectives {str(objectives)[:200]!r} for {len(instances)} instances"
+        return EvalResult(valid=False, metrics=metrics, feedback=detail, error_kind="sandbox", error=detail,
+                          duration_s=raw.duration_s)
+    failed = [f for f in failures if f is not None]
+    metrics["n_invalid"] = len(failed)
+    metrics["invalid_reasons"] = dict(Counter(f"{f['kind']}: {f['error']}" for f in failed))
+    if failed:  # keep_going mode: summarise the instances that did run, and mark the candidate invalid
+        keep = [i for i, f in enumerate(failures) if f is None]
+        metrics.update(_valid_subset_metrics(problem, instances, objectives, keep, with_reference))
+        kind = Counter(f["kind"] for f in failed).most_common(1)[0][0]
+        return EvalResult(valid=False, metrics=metrics, error_kind=kind, error=failed[0]["error"],
+                          feedback=f"invalid on {len(failed)} of {len(instances)} instances: {failed[0]['error']}",
+                          duration_s=raw.duration_s)
+    mean = float(np.mean(objectives))
+    metrics["objectives"] = [float(o) for o in objectives]
+    gap, ref_name, ref_mean = None, None, None
+    if with_reference:
+        refs, ref_name = problem.references(instances)
+        ref_mean = float(np.mean(refs))
+        gap = gap_percent(mean, ref_mean, problem.direction)
+    metrics.update(reference=ref_name, reference_mean=ref_mean, gap_percent=gap)
+    feedback = f"mean {problem.objective_name} {mean:.6g} over {len(instances)} instances"
+    if gap is not None:
+        feedback += f"; gap {gap:.3f}% vs {ref_name}"
+    score = -mean if problem.direction == "minimize" else mean
+    return EvalResult(valid=True, objective=mean, score=score, metrics=metrics, feedback=feedback,
+                      duration_s=raw.duration_s)
+
+
+def _valid_subset_metrics(problem: HeuristicProblem, instances: InstanceSet, objectives: list,
+                          keep: list[int], with_reference: bool) -> dict[str, Any]:
+    """mean objective and gap over the instances in ``keep`` (those that ran validly)."""
+    if not keep:
+        return {"mean_valid_objective": None, "reference": None, "reference_mean": None, "gap_percent": None}
+    mean = float(np.mean([objectives[i] for i in keep]))
+    out: dict[str, Any] = {"mean_valid_objective": mean, "reference": None, "reference_mean": None,
+                           "gap_percent": None}
+    if with_reference:
+        refs, name = problem.references(instances)
+        ref_mean = float(np.mean(refs[keep]))
+        out.update(reference=name, reference_mean=ref_mean, gap_percent=gap_percent(mean, ref_mean,
+                                                                                     problem.direction))
+    return out
+
+
+def default_sandbox() -> Any:
+    """A :class:`coevo.sandbox.runner.Sandbox` with its default limits (imported lazily)."""
+    from coevo.sandbox.runner import Sandbox
+
+    return Sandbox()
+
+
+def evaluate_heuristic(problem: HeuristicProblem | str | os.PathLike, code: str,
+                       instances: InstanceSet | str | os.PathLike, sandbox: Any = None,
+                       with_reference: bool = True, keep_going: bool = False) -> EvalResult:
+    """Evaluate one heuristic program.
+
+    Args:
+        problem: a problem, its name, or its folder.
+        code: Python source defining ``problem.function_name`` (or an alias, e.g. BPP ``priority``).
+        instances: an InstanceSet, or a file the problem can load (``.npz``, ``.tsp``, ``.json``, ``.vrp``).
+        sandbox: an object with ``run(code, function_name, target, payload) -> EvalResult`` (default:
+            :func:`default_sandbox`).
+        with_reference: compute the reference and gap (cached on disk); False skips it (gap None).
+        keep_going: run every instance even after failures and report ``n_invalid`` / ``invalid_reasons``
+            (diagnosis; the candidate is still invalid if any instance fails).
+
+    Returns:
+        EvalResult (see :func:`summarize`); invalid candidates give ``valid=False`` with the failure kind,
+        never an exception.
+
+    Raises:
+        ValueError: unknown problem or instances of another problem (caller errors, not candidate errors).
+    """
+    prob, inst = _resolve(problem, instances)
+    sandbox = sandbox if sandbox is not None else default_sandbox()
+    payload = {"problem": str(prob.root), "instances_path": str(instances_file(inst)), "keep_going": keep_going}
+    raw = sandbox.run(code, prob.resolve_function_name(code), TARGET, payload)
+    return summarize(prob, inst, raw, with_reference)
+
+
+def evaluate_many(problem: HeuristicProblem | str | os.PathLike, codes: Sequence[str],
+                  instances: InstanceSet | str | os.PathLike, sandbox: Any = None,
+                  with_reference: bool = True) -> list[EvalResult]:
+    """Evaluate several programs on the same instances (one instances file, references computed once).
+
+    Uses the sandbox's ``evaluate_many(requests)`` when it has one (requests are dicts with ``code``,
+    ``function_name``, ``target``, ``payload``), else calls ``run`` for each program in turn.
+    Returns one EvalResult per program, in order.
+    """
+    prob, inst = _resolve(problem, instances)
+    sandbox = sandbox if sandbox is not None else default_sandbox()
+    payload = {"problem": str(prob.root), "instances_path": str(instances_file(inst))}
+    requests = [{"code": c, "function_name": prob.resolve_function_name(c), "target": TARGET,
+                 "payload": payload} for c in codes]
+    if hasattr(sandbox, "evaluate_many"):
+        raws = sandbox.evaluate_many(requests)
+    else:
+        raws = [sandbox.run(r["code"], r["function_name"], r["target"], r["payload"]) for r in requests]
+    return [summarize(prob, inst, raw, with_reference) for raw in raws]

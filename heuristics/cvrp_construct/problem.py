@@ -1,0 +1,137 @@
+"""CVRP, constructive: build routes node by node with ``select_next_node`` (LLM4AD / ReEvo interface).
+
+Interface::
+
+    select_next_node(current_node: int, depot: int, unvisited_nodes: np.ndarray[int64] (k,),
+                     rest_capacity: int, demands: np.ndarray[int64] (n+1,),
+                     distance_matrix: np.ndarray[float64] (n+1, n+1)) -> int
+
+Node 0 is the depot (demand 0); customers are 1..n. ``unvisited_nodes`` lists ALL customers not yet served,
+including those whose demand exceeds ``rest_capacity``: respecting the capacity is the heuristic's job and
+is checked (the reference frameworks never checked it, so a heuristic ignoring capacity "won").
+
+Rules: a route starts at the depot with the full capacity. The heuristic returns an unvisited customer
+whose demand fits ``rest_capacity`` (visit it) or the depot (close the route; not allowed while already at
+the depot). When no unvisited customer fits, the vehicle returns to the depot without asking the
+heuristic; when all customers are served, it returns to the depot and the solution is complete. So the
+heuristic is called at most 2n times. A non-int, an index out of range, or the depot while at the depot is
+an InvalidReturn; a served customer or a demand above the remaining load is an InfeasibleSolution.
+
+Objective: total route length (minimise). Instances: Kool et al. 2019 ("Attention, learn to solve routing
+problems!", ICLR), also used by LLM4AD / ReEvo: depot and n customers uniform in [0, 1]^2, demands
+uniform in {1..9}, capacity 30 / 40 / 50 for n = 20 / 50 / 100 (LLM4AD uses 40 at n = 50, ReEvo 50).
+Reference: OR-Tools routing, guided local search, 1 s per instance -- a strong heuristic, not an optimum.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from coevo.ahd.instances import InstanceSet, euclidean_matrix, load_cvrplib
+from coevo.ahd.problem import HeuristicProblem, as_index, read_only, register_problem
+from coevo.ahd.references import cvrp_ortools_cost
+from coevo.sandbox.errors import InfeasibleSolution, InvalidReturn
+
+CAPACITY_BY_SIZE = {20: 30, 50: 40, 100: 50}
+
+
+@register_problem
+class CVRPConstruct(HeuristicProblem):
+    """Constructive capacitated vehicle routing (minimise the total length of all routes)."""
+
+    name = "cvrp_construct"
+    function_name = "select_next_node"
+    direction = "minimize"
+    objective_name = "total route length"
+    task_description = (
+        "Vehicles with a limited capacity start and end at a depot and must serve every customer exactly "
+        "once; each customer has a demand, and the demands served on one route must not exceed the capacity. "
+        "Find routes of minimum total length. Routes are built one step at a time: from the current node, "
+        "with the remaining load, choose the next customer to serve (its demand must fit) or return to the "
+        "depot to start a new route. Design a novel rule for choosing the next node."
+    )
+    func_inputs = ("current_node", "depot", "unvisited_nodes", "rest_capacity", "demands", "distance_matrix")
+    func_outputs = ("next_node",)
+    sizes = (20, 50, 100)
+    default_size = 50
+    default_count = 64
+    reference_name = "OR-Tools routing GLS 1 s (heuristic reference, not optimal)"
+    reference_time_limit_s = 1.0
+
+    def generate(self, size: int, count: int, seed: int, capacity: int | None = None) -> InstanceSet:
+        """``count`` instances with ``size`` customers (``default_rng(seed)``); ``capacity`` defaults to
+        :data:`CAPACITY_BY_SIZE` (ValueError for another size without one)."""
+        self.check_args(size, count, seed)
+        if capacity is None:
+            if size not in CAPACITY_BY_SIZE:
+                raise ValueError(f"cvrp_construct: size {size} has no standard capacity "
+                                 f"({CAPACITY_BY_SIZE}); pass capacity=")
+            capacity = CAPACITY_BY_SIZE[size]
+        if capacity < 9:
+            raise ValueError(f"cvrp_construct: capacity must be >= 9 (the largest demand), got {capacity}")
+        rng = np.random.default_rng(seed)
+        arrays = []
+        for _ in range(count):
+            coords = rng.random((size + 1, 2))
+            demands = np.concatenate([[0], rng.integers(1, 10, size)]).astype(np.int64)
+            arrays.append({"coords": coords, "demands": demands, "distances": euclidean_matrix(coords),
+                           "capacity": np.array(capacity, dtype=np.int64)})
+        names = [f"cvrp{size}_s{seed}_{i}" for i in range(count)]
+        return InstanceSet(self.name, names, arrays, f"Kool2019 n={size} C={capacity} seed={seed}")
+
+    def solve_instance(self, fn, arrays):
+        dist = np.asarray(arrays["distances"], dtype=np.float64)
+        demands = np.asarray(arrays["demands"], dtype=np.int64)
+        capacity = int(arrays["capacity"])
+        n = dist.shape[0]
+        if demands[1:].max(initial=0) > capacity:
+            raise ValueError(f"instance has a demand above the capacity {capacity}")
+        shown_dist, shown_dem = read_only(dist), read_only(demands)
+        unvisited = np.ones(n, dtype=bool)
+        unvisited[0] = False
+        current, rest, total = 0, capacity, 0.0
+        while unvisited.any():
+            if not (unvisited & (demands <= rest)).any():
+                total += dist[current, 0]  # forced return: nothing fits the remaining load
+                current, rest = 0, capacity
+                continue
+            nodes = read_only(np.flatnonzero(unvisited), np.int64)
+            nxt = as_index(fn(current, 0, nodes, rest, shown_dem, shown_dist), self.function_name, n)
+            if nxt == 0:
+                if current == 0:
+                    raise InvalidReturn(f"{self.function_name} returned the depot while at the depot "
+                                        "(an empty route); choose a customer")
+                total += dist[current, 0]
+                current, rest = 0, capacity
+                continue
+            if not unvisited[nxt]:
+                raise InfeasibleSolution(f"{self.function_name} returned customer {nxt}, already served")
+            if demands[nxt] > rest:
+                raise InfeasibleSolution(f"{self.function_name} returned customer {nxt} with demand "
+                                         f"{demands[nxt]} > rest_capacity {rest}: capacity violated")
+            total += dist[current, nxt]
+            unvisited[nxt] = False
+            current, rest = nxt, rest - int(demands[nxt])
+        return total + dist[current, 0]
+
+    def reference_one(self, arrays):
+        return cvrp_ortools_cost(np.asarray(arrays["distances"], dtype=np.float64), arrays["demands"],
+                                 int(arrays["capacity"]), self.reference_time_limit_s)
+
+    def reference_solver_id(self) -> str:
+        return f"ortools-gls-{self.reference_time_limit_s:g}s"
+
+    def load_instances(self, path: str | os.PathLike) -> InstanceSet:
+        """An InstanceSet ``.npz``, a CVRPLIB ``.vrp`` file, or a folder of ``.vrp`` files."""
+        path = Path(path)
+        if path.is_dir():
+            files = sorted(path.glob("*.vrp"))
+            if not files:
+                raise ValueError(f"no .vrp files in {path}")
+            return load_cvrplib(files)
+        if path.suffix == ".vrp":
+            return load_cvrplib([path])
+        return super().load_instances(path)
