@@ -1,0 +1,1 @@
+"""Agents: the LangGraph web agent, its action parser and prompts, and a scripted test-double policy."""

@@ -1,0 +1,360 @@
+"""The web agent: a LangGraph loop model -> action -> observation over BrowserGym environments.
+
+Graph (``langgraph.graph.StateGraph``)::
+
+    START -> model -> act -> (any episode running? model : END)
+
+``model`` sends one chat per running episode to the :class:`~coevo.backends.base.Policy` in a single
+``generate`` call (so several environments share one batched forward pass); ``act`` parses one action per
+output (:func:`coevo.agents.actions.parse_action`) and executes it: browser actions in the episode's
+:class:`~coevo.envs.web.WebEnv`, skill actions (``load_skill`` / ``read_skill_file``) in the skill library.
+An episode ends when the task reports done, after ``send_msg_to_user`` / ``report_infeasible`` (stop), at
+``max_steps`` model calls, or on a model / browser failure.
+
+Malformed output never raises: the step is recorded with ``action=None`` and the parse error as
+``tool_result``, counts against ``max_steps``, and the error is fed back to the model in the next prompt.
+
+Every episode returns a :class:`~coevo.types.Trajectory` (one :class:`~coevo.types.Step` per model call);
+the agent does not write to the store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypedDict
+
+from coevo.agents.actions import (
+    STOP_ACTIONS,
+    ActionParseError,
+    ParsedAction,
+    parse_action,
+)
+from coevo.agents.prompts import HistoryItem, system_prompt, user_message
+from coevo.backends.base import Completion, Policy, PolicyError, SamplingParams
+from coevo.envs.web import WebEnv, WebEnvError
+from coevo.types import ContextRef, ESMember, Space, Step, Trajectory
+
+
+class SkillSource(Protocol):
+    """What the agent needs from a skill library (``coevo.skills.SkillLibrary`` provides it)."""
+
+    def catalog_prompt(self) -> str: ...
+    def activate(self, name: str) -> str: ...
+    def read_reference(self, name: str, path: str) -> str: ...
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where trajectories come from (copied into each :class:`Trajectory`)."""
+
+    run_id: str = ""
+    evolver: str = "web_agent"
+    round: int = 0
+    generation: int = 0
+    space: Space | None = None  # default: "parameter" under an ES member, else "context"
+    context: ContextRef = field(default_factory=ContextRef)
+
+
+def episode_key(prov: Provenance, member: ESMember | None, task_id: str) -> str:
+    """Deterministic idempotency key ``web/<run>/<evolver>/r<round>/g<gen>/<member>/<task>:<seed>``."""
+    who = "base" if member is None else f"m{member.index}{'+' if member.sign >= 0 else '-'}s{member.seed}"
+    return f"web/{prov.run_id}/{prov.evolver}/r{prov.round}/g{prov.generation}/{who}/{task_id}"
+
+
+@dataclass
+class _Episode:
+    """Mutable state of one running episode."""
+
+    env: WebEnv
+    task: str
+    seed: int
+    key: str
+    member: ESMember | None
+    system: str = ""
+    prompt: str = ""
+    obs: dict[str, Any] = field(default_factory=dict)
+    steps: list[Step] = field(default_factory=list)
+    history: list[HistoryItem] = field(default_factory=list)
+    skill_texts: list[str] = field(default_factory=list)
+    reward: float = 0.0
+    end: str | None = None
+    failure: str | None = None
+    failure_detail: str | None = None
+    pending: Completion | None = None
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    started_at: float = field(default_factory=time.time)
+    t0: float = field(default_factory=time.perf_counter)
+
+    @property
+    def task_id(self) -> str:
+        return f"{self.task}:{self.seed}"
+
+
+class _State(TypedDict):
+    episodes: list[_Episode]
+    turn: int
+
+
+class WebAgent:
+    """Runs web episodes with a policy.
+
+    Args:
+        policy: any coevo :class:`~coevo.backends.base.Policy`.
+        sampling: decoding settings; when ``sampling.seed`` is set, turn ``t`` (0-based) of a batch uses seed
+            ``sampling.seed + t`` so that a rerun reproduces the same completions.
+        max_steps: model calls per episode (>= 1).
+        skills: optional skill library (:class:`SkillSource`); enables the two skill actions.
+        skill_catalog: catalog text for the system prompt (default ``skills.catalog_prompt()``).
+        max_obs_chars: accessibility tree / skill text clip (characters, >= 200).
+        history_len: previous actions shown per prompt (>= 0).
+
+    Raises:
+        TypeError / ValueError: naming the bad argument.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        sampling: SamplingParams,
+        max_steps: int = 15,
+        skills: SkillSource | None = None,
+        skill_catalog: str | None = None,
+        max_obs_chars: int = 8000,
+        history_len: int = 8,
+    ) -> None:
+        if not isinstance(policy, Policy):
+            raise TypeError(f"policy must be a coevo Policy, got {type(policy).__name__}")
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
+        if max_obs_chars < 200:
+            raise ValueError(f"max_obs_chars must be >= 200, got {max_obs_chars}")
+        if history_len < 0:
+            raise ValueError(f"history_len must be >= 0, got {history_len}")
+        for method in ("catalog_prompt", "activate", "read_reference") if skills is not None else ():
+            if not callable(getattr(skills, method, None)):
+                raise TypeError(f"skills must provide {method}(); got {type(skills).__name__}")
+        self.policy = policy
+        self.sampling = sampling
+        self.max_steps = max_steps
+        self.skills = skills
+        self.skill_catalog = skill_catalog if skill_catalog is not None else (
+            skills.catalog_prompt() if skills is not None else None)
+        self.max_obs_chars = max_obs_chars
+        self.history_len = history_len
+        self.graph = self._build_graph()
+
+    # -- graph -----------------------------------------------------------------------------------------
+    def _build_graph(self) -> Any:
+        from langgraph.graph import END, START, StateGraph
+
+        graph = StateGraph(_State)
+        graph.add_node("model", self._model_node)
+        graph.add_node("act", self._act_node)
+        graph.add_edge(START, "model")
+        graph.add_edge("model", "act")
+        graph.add_conditional_edges("act", self._route, {"model": "model", END: END})
+        return graph.compile()
+
+    @staticmethod
+    def _route(state: _State) -> str:
+        from langgraph.graph import END
+
+        return "model" if any(e.end is None for e in state["episodes"]) else END
+
+    def _model_node(self, state: _State) -> dict[str, Any]:
+        active = [e for e in state["episodes"] if e.end is None]
+        conversations = [[{"role": "system", "content": e.system}, {"role": "user", "content": e.prompt}]
+                         for e in active]
+        params = self.sampling if self.sampling.seed is None else self.sampling.with_seed(
+            self.sampling.seed + state["turn"])
+        completions = self.policy.generate(conversations, params)
+        if len(completions) != len(active):
+            raise PolicyError(f"policy returned {len(completions)} completions for {len(active)} conversations")
+        for episode, completion in zip(active, completions):
+            episode.pending = completion
+        return {"episodes": state["episodes"]}
+
+    def _act_node(self, state: _State) -> dict[str, Any]:
+        for episode in state["episodes"]:
+            if episode.end is None and episode.pending is not None:
+                self._act(episode)
+        return {"episodes": state["episodes"], "turn": state["turn"] + 1}
+
+    # -- one step --------------------------------------------------------------------------------------
+    def _act(self, e: _Episode) -> None:
+        c, e.pending = e.pending, None
+        e.llm_calls += 1
+        e.prompt_tokens += c.prompt_tokens
+        e.completion_tokens += c.completion_tokens
+        meta: dict[str, Any] = {"finish_reason": c.finish_reason}
+        if c.finish_reason == "error" or c.error:
+            e.steps.append(Step(observation=e.prompt, model_output=c.text, tool_result=f"model error: {c.error}",
+                                meta={**meta, "kind": "llm_error"}))
+            e.end, e.failure, e.failure_detail = "llm_error", "llm_error", str(c.error)
+            return
+        action: ParsedAction | None = None
+        reward: float | None = None
+        try:
+            action = parse_action(c.text, allow_skills=self.skills is not None)
+        except ActionParseError as exc:
+            feedback, meta["kind"] = f"Malformed output: {exc}", "parse_error"
+        else:
+            if action.is_skill:
+                feedback, meta["kind"] = self._run_skill(e, action), "skill"
+            else:
+                meta["kind"] = "env"
+                try:
+                    e.obs, reward, done, _info = e.env.step(action.text)
+                except WebEnvError as exc:
+                    e.steps.append(Step(observation=e.prompt, model_output=c.text, action=action.text,
+                                        tool_result=str(exc), meta=meta))
+                    e.end, e.failure, e.failure_detail = "env_error", "runtime", str(exc)
+                    return
+                e.reward = reward
+                feedback = e.obs["last_action_error"]
+                if done:
+                    e.end = "done"
+                elif action.name in STOP_ACTIONS:
+                    e.end = "stop"
+        meta["url"] = e.obs.get("url", "")
+        e.steps.append(Step(observation=e.prompt, model_output=c.text, action=action.text if action else None,
+                            tool_result=feedback, reward=reward, meta=meta))
+        e.history.append(HistoryItem(action.text if action else None, feedback.split("\n", 1)[0]))
+        if e.end is None and len(e.steps) >= self.max_steps:
+            e.end = "max_steps"
+        if e.end is None:
+            e.prompt = self._prompt(e, feedback)
+
+    def _run_skill(self, e: _Episode, action: ParsedAction) -> str:
+        """Route a skill action to the library; its errors (unknown skill, missing file) become feedback."""
+        name = action.args[0]
+        try:
+            if action.name == "load_skill":
+                text = str(self.skills.activate(name))
+            else:
+                text = str(self.skills.read_reference(name, action.args[1]))
+        except Exception as exc:  # noqa: BLE001 - any library error is shown to the model, never a crash
+            return f"{action.text} failed: {type(exc).__name__}: {exc}"
+        if action.name == "load_skill":
+            e.skill_texts.append(text)
+        return text
+
+    def _prompt(self, e: _Episode, feedback: str) -> str:
+        return user_message(goal=e.obs["goal"], url=e.obs["url"], axtree=e.obs["axtree"], feedback=feedback,
+                            step=len(e.steps) + 1, max_steps=self.max_steps, history=e.history,
+                            skill_texts=e.skill_texts, max_obs_chars=self.max_obs_chars,
+                            history_len=self.history_len)
+
+    # -- episodes --------------------------------------------------------------------------------------
+    def _start(self, e: _Episode) -> None:
+        e.system = system_prompt(e.env.action_set.describe(with_long_description=False, with_examples=True),
+                                 self.skill_catalog if self.skills is not None else None)
+        try:
+            e.obs = e.env.reset(e.task, e.seed)
+        except WebEnvError as exc:
+            e.end, e.failure, e.failure_detail = "env_error", "runtime", str(exc)
+            return
+        e.prompt = self._prompt(e, e.obs["last_action_error"])
+
+    def _trajectory(self, e: _Episode, prov: Provenance) -> Trajectory:
+        valid = e.failure is None
+        return Trajectory(
+            key=e.key, run_id=prov.run_id, evolver=prov.evolver,
+            space=prov.space or ("parameter" if e.member is not None else "context"),
+            round=prov.round, generation=prov.generation, task_id=e.task_id, steps=e.steps,
+            reward=float(e.reward) if valid else None, valid=valid, failure=e.failure,
+            failure_detail=e.failure_detail, member=e.member, context=prov.context, llm_calls=e.llm_calls,
+            prompt_tokens=e.prompt_tokens, completion_tokens=e.completion_tokens, started_at=e.started_at,
+            duration_s=time.perf_counter() - e.t0,
+            meta={"benchmark": e.env.benchmark, "task": e.task, "seed": e.seed, "end": e.end,
+                  "max_steps": self.max_steps, "final_url": e.obs.get("url", ""),
+                  "skills_loaded": len(e.skill_texts)},
+        )
+
+    def run_batch(
+        self,
+        envs: Sequence[WebEnv],
+        episodes: Sequence[tuple[str, int]],
+        *,
+        member: ESMember | None = None,
+        keys: Sequence[str] | None = None,
+        provenance: Provenance | None = None,
+    ) -> list[Trajectory]:
+        """Run ``episodes`` (``(task, seed)`` pairs) in waves of ``len(envs)``, one env per running episode.
+
+        Returns one trajectory per episode, in order.
+
+        Raises:
+            ValueError: no envs, the same env listed twice, ``keys`` of the wrong length, bad task / seed.
+            PolicyError: the backend cannot serve at all (a per-sample error only invalidates its episode).
+        """
+        if not envs:
+            raise ValueError("envs is empty")
+        if len({id(env) for env in envs}) != len(envs):
+            raise ValueError("envs: each environment may appear once (one browser runs one episode at a time)")
+        if keys is not None and len(keys) != len(episodes):
+            raise ValueError(f"keys has {len(keys)} entries for {len(episodes)} episodes")
+        prov = provenance or Provenance()
+        out: list[Trajectory] = []
+        for start in range(0, len(episodes), len(envs)):
+            wave = []
+            for j, (task, seed) in enumerate(episodes[start:start + len(envs)]):
+                key = keys[start + j] if keys is not None else episode_key(prov, member, f"{task}:{seed}")
+                wave.append(_Episode(env=envs[j], task=str(task), seed=seed, key=key, member=member))
+            for e in wave:
+                self._start(e)
+            if any(e.end is None for e in wave):
+                self.graph.invoke({"episodes": wave, "turn": 0},
+                                  config={"recursion_limit": 2 * self.max_steps + 4})
+            out.extend(self._trajectory(e, prov) for e in wave)
+        return out
+
+
+def run_episode(
+    policy: Policy,
+    env: WebEnv,
+    task: str,
+    seed: int,
+    *,
+    sampling: SamplingParams,
+    max_steps: int = 15,
+    skills: SkillSource | None = None,
+    member: ESMember | None = None,
+    key: str | None = None,
+    provenance: Provenance | None = None,
+    **agent_kwargs: Any,
+) -> Trajectory:
+    """Run one episode of ``task`` (e.g. ``"click-button"``) with instance ``seed`` and return its trajectory.
+
+    ``task_id`` is ``"<task>:<seed>"``; ``reward`` the environment's final reward (MiniWoB++: 1.0 on
+    success, else 0.0); ``key`` defaults to :func:`episode_key`. Other keyword arguments go to
+    :class:`WebAgent` (``skill_catalog``, ``max_obs_chars``, ``history_len``).
+    """
+    agent = WebAgent(policy, sampling=sampling, max_steps=max_steps, skills=skills, **agent_kwargs)
+    return agent.run_batch([env], [(task, seed)], member=member, keys=None if key is None else [key],
+                           provenance=provenance)[0]
+
+
+def run_episodes(
+    policy: Policy,
+    envs: Sequence[WebEnv],
+    episodes: Sequence[tuple[str, int]],
+    *,
+    sampling: SamplingParams,
+    max_steps: int = 15,
+    skills: SkillSource | None = None,
+    member: ESMember | None = None,
+    keys: Sequence[str] | None = None,
+    provenance: Provenance | None = None,
+    **agent_kwargs: Any,
+) -> list[Trajectory]:
+    """Batched :func:`run_episode`: ``len(envs)`` episodes at a time, one ``policy.generate`` call per turn."""
+    agent = WebAgent(policy, sampling=sampling, max_steps=max_steps, skills=skills, **agent_kwargs)
+    return agent.run_batch(envs, episodes, member=member, keys=keys, provenance=provenance)

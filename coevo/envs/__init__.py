@@ -1,0 +1,1 @@
+"""Web environments: BrowserGym adapters for MiniWoB++ (offline) and WebArena-Lite (user-deployed sites)."""
