@@ -1,0 +1,154 @@
+"""Prompts of the EoH search operators, as chat messages.
+
+Evolution of Heuristics (EoH; Liu et al., "Evolution of Heuristics: Towards Efficient Automatic Algorithm
+Design Using Large Language Model", ICML 2024, Section 3.3 "Prompt strategies") evolves a population of
+heuristics, each a one-sentence *thought* plus the code that implements it, with five prompt strategies in
+two families plus an initialisation prompt:
+
+- ``i1`` (initialisation): design a new heuristic from scratch.
+- ``e1`` (exploration): a heuristic as different as possible from the ``m`` given parents.
+- ``e2`` (exploration): name the backbone idea the ``m`` parents share, then build a new heuristic on it.
+- ``m1`` (modification): a modified version of one parent.
+- ``m2`` (modification): the same structure as one parent with different parameter settings.
+- ``m3`` (modification): one parent with the parts that may overfit the training instances simplified.
+
+Every prompt asks for the answer in one fixed shape: the thought in braces on one line, then a fenced Python
+block defining the problem's function with exactly its signature (see :func:`answer_format`).
+The wording is this project's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+Message = dict[str, str]
+
+#: operator -> (number of parents it needs: 0, 1, or None for the configurable ``m``; one-line purpose)
+OPERATORS: dict[str, tuple[int | None, str]] = {
+    "i1": (0, "design a new heuristic from scratch"),
+    "e1": (None, "design a heuristic totally different from the parents"),
+    "e2": (None, "find the parents' common backbone idea, then design a new heuristic on it"),
+    "m1": (1, "modify the parent"),
+    "m2": (1, "change the parameter settings of the parent"),
+    "m3": (1, "simplify the parts of the parent that may overfit"),
+}
+
+SYSTEM_PROMPT = (
+    "You are an expert in algorithm design and combinatorial optimisation. You write short, correct, "
+    "self-contained Python heuristics that use only the standard library and numpy."
+)
+
+
+class ParentHeuristic(Protocol):
+    """What a prompt needs of a parent heuristic (e.g. :class:`coevo.evolvers.ahd_common.Individual`)."""
+
+    thought: str
+    code: str
+    objective: float | None
+
+
+def parents_needed(operator: str, m: int) -> int:
+    """How many parents ``operator`` takes (``m`` for e1/e2, 1 for m1-m3, 0 for i1).
+
+    Raises:
+        ValueError: unknown operator (the message lists the known ones) or ``m < 1``.
+    """
+    if operator not in OPERATORS:
+        raise ValueError(f"operator: unknown EoH operator {operator!r}; known: {', '.join(OPERATORS)}")
+    if m < 1:
+        raise ValueError(f"m (parents for e1/e2) must be >= 1, got {m}")
+    need = OPERATORS[operator][0]
+    return m if need is None else need
+
+
+def _signature(spec: dict[str, Any]) -> str:
+    return f"{spec['function_name']}({', '.join(spec['inputs'])})"
+
+
+def task_text(spec: dict[str, Any]) -> str:
+    """The problem part shared by all prompts: task, what is optimised, and the function to write.
+
+    Args:
+        spec: :meth:`coevo.ahd.problem.HeuristicProblem.prompt_spec` (keys task, function_name, inputs,
+            outputs, template, direction, objective).
+    """
+    goal = "lower" if spec.get("direction", "minimize") == "minimize" else "higher"
+    outputs = ", ".join(spec.get("outputs") or []) or "the result"
+    return (
+        f"Problem: {spec['task']}\n"
+        f"Heuristics are scored by the {spec.get('objective') or 'objective'} they achieve "
+        f"({goal} is better), averaged over a set of instances.\n"
+        f"The heuristic is the Python function `{_signature(spec)}`, which returns {outputs}. "
+        f"An example implementation:\n```python\n{spec['template'].strip()}\n```"
+    )
+
+
+def answer_format(spec: dict[str, Any]) -> str:
+    """The reply format every operator asks for: a braced one-sentence thought, then the fenced code."""
+    return (
+        "Reply in exactly this form:\n"
+        "1. One sentence describing the idea of your heuristic, enclosed in braces, e.g. "
+        "{Prefer nodes that are close now and keep the remaining nodes compact.}\n"
+        f"2. A ```python code block that defines `{_signature(spec)}` with exactly this name and these "
+        "arguments, imports what it uses (numpy is allowed), and does not read or write files.\n"
+        "Give no explanation besides the sentence in braces and the code."
+    )
+
+
+def _describe(parents: Sequence[ParentHeuristic]) -> str:
+    parts = []
+    for i, p in enumerate(parents, 1):
+        score = "not evaluated" if p.objective is None else f"{p.objective:.6g}"
+        parts.append(
+            f"Heuristic {i} (objective {score}):\nIdea: {{{p.thought.strip()}}}\n```python\n{p.code.strip()}\n```"
+        )
+    return "\n\n".join(parts)
+
+
+def _instruction(operator: str, n_parents: int) -> str:
+    several = "these heuristics" if n_parents > 1 else "this heuristic"
+    return {
+        "i1": "Invent a new heuristic for this problem.",
+        "e1": f"Above are {n_parents} existing heuristic(s). Invent a new heuristic whose idea is entirely "
+        f"different from {several}: do not reuse their rules or scoring terms.",
+        "e2": f"Above are {n_parents} existing heuristic(s). First work out the core idea that {several} "
+        "share, then invent a new heuristic that builds on that core idea but differs from each of them "
+        "in form.",
+        "m1": "Above is an existing heuristic. Write an improved variant of it: change its rule in a way "
+        "you expect to give a better objective.",
+        "m2": "Above is an existing heuristic. Keep its structure but identify its numeric parameters "
+        "(weights, thresholds, exponents) and give them different settings you expect to work better.",
+        "m3": "Above is an existing heuristic. Find the parts of it that may be tuned to the training "
+        "instances and would not generalise, and write a simpler version without them.",
+    }[operator]
+
+
+def build_messages(operator: str, spec: dict[str, Any], parents: Sequence[ParentHeuristic] = ()) -> list[Message]:
+    """The chat messages (system + user) of one EoH operator call.
+
+    Args:
+        operator: one of :data:`OPERATORS`.
+        spec: the problem's :meth:`~coevo.ahd.problem.HeuristicProblem.prompt_spec`.
+        parents: the parent heuristics (none for i1; one for m1-m3; one or more for e1/e2).
+
+    Returns:
+        ``[{"role": "system", ...}, {"role": "user", ...}]``.
+
+    Raises:
+        ValueError: unknown operator, a spec field missing, or a parent count the operator cannot take.
+    """
+    if operator not in OPERATORS:
+        raise ValueError(f"operator: unknown EoH operator {operator!r}; known: {', '.join(OPERATORS)}")
+    for key in ("task", "function_name", "inputs", "template"):
+        if key not in spec:
+            raise ValueError(f"spec: missing field {key!r} (use HeuristicProblem.prompt_spec())")
+    need = OPERATORS[operator][0]
+    if (need == 0 and parents) or (need == 1 and len(parents) != 1) or (need is None and not parents):
+        want = "no parents" if need == 0 else "exactly 1 parent" if need == 1 else "at least 1 parent"
+        raise ValueError(f"parents: operator {operator} takes {want}, got {len(parents)}")
+    blocks = [task_text(spec)]
+    if parents:
+        blocks.append(_describe(parents))
+    blocks += [_instruction(operator, len(parents)), answer_format(spec)]
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(blocks)}]

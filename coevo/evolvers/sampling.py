@@ -1,0 +1,63 @@
+"""Random sampling: the baseline of automatic heuristic design (type ``sample``).
+
+Each step draws ``batch`` independent ``i1`` samples (a new heuristic from scratch, the EoH initialisation
+prompt of :mod:`coevo.ahd.prompts`) and keeps the best heuristic seen so far. This is the "Sample" baseline
+the Agentic ESOpt AHD experiments compare against (batch 20 there; field-notes §2). Recording, evaluation,
+the best-heuristic artifact and the report are shared with EoH (:mod:`coevo.evolvers.ahd_common`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from coevo.ahd.prompts import build_messages
+from coevo.evolvers.ahd_common import AHDConfig, AHDEvolver, Individual, SampleJob
+from coevo.evolvers.base import StepReport, register_evolver
+
+
+class RandomSamplingConfig(AHDConfig):
+    """Settings of the random-sampling evolver."""
+
+    batch: int = Field(4, ge=1, description="i1 samples per step")
+
+
+@register_evolver("sample")
+class RandomSamplingEvolver(AHDEvolver):
+    """Independent i1 samples, keeping the best (see the module docstring)."""
+
+    Config = RandomSamplingConfig
+
+    def __init__(self, name: str, config: RandomSamplingConfig, ctx):
+        super().__init__(name, config, ctx)
+        self.steps_done = 0
+
+    def step(self, round_index: int) -> StepReport:
+        """Draw ``batch`` i1 samples (cut to the sample budget), record them, update the best."""
+        rng = self.ctx.rng(self.name, "step", self.steps_done)
+        messages = build_messages("i1", self.problem.prompt_spec())
+        jobs = [
+            SampleJob(key=self.ctx.traj_key(self.name, round_index, "i1", i), operator="i1", messages=messages,
+                      seed=rng.getrandbits(63))
+            for i in range(self.config.batch)
+        ]  # fmt: skip
+        trajs = self.sample(jobs, round_index=round_index, generation=self.steps_done)
+        self.steps_done += 1
+        valid = [Individual.from_trajectory(t) for t in trajs if t.valid and t.reward is not None]
+        self.note_best(valid)
+        report = StepReport(
+            samples=sum(t.llm_calls for t in trajs), trajectories=len(trajs),
+            best_reward=max((i.reward for i in valid), default=None),
+            metrics={"valid_samples": float(len(valid))},
+        )  # fmt: skip
+        if self.best is not None:
+            report.metrics["best_objective"] = self.best.objective
+        return report
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self._base_state(), "steps_done": self.steps_done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._load_base_state(state)
+        self.steps_done = state.get("steps_done", 0)

@@ -1,0 +1,390 @@
+"""EoH evolver: prompts, parent selection, survivors, budget, init retries, pooling, report and resume.
+
+The "scripted" policy below is a test double for the *model only*: a real ``Policy`` subclass that answers
+each call with the next of a fixed list of EoH-style replies (valid heuristics and garbage), so that the
+rest of the pipeline (prompting, code extraction, sandboxed evaluation on real TSP instances, the SQLite
+store, the loop, the report) runs for real with a known mix of valid and invalid samples. The failure
+tests use the real tiny random Qwen2 model, whose output is garbage.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pytest
+
+from coevo.ahd.evaluate import evaluate_heuristic
+from coevo.ahd.problem import load_problem
+from coevo.ahd.prompts import OPERATORS, build_messages, parents_needed
+from coevo.backends.base import Completion, Policy
+from coevo.budget import Budget
+from coevo.config import ConfigError, parse_config
+from coevo.evolvers.ahd_common import Individual
+from coevo.evolvers.base import RunContext
+from coevo.evolvers.eoh import EoHConfig, EoHEvolver, rank_weights, select_parents, survivors
+from coevo.loop import CoEvolutionLoop, new_run_dir
+from coevo.store import TrajectoryStore
+from coevo.types import ESMember
+
+NN = """import numpy as np
+
+def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
+    return int(unvisited_nodes[np.argmin(distance_matrix[current_node, unvisited_nodes])])
+"""
+NN_SAME_OBJECTIVE = """def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
+    best = min(unvisited_nodes, key=lambda n: distance_matrix[current_node][n])
+    return int(best)
+"""
+TOWARD_HOME = """import numpy as np
+
+def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
+    score = distance_matrix[current_node, unvisited_nodes] - 0.3 * distance_matrix[destination_node, unvisited_nodes]
+    return int(unvisited_nodes[np.argmin(score)])
+"""
+FIRST_INDEX = """def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
+    return int(unvisited_nodes[0])
+"""
+FARTHEST = """import numpy as np
+
+def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
+    return int(unvisited_nodes[np.argmax(distance_matrix[current_node, unvisited_nodes])])
+"""
+RETURNS_FLOAT = """def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
+    return 0.5
+"""
+
+
+def reply(thought: str, code: str) -> str:
+    return f"{{{thought}}}\n```python\n{code}```\n"
+
+
+SCRIPT = [
+    reply("Go to the nearest city.", NN),
+    "I am sorry, I cannot write code today.",
+    reply("Go to the nearest city.", NN),  # same code as the first: deduplicated by code hash
+    reply("Nearest city written with min().", NN_SAME_OBJECTIVE),  # same objective as the first
+    reply("Nearest city, but prefer cities near home.", TOWARD_HOME),
+    reply("Visit cities in index order.", FIRST_INDEX),
+    reply("Return a fraction.", RETURNS_FLOAT),  # invalid: return type
+    reply("Go to the farthest city.", FARTHEST),
+]
+
+
+class ScriptedPolicy(Policy):
+    """Test double for the model: returns SCRIPT replies in order (cycling) and logs every prompt."""
+
+    model_id = "scripted"
+
+    def __init__(self, script=SCRIPT):
+        self.script = list(script)
+        self.calls = 0
+        self.prompts: list[str] = []
+        self.generate_calls = 0
+
+    def generate(self, conversations, params):
+        self.generate_calls += 1
+        out = []
+        for conv in conversations:
+            self.prompts.append(conv[-1]["content"])
+            out.append(Completion(text=self.script[self.calls % len(self.script)], completion_tokens=40))
+            self.calls += 1
+        return out
+
+
+SMALL = {
+    "problem": "tsp_construct",
+    "train_size": 8,
+    "train_count": 2,
+    "test_sizes": [8, 10],
+    "test_count": 2,
+    "eval_timeout_s": 10,
+    "eval_memory_mb": 1024,
+    "eval_workers": 2,
+}
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+
+
+def _ctx(tmp_path, max_samples=None, policy=None):
+    store = TrajectoryStore(tmp_path / "store.sqlite")
+    return RunContext(
+        run_id="r",
+        run_dir=tmp_path,
+        store=store,
+        budget=Budget(store, "r", max_samples),
+        policy_factory=(lambda: policy) if policy else None,
+        seed=3,
+    )
+
+
+def make_loop(tmp_path, data, policy_factory=None):
+    """A real CoEvolutionLoop over a fresh run folder ``tmp_path/run`` (run id "run")."""
+    cfg = parse_config(data)
+    return CoEvolutionLoop(
+        cfg, new_run_dir(cfg, tmp_path / "run"), raw_config=data, progress=False, policy_factory=policy_factory
+    )
+
+
+def _ind(i, objective, code=None):
+    return Individual(
+        id=f"x{i}", thought=f"t{i}", code=code or f"def f():\n    return {i}\n", objective=objective, reward=-objective
+    )
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+def test_prompts_for_every_operator():
+    spec = load_problem("tsp_construct").prompt_spec()
+    parents = [_ind(0, 5.0, NN), _ind(1, 6.0, FARTHEST)]
+    texts = {}
+    for op in OPERATORS:
+        n = parents_needed(op, 2)
+        msgs = build_messages(op, spec, parents[:n])
+        assert [m["role"] for m in msgs] == ["system", "user"]
+        user = msgs[1]["content"]
+        assert "select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix)" in user
+        assert "braces" in user and "```python" in user
+        assert all(p.code.strip() in user for p in parents[:n]) and (n == 2) == (FARTHEST.strip() in user)
+        texts[op] = user
+    assert len(set(texts.values())) == len(OPERATORS)  # every operator asks for something different
+    with pytest.raises(ValueError, match="parents"):
+        build_messages("m1", spec, parents)
+    with pytest.raises(ValueError, match="unknown EoH operator"):
+        build_messages("x9", spec)
+
+
+# ------------------------------------------------------------------------------- selection, survivors
+def test_parent_selection_follows_rank_weights():
+    pop = [_ind(i, 1.0 + i) for i in range(4)]
+    rng = random.Random(0)
+    counts = Counter(select_parents(pop, 1, rng)[0].id for _ in range(20000))
+    w = rank_weights(4)
+    for i in range(4):
+        assert counts[f"x{i}"] / 20000 == pytest.approx(w[i] / sum(w), abs=0.015)
+    assert counts["x0"] > counts["x1"] > counts["x2"] > counts["x3"]
+    pair = select_parents(pop, 2, random.Random(1))
+    assert len({p.id for p in pair}) == 2  # distinct parents
+    assert len(select_parents(pop[:1], 2, rng)) == 1
+    with pytest.raises(ValueError, match="empty"):
+        select_parents([], 1, rng)
+
+
+def test_survivors_drop_invalid_dedupe_and_keep_best():
+    a, b = _ind(0, 3.0), _ind(1, 3.0)  # same objective
+    c = _ind(2, 2.0, code=a.code)  # same code as a (other objective: e.g. re-evaluated)
+    d, e, f = _ind(3, 4.0), _ind(4, 5.0), _ind(5, float("nan"))
+    out = survivors([e, d, a, b, c, f], 3)
+    assert [i.id for i in out] == ["x2", "x1", "x3"]  # c best; a dropped (code of c); b kept; then d
+
+
+# --------------------------------------------------------------------------------- scripted run
+def _scripted_config(tmp_path, **over):
+    eoh = {
+        "name": "eoh",
+        "type": "eoh",
+        **SMALL,
+        "population_size": 3,
+        "operators": {"e1": 1.0, "m1": 1.0, "m2": 0.5},
+        "offspring_per_operator": 2,
+        **over,
+    }
+    return {
+        "run": {"name": "eoh", "seed": 11},
+        "budget": {"max_rounds": 3},
+        "evolvers": [eoh],
+        "report": {"plots": False},
+    }
+
+
+def test_scripted_eoh_run_end_to_end(tmp_path):
+    data = _scripted_config(tmp_path)
+    policy = ScriptedPolicy()
+    loop = make_loop(tmp_path, data, lambda: policy)
+    eoh = loop.evolvers["eoh"]
+    summary = loop.run()
+    assert "round budget" in summary.stop_reason
+    assert eoh.generation == 3  # init + 2 generations
+    assert policy.generate_calls == 3  # one batched generate call per step
+    with TrajectoryStore(tmp_path / "run" / "store.sqlite") as store:
+        trajs = store.query(run_id="run")
+        assert len(trajs) == policy.calls == store.count_llm_calls("run")
+        init = [t for t in trajs if t.generation == 0]
+        assert len(init) == 6  # 2N i1 calls
+        kinds = Counter(t.failure for t in trajs)
+        assert kinds["parse"] >= 1 and kinds["return_type"] >= 1 and kinds[None] >= 4
+        for t in trajs:
+            assert t.llm_calls == 1 and len(t.steps) == 1 and "select_next_node" in t.steps[0].observation
+            assert (t.reward is not None) == t.valid
+            if t.valid:
+                assert t.reward == pytest.approx(-t.meta["objective"])
+                assert t.steps[0].action == t.meta["code"] and t.meta["thought"]
+        children = [t for t in trajs if t.generation > 0]
+        assert {t.meta["operator"] for t in children} <= {"e1", "m1", "m2"}
+        for t in children:
+            assert t.meta["parent_ids"] and t.meta["parent_objective"] is not None
+            assert t.meta["parent_objective"] == min(t.meta["parent_objectives"])
+            assert t.meta["problem"] == "tsp_construct"
+        # survivors: unique objectives and code, best first, at most N
+        pop = eoh.population
+        assert 1 <= len(pop) <= 3
+        assert len({i.objective for i in pop}) == len(pop) and len({i.code_hash for i in pop}) == len(pop)
+        assert [i.reward for i in pop] == sorted((i.reward for i in pop), reverse=True)
+        valid_objs = [t.meta["objective"] for t in init if t.valid]
+        assert len(valid_objs) > len(set(valid_objs))  # the script really produced duplicates
+        # best heuristic artifact and file
+        best = pop[0]
+        art = store.get_artifact("heuristic", "tsp_construct/eoh")
+        assert art.content["code"] == best.code and art.content["objective"] == best.objective
+    code = (tmp_path / "run" / "best_heuristic.py").read_text()
+    res = evaluate_heuristic(eoh.problem, code, eoh.train_instances)
+    assert res.valid and res.objective == pytest.approx(best.objective)
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "| size | instances | seed objective | seed gap % | best objective | best gap % | reference |" in report
+    assert "| 8 | 2 |" in report and "| 10 | 2 |" in report and "LKH" in report
+    assert "Final population" in report
+
+
+def test_children_prompts_quote_population_parents(tmp_path):
+    policy = ScriptedPolicy()
+    ctx = _ctx(tmp_path, policy=policy)
+    eoh = EoHEvolver("eoh", EoHConfig(**SMALL, population_size=3, operators={"m1": 1.0}), ctx)
+    eoh.step(0)
+    before = {i.id: i for i in eoh.population}
+    n_prompts = len(policy.prompts)
+    eoh.step(1)
+    trajs = ctx.store.query(run_id="r", generation=1)
+    assert len(trajs) == 3
+    for t, prompt in zip(trajs, policy.prompts[n_prompts:]):
+        (pid,) = t.meta["parent_ids"]
+        assert before[pid].code.strip() in prompt and t.meta["parent_objective"] == before[pid].objective
+        assert t.meta["worst_objective"] == max(i.objective for i in before.values())
+
+
+def test_generate_children_for_es_and_pooling(tmp_path):
+    policy = ScriptedPolicy()
+    ctx = _ctx(tmp_path, policy=policy)
+    eoh = EoHEvolver("eoh", EoHConfig(**SMALL, population_size=2), ctx)
+    with pytest.raises(RuntimeError, match="population is empty"):
+        eoh.generate_children(["m1"], 1, policy, key_prefix=("es", 0, 0))
+    eoh.step(0)
+    member = ESMember(seed=5, sigma=1e-3, index=0)
+    kids = eoh.generate_children(["m1", "m2"], 2, policy, member=member, key_prefix=("es", 0, 0), evolver="es")
+    assert len(kids) == 4 and {k.evolver for k in kids} == {"es"} and {k.space for k in kids} == {"parameter"}
+    assert all(k.member == member and k.meta["operator"] in ("m1", "m2") for k in kids)
+    assert all(k.meta["parent_objective"] is not None for k in kids)
+    again = eoh.generate_children(["m1", "m2"], 2, policy, member=member, key_prefix=("es", 0, 0), evolver="es")
+    assert [k.key for k in again] == [k.key for k in kids] and policy.calls == 8  # cached, no new calls
+    rep = eoh.step(1)
+    assert rep.metrics["pooled"] == sum(k.valid for k in kids)
+    rep2 = eoh.step(2)
+    assert rep2.metrics["pooled"] == 0  # own children are not folded again
+
+
+def test_resume_rerun_step_uses_cache_and_state_round_trips(tmp_path):
+    policy = ScriptedPolicy()
+    ctx = _ctx(tmp_path, policy=policy)
+    cfg = EoHConfig(**SMALL, population_size=3, operators={"e1": 1.0, "m1": 0.5})
+    eoh = EoHEvolver("eoh", cfg, ctx)
+    eoh.step(0)
+    saved = json.loads(json.dumps(eoh.state_dict()))
+    eoh.step(1)
+    after = eoh.state_dict()
+    calls = policy.calls
+    # a crash after step 1 recorded its samples but before the checkpoint: re-run it from the saved state
+    again = EoHEvolver("eoh", cfg, ctx)
+    again.load_state_dict(saved)
+    assert again.state_dict() == saved
+    again.step(1)
+    assert policy.calls == calls  # every sample came from the store
+    assert again.state_dict() == after
+    assert len(ctx.store.query(run_id="r")) == calls
+
+
+def test_loop_resume_continues_from_checkpointed_state(tmp_path):
+    data = _scripted_config(tmp_path)
+    data["budget"]["max_rounds"] = 2
+    policy = ScriptedPolicy()
+    first = make_loop(tmp_path, data, lambda: policy)
+    first.run()
+    pop_before = [i.id for i in first.evolvers["eoh"].population]
+    data["budget"]["max_rounds"] = 3
+    resumed = CoEvolutionLoop(parse_config(data), tmp_path / "run", resume=True, progress=False,
+                              policy_factory=lambda: policy)  # fmt: skip
+    eoh = resumed.evolvers["eoh"]
+    assert eoh.generation == 2 and [i.id for i in eoh.population] == pop_before and eoh.best is not None
+    resumed.run()
+    assert eoh.generation == 3
+    with TrajectoryStore(tmp_path / "run" / "store.sqlite") as store:
+        keys = [t.key for t in store.query(run_id="run")]
+        assert len(keys) == len(set(keys)) == policy.calls == store.count_llm_calls("run")
+
+
+def test_seed_heuristic_option_keeps_a_run_alive_without_valid_samples(tmp_path):
+    policy = ScriptedPolicy(script=["no code here", "{idea}\n```python\ndef select_next_node(:\n```"])
+    ctx = _ctx(tmp_path, policy=policy)
+    eoh = EoHEvolver("eoh", EoHConfig(**SMALL, population_size=2, include_seed_heuristic=True), ctx)
+    rep = eoh.step(0)
+    assert not rep.stop and policy.calls == 4  # one round of 2N i1 calls, no retries needed
+    assert [i.id for i in eoh.population] == ["seed"] and eoh.best.id == "seed"
+    seed_res = evaluate_heuristic(eoh.problem, eoh.problem.seed_heuristic_code(), eoh.train_instances)
+    assert eoh.population[0].objective == pytest.approx(seed_res.objective)
+    assert Counter(t.failure for t in ctx.store.query(run_id="r")) == {"parse": 2, "syntax": 2}
+    eoh.step(1)  # a generation whose parents are the seed heuristic
+    kids = ctx.store.query(run_id="r", generation=1)
+    assert kids and all(t.meta["parent_ids"] in ([], ["seed"]) for t in kids)
+
+
+# ------------------------------------------------------------------------- tiny model: failures
+def _tiny_config(model_dir, max_samples, init_retries):
+    eoh = {
+        "name": "eoh",
+        "type": "eoh",
+        **SMALL,
+        "population_size": 2,
+        "init_retries": init_retries,
+        "max_new_tokens": 24,
+    }
+    return {
+        "run": {"name": "tiny", "seed": 1},
+        "model": {"name": str(model_dir), "dtype": "float32"},
+        "budget": {"max_rounds": 5, "max_samples": max_samples},
+        "evolvers": [eoh],
+        "report": {"plots": False},
+    }
+
+
+def test_tiny_model_budget_counts_failed_samples(tmp_path, tiny_model_dir):
+    data = _tiny_config(tiny_model_dir, max_samples=7, init_retries=5)
+    summary = make_loop(tmp_path, data).run()
+    assert "sample budget" in summary.stop_reason
+    with TrajectoryStore(tmp_path / "run" / "store.sqlite") as store:
+        trajs = store.query(run_id="run")
+        assert store.count_llm_calls("run") == 7 == len(trajs)  # exact, failures included
+        assert all(not t.valid and t.failure in ("parse", "syntax") and t.reward is None for t in trajs)
+        assert all(t.steps[0].model_output is not None for t in trajs)
+
+
+def test_tiny_model_empty_population_stops_after_bounded_retries(tmp_path, tiny_model_dir):
+    data = _tiny_config(tiny_model_dir, max_samples=100, init_retries=1)
+    summary = make_loop(tmp_path, data).run()
+    assert "eoh stopped the run" in summary.stop_reason and "no valid heuristic" in summary.stop_reason
+    assert summary.samples == 2 * 2 * 2  # (1 + init_retries) rounds of 2N i1 calls
+    assert not (tmp_path / "run" / "best_heuristic.py").exists()
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "No valid heuristic was found" in report and "seed objective" in report
+
+
+def test_config_errors_name_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="evolvers.eoh.operators"):
+        parse_config(
+            {"evolvers": [{"name": "eoh", "type": "eoh", "problem": "tsp_construct", "operators": {"z1": 1.0}}]}
+        )
+    with pytest.raises(ConfigError, match="evolvers.eoh.population_size"):
+        parse_config({"evolvers": [{"name": "eoh", "type": "eoh", "problem": "tsp_construct", "population_size": 0}]})
+    data = {"evolvers": [{"name": "eoh", "type": "eoh", "problem": "no_such_problem"}]}
+    with pytest.raises(ValueError, match="evolvers.eoh.problem"):
+        make_loop(tmp_path, data)
