@@ -1,0 +1,260 @@
+"""A local Hugging Face transformers model as a :class:`~coevo.backends.base.Policy`.
+
+The policy owns the ``torch.nn.Module`` (``policy.model``) so that ES (``coevo.es``) can perturb its
+parameters in place; :meth:`HFPolicy.named_parameters` yields them under their canonical HF names.
+Generation is batched with the model's chat template and left padding; a given ``SamplingParams.seed``
+makes sampling reproducible without disturbing the global torch RNG (the RNG state is forked).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from coevo.backends import check_conversations, check_sampling_params, cut_at_stop
+from coevo.backends.base import Completion, Message, Policy, PolicyError, SamplingParams
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class HFPolicy(Policy):
+    """A causal LM loaded from a local folder with transformers.
+
+    Args:
+        model: a local HF folder, a registry name or ``tiny:<preset>`` (see
+            :func:`coevo.backends.models.resolve_model`).
+        dtype: weight dtype, "float32" (default; ES wants fp32 master weights), "bfloat16" or "float16".
+        device: "cpu", "cuda" or "cuda:N".
+        batch_size: conversations per forward batch (>= 1); larger batches are split.
+        cache_dir: coevo cache root used to resolve names (default ``$COEVO_CACHE`` or ``~/.cache/coevo``).
+
+    Attributes:
+        model: the ``transformers`` model (eval mode). tokenizer: its tokenizer (left padding).
+        model_id: the reference given. path: the resolved folder.
+
+    Raises:
+        ValueError: bad dtype, device or batch_size, or an unresolvable model reference.
+        PolicyError: the folder cannot be loaded, or CUDA was requested but is unavailable.
+    """
+
+    has_parameters = True
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        batch_size: int = 8,
+        cache_dir: str | Path | None = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from coevo.backends.models import load_tokenizer, resolve_model
+
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        try:
+            self.device = torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}") from e
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise PolicyError(f"device {device!r} requested but CUDA is not available")
+        self.path = resolve_model(model, cache_dir=cache_dir)
+        self.model_id = str(model)
+        self.dtype = DTYPES[dtype]
+        self.batch_size = batch_size
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        try:
+            self.tokenizer = load_tokenizer(self.path)
+            self.model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True, dtype=self.dtype)
+        except (OSError, ValueError) as e:
+            raise PolicyError(f"cannot load model from {self.path}: {e}") from e
+        self.model.to(self.device).eval()
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        if self.tokenizer.chat_template is None:
+            raise PolicyError(f"tokenizer in {self.path} has no chat template")
+        self._stop_ids = self._terminal_token_ids()
+
+    def _terminal_token_ids(self) -> list[int]:
+        """Token ids that end a completion: the generation config's EOS ids, the tokenizer's EOS and pad."""
+        ids: set[int] = set()
+        eos = self.model.generation_config.eos_token_id
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        ids.update(i for i in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if i is not None)
+        return sorted(ids)
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """``(HF name, parameter)`` in ``model.named_parameters()`` order; tied weights appear once."""
+        return self.model.named_parameters()
+
+    def _rng_devices(self) -> list[int]:
+        if self.device.type != "cuda":
+            return []
+        return [self.device.index if self.device.index is not None else torch.cuda.current_device()]
+
+    def _prompts(self, conversations: list[list[Message]]) -> list[str]:
+        return [
+            self.tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+            for conv in conversations
+        ]
+
+    def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:
+        """Generate one completion per conversation (see :meth:`Policy.generate`).
+
+        Decoding is greedy when ``params.temperature == 0``, else multinomial sampling with temperature,
+        top-p and top-k (no repetition penalty). With ``params.seed`` set, the torch RNG is forked, seeded
+        once, and used for all batches in order, so equal inputs give equal outputs on the same device
+        and the global RNG is unchanged. ``completion_tokens`` counts the generated tokens including a
+        terminating EOS; ``prompt_tokens`` counts the templated prompt.
+
+        Raises:
+            ValueError, TypeError: malformed conversations or params (field named).
+            PolicyError: the device ran out of memory (lower ``batch_size``).
+        """
+        check_conversations(conversations)
+        check_sampling_params(params)
+        if not conversations:
+            return []
+        prompts = self._prompts(conversations)
+        if params.seed is None:
+            return self._generate_all(prompts, params)
+        with torch.random.fork_rng(devices=self._rng_devices()):
+            torch.manual_seed(params.seed)
+            return self._generate_all(prompts, params)
+
+    def _generate_all(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+        out: list[Completion] = []
+        for start in range(0, len(prompts), self.batch_size):
+            try:
+                out.extend(self._generate_batch(prompts[start : start + self.batch_size], params))
+            except torch.OutOfMemoryError as e:
+                raise PolicyError(f"out of memory generating a batch of {self.batch_size}; lower batch_size") from e
+        return out
+
+    def _generation_config(self, params: SamplingParams):
+        from transformers import GenerationConfig
+
+        sample = params.temperature > 0
+        return GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=sample,
+            temperature=params.temperature if sample else None,
+            top_p=params.top_p if sample else None,
+            top_k=params.top_k if sample else None,
+            eos_token_id=self._stop_ids,
+            pad_token_id=self.tokenizer.pad_token_id,
+            bos_token_id=self.model.generation_config.bos_token_id,
+            stop_strings=list(params.stop) or None,
+        )
+
+    @torch.inference_mode()
+    def _generate_batch(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+        t0 = time.perf_counter()
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        seqs = self.model.generate(
+            input_ids=enc["input_ids"],
+            attention_mask=enc["attention_mask"],
+            generation_config=self._generation_config(params),
+            tokenizer=self.tokenizer if params.stop else None,
+        )
+        duration = time.perf_counter() - t0
+        gen = seqs[:, enc["input_ids"].shape[1] :].tolist()  # (B, new tokens)
+        prompt_lens = enc["attention_mask"].sum(dim=1).tolist()
+        stop_ids = set(self._stop_ids)
+        out = []
+        for row, n_prompt in zip(gen, prompt_lens):
+            end = next((i for i, tok in enumerate(row) if tok in stop_ids), None)
+            text = self.tokenizer.decode(row[:end], skip_special_tokens=True)
+            text, stopped = cut_at_stop(text, params.stop)
+            if stopped:  # generation halted on the stop string; what follows is padding
+                n_completion, reason = (end if end is not None else len(row)), "stop"
+            elif end is not None:
+                n_completion, reason = end + 1, "stop"
+            else:
+                n_completion, reason = len(row), "length"
+            out.append(
+                Completion(
+                    text=text,
+                    prompt_tokens=int(n_prompt),
+                    completion_tokens=n_completion,
+                    finish_reason=reason,
+                    duration_s=duration,
+                )
+            )
+        return out
+
+    @torch.inference_mode()
+    def logprob(self, conversations: list[list[Message]], targets: list[str]) -> torch.Tensor:
+        """Sum log-probability of each target completion given its chat prompt.
+
+        ``log p(target | prompt) = sum_j log softmax(logits_{t_j - 1})[target_j]`` over the target's tokens
+        (no EOS appended), the prompt being the chat template with the assistant generation prompt.
+
+        Args:
+            conversations: B conversations.
+            targets: B completion texts.
+
+        Returns:
+            float32 CPU tensor of shape (B,), in nats; 0.0 for an empty target.
+
+        Raises:
+            TypeError: malformed conversations (field named).
+            ValueError: malformed conversations, targets not a list of str, or length mismatch.
+        """
+        check_conversations(conversations)
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise ValueError("targets must be a list of str")
+        if len(targets) != len(conversations):
+            raise ValueError(f"targets has {len(targets)} items but conversations has {len(conversations)}")
+        prompts = self._prompts(conversations)
+        parts = []
+        for start in range(0, len(prompts), self.batch_size):
+            stop = start + self.batch_size
+            parts.append(self._logprob_batch(prompts[start:stop], targets[start:stop]))
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32)
+
+    def _logprob_batch(self, prompts: list[str], targets: list[str]) -> torch.Tensor:
+        tok = self.tokenizer
+        seqs, n_target = [], []
+        for p, t in zip(prompts, targets):
+            p_ids = tok(p, add_special_tokens=False)["input_ids"]
+            t_ids = tok(t, add_special_tokens=False)["input_ids"] if t else []
+            seqs.append(p_ids + t_ids)
+            n_target.append(len(t_ids))
+        width = max(len(s) for s in seqs)
+        keep = max(n_target) + 1  # logits needed: the last max-target positions (+1 for alignment)
+        ids = torch.full((len(seqs), width), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, s in enumerate(seqs):  # left padding: every target ends at the last column
+            ids[i, width - len(s) :] = torch.tensor(s)
+            mask[i, width - len(s) :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=pos.to(self.device),
+            logits_to_keep=keep,
+        ).logits.float()  # (B, keep, V); column k predicts token at width - keep + k + 1
+        logp = torch.log_softmax(logits[:, :-1], dim=-1)  # (B, keep - 1, V) predicting the last keep-1 tokens
+        tgt = ids[:, width - keep + 1 :].to(self.device)  # (B, keep - 1)
+        token_lp = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)  # (B, keep - 1)
+        cols = torch.arange(keep - 1, device=self.device)
+        in_target = cols.unsqueeze(0) >= (keep - 1 - torch.tensor(n_target, device=self.device)).unsqueeze(1)
+        return torch.where(in_target, token_lp, 0.0).sum(dim=1).float().cpu()
+
+    def close(self) -> None:
+        """Drop the model and free cached device memory."""
+        self.model = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()

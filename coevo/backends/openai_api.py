@@ -1,0 +1,185 @@
+"""Any OpenAI-compatible chat-completions endpoint as a :class:`~coevo.backends.base.Policy`.
+
+Works with OpenAI, vLLM / SGLang / llama.cpp servers and other servers speaking ``POST
+/v1/chat/completions``. The policy has no parameter space (context evolution only). Transient failures
+(connection errors, timeouts, HTTP 408/409/429 and 5xx) are retried a bounded number of times with exponential
+backoff; when the endpoint stays down, :class:`~coevo.backends.base.PolicyError` names the base URL and the
+cause. A request the server rejects as malformed (HTTP 400/422, e.g. a prompt longer than the context)
+becomes a ``finish_reason="error"`` completion, so the caller records an invalid sample.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import openai
+
+from coevo.backends import check_conversations, check_sampling_params, cut_at_stop
+from coevo.backends.base import Completion, Message, Policy, PolicyError, SamplingParams
+
+_RETRY_STATUS = (408, 409, 429)  # plus every 5xx: transient, retried with backoff
+_MAX_API_STOP = 4  # the OpenAI API accepts at most 4 stop sequences; further ones are applied client-side
+
+
+class OpenAIPolicy(Policy):
+    """Chat completions from an OpenAI-compatible server.
+
+    Args:
+        model: model name sent with each request.
+        base_url: server URL including the API prefix, e.g. ``http://127.0.0.1:8000/v1``.
+        api_key: the key; if None, read from the environment variable ``api_key_env``; if that is unset
+            too, the placeholder "EMPTY" is sent (local servers ignore it).
+        api_key_env: name of the environment variable holding the key.
+        max_retries: retries after the first attempt on connection errors, timeouts, 408/409/429 and 5xx (>= 0).
+        backoff_s: first backoff (s); attempt k waits ``min(backoff_s * 2**k, backoff_max_s)``.
+        backoff_max_s: cap of one backoff (s).
+        timeout_s: per-request timeout (s).
+        concurrency: requests in flight at once (threads, >= 1).
+
+    Raises:
+        ValueError: a bad argument (named).
+    """
+
+    has_parameters = False
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        backoff_max_s: float = 8.0,
+        timeout_s: float = 120.0,
+        concurrency: int = 4,
+    ) -> None:
+        if not isinstance(model, str) or not model:
+            raise ValueError("model must be a non-empty string")
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
+        for name, v in (("backoff_s", backoff_s), ("backoff_max_s", backoff_max_s), ("timeout_s", timeout_s)):
+            if not isinstance(v, (int, float)) or v < 0 or (name == "timeout_s" and v == 0):
+                raise ValueError(f"{name} must be a number >= 0 (timeout_s > 0), got {v!r}")
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be an int >= 1, got {concurrency!r}")
+        self.model_id = model
+        self.base_url = base_url
+        self.max_retries = max_retries
+        self.backoff_s = float(backoff_s)
+        self.backoff_max_s = float(backoff_max_s)
+        self.concurrency = concurrency
+        key = api_key if api_key is not None else os.environ.get(api_key_env) or "EMPTY"
+        # retries are ours (bounded, counted); the client makes exactly one attempt per call
+        self.client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout_s)
+
+    def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:
+        """One chat completion (n=1) per conversation, ``concurrency`` requests at a time.
+
+        With ``params.seed = s``, conversation ``i`` is sent with seed ``s + i`` so that equal prompts in one
+        batch give distinct samples (as on :class:`~coevo.backends.hf.HFPolicy`); whether a seed makes
+        the output reproducible depends on the server. ``top_k > 0`` is sent as the ``top_k`` extension
+        field (vLLM, SGLang, llama.cpp). ``Completion.meta`` holds ``attempts`` and the server's
+        ``finish_reason``.
+
+        Raises:
+            ValueError, TypeError: malformed conversations or params (field named).
+            PolicyError: the endpoint is unreachable, keeps failing after the retries, or refuses the
+                model or key (HTTP 401/403/404).
+        """
+        check_conversations(conversations)
+        check_sampling_params(params)
+        if not conversations:
+            return []
+        seeds = [None if params.seed is None else params.seed + i for i in range(len(conversations))]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(conversations))) as pool:
+            return list(pool.map(lambda cs: self._complete(cs[0], params, cs[1]), zip(conversations, seeds)))
+
+    def _request(self, conversation: list[Message], params: SamplingParams, seed: int | None) -> dict[str, Any]:
+        req: dict[str, Any] = {
+            "model": self.model_id,
+            "messages": conversation,
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "n": 1,
+        }
+        if seed is not None:
+            req["seed"] = seed
+        if params.stop:
+            req["stop"] = list(params.stop[:_MAX_API_STOP])
+        if params.top_k > 0:
+            req["extra_body"] = {"top_k": params.top_k}
+        return req
+
+    def _complete(self, conversation: list[Message], params: SamplingParams, seed: int | None) -> Completion:
+        req = self._request(conversation, params, seed)
+        t0 = time.perf_counter()
+        for attempt in range(self.max_retries + 1):
+            try:
+                resp = self.client.chat.completions.create(**req)
+                return self._to_completion(resp, params, attempt + 1, time.perf_counter() - t0)
+            except openai.APIStatusError as e:
+                status = e.status_code
+                if status in (400, 413, 422):  # the request itself is bad: an invalid sample, not a dead server
+                    return Completion(
+                        text="",
+                        finish_reason="error",
+                        error=f"HTTP {status}: {e.message}",
+                        duration_s=time.perf_counter() - t0,
+                        meta={"attempts": attempt + 1},
+                    )
+                if status not in _RETRY_STATUS and status < 500:
+                    raise PolicyError(
+                        f"endpoint {self.base_url} refused the request (HTTP {status}): {e.message}"
+                    ) from e
+                cause: Exception = e
+            except openai.APIConnectionError as e:
+                cause = e
+            if attempt < self.max_retries:
+                time.sleep(min(self.backoff_s * 2**attempt, self.backoff_max_s))
+        detail = f"HTTP {cause.status_code}" if isinstance(cause, openai.APIStatusError) else type(cause).__name__
+        raise PolicyError(
+            f"endpoint {self.base_url} failed after {self.max_retries + 1} attempt(s): {detail}: {cause}"
+        ) from cause
+
+    @staticmethod
+    def _to_completion(resp: Any, params: SamplingParams, attempts: int, duration: float) -> Completion:
+        usage = getattr(resp, "usage", None)
+        prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+        completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+        meta: dict[str, Any] = {"attempts": attempts, "response_id": getattr(resp, "id", None)}
+        choices = getattr(resp, "choices", None) or []
+        if not choices:
+            return Completion(
+                text="",
+                prompt_tokens=prompt_tokens,
+                finish_reason="error",
+                error="response has no choices",
+                duration_s=duration,
+                meta=meta,
+            )
+        choice = choices[0]
+        text = (choice.message.content if choice.message is not None else None) or ""
+        text, stopped = cut_at_stop(text, params.stop)
+        raw_reason = choice.finish_reason
+        meta["finish_reason"] = raw_reason
+        reason = "length" if raw_reason == "length" and not stopped else "stop"
+        return Completion(
+            text=text,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            finish_reason=reason,
+            duration_s=duration,
+            meta=meta,
+        )
+
+    def close(self) -> None:
+        """Close the HTTP client."""
+        self.client.close()
