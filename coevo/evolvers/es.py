@@ -1,0 +1,395 @@
+"""ESEvolver (``type: es``): Agentic-ESOpt evolution strategies in parameter space, one generation per step.
+
+Per generation t (Agentic-ESOpt, arXiv 2608.17310, field notes §1; Salimans et al. 2017, Algorithm 2):
+
+1. ``sigma_t`` from the schedule (constant / linear / cosine from ``sigma`` to ``sigma_final`` over
+   ``total_generations``, optional warm-up; ``coevo.es.schedule``); alpha is constant.
+2. Seeds from the recorded stream ``ctx.rng(evolver name, t)`` (63-bit, ``0 <= seed < 2**63``); with
+   ``antithetic`` each seed gives a mirrored pair (+1, -1).
+3. Each member is rolled out under ``theta + sign * sigma_t * eps(seed)`` by the configured rollout
+   (any registered ``rollout: {type: ...}``; it gets the run context, so it may call cooperating evolvers such
+   as EoH through ``ctx.evolvers``); its trajectories go to the store tagged with the member (seed, sign,
+   sigma, index). ``R_i = rollout.population_rewards(...)``.
+4. The weights are restored exactly (float32 masters or backups; ``coevo.es.perturb``), the rewards shaped
+   (``normalization``: zscore / centered_rank / none) and the update applied:
+   ``theta += alpha / N * sum_i c_i * sign_i * eps_i`` (``coevo.es.update``). At ``sigma_t == 0`` (the last
+   generation of a test-time schedule decaying to 0) nothing is applied: every member equals the centre, so
+   the update would be noise; ES then only evaluates and the centre is kept (unlike the reference code).
+5. A history row (``store.add_es_history``): ``GenerationRecord`` fields (seeds, signs, raw rewards,
+   coefficients, sigma, alpha, scope, options, weight hash after) plus model id, dtype and metrics: enough to
+   replay the weights without rollouts (``coevo es replay``).
+
+Held-out evaluation: every ``eval_every`` generations (and after the last), the centre is rolled out on
+``split="test"`` (trajectories with ``member=None``, generation = number of updates applied), reported as
+metric ``test_reward``. Budget: a generation starts only if the sample budget covers the whole population
+(and its evaluation); otherwise the step asks the loop to stop.
+
+Resume: members whose trajectories are stored (a per-member ``es_member`` artifact lists their keys) are
+not rolled out again. Weight snapshots are written every ``checkpoint_every`` generations and at
+``close()``; :meth:`ESEvolver.load_checkpoint` loads the newest snapshot <= the checkpointed generation and
+replays the history rows after it, checking the weight hash, so the weights are bit-identical to an
+uninterrupted run.
+
+Ray (``workers >= 1``): members are rolled out on Ray actors, each a replica built from the run's model
+(``coevo.backends.ray_pool``); the driver keeps its own replica (``ctx.policy``), updated identically and
+hash-checked against the actors after every generation, which serves the held-out evaluation, the snapshots
+and the other evolvers of the run. Rollouts run in the actors without a run context (``ctx=None``), so
+rollouts that call cooperating evolvers (EoH children) need ``workers: 0``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from contextlib import AbstractContextManager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from coevo.backends.ray_pool import ESReplica, RayReplicaPool
+from coevo.es import GenerationRecord, Schedule, ScopeSpec, normalize_rewards
+from coevo.es.checkpoint import rebuild, records_between, snapshot_path
+from coevo.evolvers.base import Evolver, EvolverConfig, StepReport, register_evolver
+from coevo.rollouts.base import build_rollout, resolve_rollout
+from coevo.types import ESMember, Trajectory
+
+#: artifact kind of the per-member resume markers (content: the member's trajectory keys)
+MEMBER_KIND = "es_member"
+POINTER_FILE = "es.json"
+
+
+class ESConfig(EvolverConfig):
+    """Settings of the ES evolver (defaults: the Agentic-ESOpt reference values, field notes §1)."""
+
+    population_size: int = Field(8, ge=1, description="N: members per generation (even when antithetic)")
+    antithetic: bool = Field(True, description="mirrored pairs (seed, +1) / (seed, -1)")
+    sigma: float = Field(1e-3, ge=0, description="sigma_0: perturbation scale at the first generation")
+    sigma_final: float | None = Field(None, ge=0, description="sigma_T at the last generation (default sigma)")
+    schedule: Literal["constant", "linear", "cosine"] = Field("cosine", description="sigma schedule")
+    warmup: int = Field(0, ge=0, description="generations of linear sigma warm-up")
+    total_generations: int = Field(25, ge=1, description="T: generations of the sigma schedule; ES stops after")
+    alpha: float = Field(5e-4, ge=0, description="learning rate (1/sigma folded in unless divide_by_sigma)")
+    normalization: Literal["zscore", "centered_rank", "none"] = Field("zscore", description="fitness shaping")
+    divide_by_sigma: bool = Field(False, description="step alpha/(N sigma) sum c_i eps_i instead of alpha/N")
+    weight_decay: float = Field(0.0, ge=0, description="L2 coefficient (Salimans et al. 2017)")
+    scope: Literal["full", "all_linear"] = Field("all_linear", description="tensors ES perturbs")
+    include: list[str] = Field(default_factory=list, description="glob / re: patterns a name must match")
+    exclude: list[str] = Field(default_factory=list, description="glob / re: patterns that drop a name")
+    restore_mode: Literal["exact", "inference"] = Field(
+        "exact", description="how perturbations are undone; 'inference' without masters drifts (no exact replay)")
+    master_weights: bool = Field(True, description="float32 masters of bf16/fp16 weights")
+    rollout: dict[str, Any] = Field(default_factory=lambda: {"type": "target_logprob"},
+                                    description="rollout spec {type: <registered rollout>, ...}")  # fmt: skip
+    eval_every: int = Field(5, ge=0, description="held-out evaluation of the centre every k generations (0 = off)")
+    checkpoint_every: int = Field(10, ge=1, description="K: weight snapshot every K generations (and at the end)")
+    workers: int = Field(0, ge=0, description="0 = in-process; >= 1 = Ray actors evaluating members")
+    worker_num_cpus: float = Field(1.0, gt=0, description="Ray CPUs per actor")
+    worker_num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per actor (> 0 runs actors on cuda)")
+
+    @field_validator("rollout")
+    @classmethod
+    def _rollout(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(v.get("type"), str) or not v["type"]:
+            raise ValueError("rollout.type is required (a registered rollout, e.g. target_logprob, countdown)")
+        rcls = resolve_rollout(v["type"])
+        return rcls.Config.model_validate(v).model_dump()
+
+    @model_validator(mode="after")
+    def _check(self) -> ESConfig:
+        if self.antithetic and self.population_size % 2:
+            raise ValueError(f"population_size must be even when antithetic, got {self.population_size}")
+        if self.warmup >= self.total_generations:
+            raise ValueError(f"warmup ({self.warmup}) must be < total_generations ({self.total_generations})")
+        if self.alpha * self.weight_decay >= 1:
+            raise ValueError(f"alpha * weight_decay must be < 1, got {self.alpha} * {self.weight_decay}")
+        self.scope_spec()
+        self.sigma_schedule()
+        return self
+
+    def scope_spec(self) -> ScopeSpec:
+        return ScopeSpec(self.scope, tuple(self.include), tuple(self.exclude))
+
+    def sigma_schedule(self) -> Schedule:
+        end = self.sigma if self.sigma_final is None else self.sigma_final
+        return Schedule(self.schedule, self.sigma, end, self.total_generations, self.warmup)
+
+
+def _finite_rewards(rewards: list[float]) -> tuple[list[float], int]:
+    """Replace non-finite member rewards by the worst finite one (0.0 if none); returns (rewards, count)."""
+    finite = [r for r in rewards if math.isfinite(r)]
+    worst = min(finite) if finite else 0.0
+    return [r if math.isfinite(r) else worst for r in rewards], len(rewards) - len(finite)
+
+
+@register_evolver("es")
+class ESEvolver(Evolver):
+    """Parameter-space ES over the run's policy (module docstring). One :meth:`step` = one generation."""
+
+    space = "parameter"
+    Config = ESConfig
+
+    def __init__(self, name: str, config: ESConfig, ctx) -> None:
+        super().__init__(name, config, ctx)
+        self.generation = 0  # generations completed = updates applied
+        self.schedule = config.sigma_schedule()
+        self.rollout = build_rollout(config.rollout, ctx)
+        self.weights_hash: str | None = None
+        self.last_snapshot: dict[str, Any] | None = None
+        self._replica: ESReplica | None = None
+        self._pool: RayReplicaPool | None = None
+
+    # ------------------------------------------------------------------ replicas
+    @property
+    def replica(self) -> ESReplica:
+        """The in-process replica on ``ctx.policy`` (created on first use)."""
+        if self._replica is None:
+            cfg = self.config
+            self._replica = ESReplica(self.ctx.policy, self.rollout, cfg.scope_spec(), cfg.master_weights,
+                                      cfg.restore_mode)  # fmt: skip
+            if self.weights_hash is None:
+                self.weights_hash = self._replica.weights_hash()
+        return self._replica
+
+    @property
+    def pool(self) -> RayReplicaPool | None:
+        """The Ray actors (``workers >= 1``), brought to the driver's weights on creation; else None."""
+        cfg = self.config
+        if cfg.workers == 0:
+            return None
+        if self._pool is None:
+            from coevo.backends.hf import HFPolicy
+
+            policy = self.replica.policy
+            if not isinstance(policy, HFPolicy):
+                raise TypeError(f"workers >= 1 needs the hf backend, the run's policy is {type(policy).__name__}")
+            spec = {"model": policy.model_id, "dtype": str(policy.dtype).removeprefix("torch."),
+                    "device": str(policy.device), "batch_size": policy.batch_size, "rollout": cfg.rollout,
+                    "scope": cfg.scope_spec().to_dict(), "master_weights": cfg.master_weights,
+                    "restore_mode": cfg.restore_mode}  # fmt: skip
+            self._pool = RayReplicaPool(spec, cfg.workers, cfg.worker_num_cpus, cfg.worker_num_gpus)
+            if self.generation > 0:
+                snap, records = self._rebuild_plan(self.generation)
+                self._pool.load(snap, records, expected=self.replica.weights_hash())
+            else:
+                RayReplicaPool.check(self._pool.start_hashes, self.replica.weights_hash(), "start")
+        return self._pool
+
+    # ------------------------------------------------------------------ public hooks
+    def members(self, generation: int) -> list[ESMember]:
+        """The population of ``generation``: seeds from ``ctx.rng(name, generation)``, sigma from the schedule."""
+        cfg = self.config
+        rng = self.ctx.rng(self.name, generation)
+        sigma = self.schedule(generation)
+        if cfg.antithetic:
+            seeds = [rng.getrandbits(63) for _ in range(cfg.population_size // 2)]
+            pairs = [(s, sign) for s in seeds for sign in (1, -1)]
+        else:
+            pairs = [(rng.getrandbits(63), 1) for _ in range(cfg.population_size)]
+        return [ESMember(seed=s, sigma=sigma, sign=sign, index=i) for i, (s, sign) in enumerate(pairs)]
+
+    def key_prefix(self, generation: int, member: ESMember | None) -> str:
+        """Trajectory key prefix of a member (``.../g00003/m002``) or of the centre (``.../g00003/centre``)."""
+        who = "centre" if member is None else f"m{member.index:03d}"
+        return self.ctx.traj_key(self.name, f"g{generation:05d}", who)
+
+    def perturbed(self, member: ESMember) -> AbstractContextManager:
+        """``with es.perturbed(member) as policy:`` the run's policy under the member's perturbation,
+        restored on exit (for evolvers that score members their own way)."""
+        return self.replica.perturbed(member)
+
+    def evaluate_members(self, generation: int, members: list[ESMember], round_index: int) -> list[list[Trajectory]]:
+        """Trajectories of each member (stored ones reused, the rest rolled out and recorded), in order."""
+        out: list[list[Trajectory] | None] = [self._cached(self.key_prefix(generation, m)) for m in members]
+        todo = [i for i, ts in enumerate(out) if ts is None]
+        if todo and self.pool is not None:
+            jobs = [{"member": asdict(members[i]), "generation": generation, "round_index": round_index,
+                     "key_prefix": self.key_prefix(generation, members[i]), "evolver": self.name} for i in todo]  # fmt: skip
+            for i, ts in zip(todo, self.pool.evaluate(jobs), strict=True):
+                out[i] = self._record(self.key_prefix(generation, members[i]), ts, members[i])
+        else:
+            for i in todo:
+                prefix = self.key_prefix(generation, members[i])
+                ts = self.replica.evaluate_member(members[i], generation=generation, key_prefix=prefix,
+                                                  evolver=self.name, round_index=round_index)  # fmt: skip
+                out[i] = self._record(prefix, ts, members[i])
+        return out  # type: ignore[return-value]
+
+    def evaluate_centre(self, generation: int, round_index: int) -> tuple[list[Trajectory], float]:
+        """Held-out evaluation of the current centre (cached by key); returns (trajectories, test reward)."""
+        prefix = self.key_prefix(generation, None)
+        ts = self._cached(prefix)
+        if ts is None:
+            ts = self._record(prefix, self.replica.evaluate_centre(generation=generation, key_prefix=prefix,
+                                                                   evolver=self.name, round_index=round_index), None)  # fmt: skip
+        return ts, self.rollout.member_reward(ts)
+
+    def _cached(self, prefix: str) -> list[Trajectory] | None:
+        art = self.ctx.store.get_artifact(MEMBER_KIND, prefix)
+        if art is None:
+            return None
+        ts = [self.ctx.cached(k) for k in art.content["keys"]]
+        return None if any(t is None for t in ts) else ts
+
+    def _record(self, prefix: str, trajs: list[Trajectory], member: ESMember | None) -> list[Trajectory]:
+        for t in trajs:
+            t.run_id = t.run_id or self.ctx.run_id
+            if member is not None and t.member is None:
+                t.member = member
+        stored = [s for s, _ in self.ctx.store.add_trajectories(trajs)] if trajs else []
+        content = {"keys": [t.key for t in stored], "member": asdict(member) if member else None}
+        self.ctx.store.put_artifact(self.ctx.run_id, MEMBER_KIND, prefix, content, key=prefix)
+        return stored
+
+    # ------------------------------------------------------------------ one generation
+    def _evals_due(self, generation: int) -> tuple[bool, bool]:
+        """(evaluate the centre before this generation's update, evaluate it after): every ``eval_every``
+        generations before the update, and after the last generation's update."""
+        k = self.config.eval_every
+        return k > 0 and generation % k == 0, k > 0 and generation == self.config.total_generations - 1
+
+    def _budget_needed(self, generation: int, members: list[ESMember]) -> int:
+        """Samples this generation still needs: uncached members x train cases + uncached evaluations."""
+        per_member = self.rollout.n_cases("train") or 1
+        need = per_member * sum(self._cached(self.key_prefix(generation, m)) is None for m in members)
+        for due, g in zip(self._evals_due(generation), (generation, generation + 1), strict=True):
+            if due and self._cached(self.key_prefix(g, None)) is None:
+                need += self.rollout.n_cases("test") or 1
+        return need
+
+    def step(self, round_index: int) -> StepReport:
+        cfg, g = self.config, self.generation
+        if g >= cfg.total_generations:
+            return StepReport(stop=True, stop_reason=f"ES completed its {cfg.total_generations} generations")
+        members = self.members(g)
+        need = self._budget_needed(g, members)
+        if need and self.ctx.budget.allow(need) < need:
+            return StepReport(stop=True, stop_reason=(
+                f"the sample budget left ({self.ctx.budget.remaining()}) cannot cover ES generation {g} "
+                f"({need} samples: {len(members)} members x {self.rollout.n_cases('train') or 1} cases + evaluation)"))
+        pool = self.pool  # created (and synchronised) before any weight change of this step
+        eval_before, eval_after = self._evals_due(g)
+        rep = StepReport()
+        if eval_before:
+            ts, test_before = self.evaluate_centre(g, round_index)
+            rep.metrics["test_reward"] = test_before
+            rep.samples += sum(t.llm_calls for t in ts)
+        trajs = self.evaluate_members(g, members, round_index)
+        rewards, n_bad = _finite_rewards([float(r) for r in self.rollout.population_rewards(trajs)])
+        coeffs = normalize_rewards(rewards, cfg.normalization).tolist()
+        sigma = members[0].sigma
+        record = GenerationRecord(
+            generation=g, seeds=[m.seed for m in members], signs=[m.sign for m in members], rewards=rewards,
+            coeffs=coeffs, sigma=sigma, alpha=cfg.alpha, normalization=cfg.normalization,
+            scope=cfg.scope_spec().to_dict(), divide_by_sigma=cfg.divide_by_sigma, weight_decay=cfg.weight_decay,
+            skipped=sigma == 0.0, master_dtype="float32" if cfg.master_weights else None,
+        )
+        before = self.replica.weights_hash() if self.weights_hash is None else self.weights_hash
+        stats, after = self.replica.apply(record)
+        if pool is not None:
+            pool.apply(record, expected=after)
+        record.weight_hash_after = after
+        self._write_history(record, before, stats.to_dict(), rep.metrics.get("test_reward"), round_index)
+        self.generation, self.weights_hash = g + 1, after
+        if self.generation % cfg.checkpoint_every == 0:
+            self.snapshot()
+        if eval_after:
+            ts, test_after = self.evaluate_centre(self.generation, round_index)
+            rep.metrics["test_reward"] = test_after
+            rep.samples += sum(t.llm_calls for t in ts)
+        flat = [t for ts in trajs for t in ts]
+        rep.samples += sum(t.llm_calls for t in flat)
+        rep.trajectories = len(flat)
+        rep.best_reward = max(rewards)
+        rep.metrics.update(generation=float(g), sigma=sigma, alpha=cfg.alpha, mean_reward=sum(rewards) / len(rewards),
+                           max_reward=max(rewards), min_reward=min(rewards), update_norm=stats.update_norm,
+                           changed_fraction=stats.changed_fraction, skipped=float(stats.skipped),
+                           nonfinite_rewards=float(n_bad))  # fmt: skip
+        return rep
+
+    def _write_history(self, record: GenerationRecord, before: str, update: dict, test_reward, round_index: int) -> None:
+        policy = self.replica.policy
+        row = {**record.to_dict(), "model_id": policy.model_id, "dtype": str(getattr(policy, "dtype", "")),
+               "restore_mode": self.config.restore_mode, "antithetic": self.config.antithetic,
+               "weight_hash_before": before, "update": update, "test_reward_before": test_reward,
+               "round": round_index, "workers": self.config.workers}  # fmt: skip
+        if not self.ctx.store.add_es_history(self.ctx.run_id, self.name, record.generation, row):
+            stored = {r["generation"]: r for r in self.ctx.store.es_history(self.ctx.run_id, self.name)}
+            old = stored[record.generation]["weight_hash_after"]
+            if old != record.weight_hash_after:
+                raise RuntimeError(f"ES generation {record.generation} re-run after a resume gives weights "
+                                   f"{record.weight_hash_after[:16]}… but the stored history says {old[:16]}…")  # fmt: skip
+
+    # ------------------------------------------------------------------ checkpoints
+    def snapshot(self) -> str:
+        """Write ``<run_dir>/weights/gen-XXXXX.safetensors`` for the current generation; returns its hash."""
+        path = snapshot_path(self.ctx.run_dir, self.generation)
+        digest = self.replica.save_snapshot(path, {"generation": self.generation, "model_id": self.replica.policy.model_id,
+                                                   "evolver": self.name, "run_id": self.ctx.run_id})  # fmt: skip
+        self.last_snapshot = {"generation": self.generation, "path": str(path.relative_to(self.ctx.run_dir)),
+                              "weights_hash": digest}  # fmt: skip
+        return digest
+
+    def _rebuild_plan(self, generation: int) -> tuple[Path | None, list[GenerationRecord]]:
+        from coevo.es.checkpoint import newest_snapshot
+
+        snap = newest_snapshot(self.ctx.run_dir, generation)
+        start = snap[0] if snap else 0
+        records = records_between(self.ctx.store.es_history(self.ctx.run_id, self.name), start, generation)
+        return (snap[1] if snap else None), records
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generation": self.generation, "weights_hash": self.weights_hash}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generation = int(state.get("generation", 0))
+
+    def save_checkpoint(self, directory: Path) -> None:
+        """Write ``es.json``: generations done, current weights hash, last snapshot (path, hash)."""
+        pointer = {"generation": self.generation, "weights_hash": self.weights_hash, "snapshot": self.last_snapshot}
+        (Path(directory) / POINTER_FILE).write_text(json.dumps(pointer, indent=1))
+
+    def load_checkpoint(self, directory: Path) -> None:
+        """Rebuild the weights of the checkpointed generation (newest snapshot + history replay, no rollouts).
+
+        Raises:
+            ValueError: missing history rows. SnapshotError / ReplayMismatchError / RuntimeError: the rebuilt
+                weights' hash differs from the checkpointed one.
+        """
+        pointer = json.loads((Path(directory) / POINTER_FILE).read_text())
+        self.generation = int(pointer["generation"])
+        if self.generation == 0:
+            return
+        rows = self.ctx.store.es_history(self.ctx.run_id, self.name)
+        digest, _ = rebuild(self.replica.params, self.ctx.run_dir, rows, self.generation)
+        if pointer.get("weights_hash") and digest != pointer["weights_hash"]:
+            raise RuntimeError(f"resumed ES weights hash {digest} != checkpointed {pointer['weights_hash']}")
+        self.weights_hash, self.last_snapshot = digest, pointer.get("snapshot")
+
+    def close(self) -> None:
+        """Write the final weight snapshot (if not written yet) and stop the Ray actors."""
+        if self._replica is not None and self.generation > 0 and (
+            self.last_snapshot is None or self.last_snapshot["generation"] != self.generation
+        ):
+            self.snapshot()
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def report_markdown(self) -> str | None:
+        """A table of the ES generations (sigma, rewards, update size, held-out reward) from the history."""
+        from coevo.report.writer import md_table
+
+        rows = self.ctx.store.es_history(self.ctx.run_id, self.name)
+        if not rows:
+            return None
+        table = [[r["generation"], r["sigma"], sum(r["rewards"]) / len(r["rewards"]), max(r["rewards"]),
+                  r.get("update", {}).get("update_norm"), r.get("test_reward_before"),
+                  "skipped" if r["skipped"] else ""] for r in rows]  # fmt: skip
+        final = self._cached(self.key_prefix(len(rows), None))
+        tail = f"\n\nHeld-out reward after generation {len(rows) - 1}: {self.rollout.member_reward(final):.4g}" if final else ""
+        head = (f"### ES `{self.name}`\n\nN={self.config.population_size}, antithetic={self.config.antithetic}, "
+                f"scope={self.config.scope}, rollout={self.config.rollout['type']}; weights hash "
+                f"`{(self.weights_hash or '')[:16]}`; replay with `coevo es replay RUN_DIR --check`.\n\n")  # fmt: skip
+        return head + md_table(["gen", "sigma", "mean R", "max R", "|update|", "test R (before)", ""], table) + tail
