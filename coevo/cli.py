@@ -126,13 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.set_defaults(func=_cmd_runs_export)
 
     for mod in _DOMAIN_CLIS:
-        try:
-            module = importlib.import_module(mod)
-        except ModuleNotFoundError as exc:  # LEAD-TEMP: until every domain module has landed
-            if exc.name != mod:
-                raise
-            continue
-        module.add_parser(sub)
+        importlib.import_module(mod).add_parser(sub)
     return p
 
 

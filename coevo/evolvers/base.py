@@ -246,9 +246,4 @@ _BUILTIN_MODULES = (
 
 def _load_builtins() -> None:
     for mod in _BUILTIN_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            # Only tolerate the module itself not existing yet; a missing dependency inside it is an error.
-            if exc.name != mod:
-                raise
+        importlib.import_module(mod)
