@@ -259,6 +259,9 @@ class ESEvolver(Evolver):
         return need
 
     def step(self, round_index: int) -> StepReport:
+        """One ES generation: draw seeds, evaluate the members under perturbed weights, normalise their
+        rewards, update the centre (no update at sigma = 0), record the history row, and evaluate the centre
+        on the held-out split every ``eval_every`` generations. Stops the run after ``total_generations``."""
         cfg, g = self.config, self.generation
         if g >= cfg.total_generations:
             return StepReport(stop=True, stop_reason=f"ES completed its {cfg.total_generations} generations")
