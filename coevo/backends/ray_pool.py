@@ -37,7 +37,7 @@ from coevo.es import (
     perturb,
     select_params,
 )
-from coevo.es.checkpoint import apply_records, load_snapshot, save_snapshot
+from coevo.es.checkpoint import apply_records, load_snapshot, rebuild, save_snapshot
 from coevo.rollouts.base import Rollout, Split, build_rollout
 from coevo.types import ESMember, Trajectory
 
@@ -135,6 +135,10 @@ class ESReplica:
         if snapshot is not None:
             load_snapshot(snapshot, self.params)
         return apply_records(self.params, records)
+
+    def rebuild(self, run_dir: str | Path, rows: list[dict[str, Any]], generation: int):
+        """Weights after ``generation`` from the newest snapshot plus history ``rows`` (``coevo.es.checkpoint``)."""
+        return rebuild(self.params, run_dir, rows, generation)
 
 
 class ReplicaWorker:

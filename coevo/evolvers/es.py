@@ -50,7 +50,7 @@ from pydantic import Field, field_validator, model_validator
 
 from coevo.backends.ray_pool import ESReplica, RayReplicaPool
 from coevo.es import GenerationRecord, Schedule, ScopeSpec, normalize_rewards
-from coevo.es.checkpoint import rebuild, records_between, snapshot_path
+from coevo.es.checkpoint import records_between, snapshot_path
 from coevo.evolvers.base import Evolver, EvolverConfig, StepReport, register_evolver
 from coevo.rollouts.base import build_rollout, resolve_rollout
 from coevo.types import ESMember, Trajectory
@@ -143,11 +143,16 @@ class ESEvolver(Evolver):
     # ------------------------------------------------------------------ replicas
     @property
     def replica(self) -> ESReplica:
-        """The in-process replica on ``ctx.policy`` (created on first use)."""
+        """The replica on ``ctx.policy`` (created on first use): in-process for HF policies, or the policy's own
+        (``policy.es_replica``, e.g. a vLLM engine whose workers apply the same ES math)."""
         if self._replica is None:
             cfg = self.config
-            self._replica = ESReplica(self.ctx.policy, self.rollout, cfg.scope_spec(), cfg.master_weights,
-                                      cfg.restore_mode)  # fmt: skip
+            make = getattr(self.ctx.policy, "es_replica", None)
+            if callable(make):
+                self._replica = make(self.rollout, cfg.scope_spec(), cfg.master_weights, cfg.restore_mode)
+            else:
+                self._replica = ESReplica(self.ctx.policy, self.rollout, cfg.scope_spec(), cfg.master_weights,
+                                          cfg.restore_mode)  # fmt: skip
             if self.weights_hash is None:
                 self.weights_hash = self._replica.weights_hash()
         return self._replica
@@ -365,7 +370,7 @@ class ESEvolver(Evolver):
         if self.generation == 0:
             return
         rows = self.ctx.store.es_history(self.ctx.run_id, self.name)
-        digest, _ = rebuild(self.replica.params, self.ctx.run_dir, rows, self.generation)
+        digest, _ = self.replica.rebuild(self.ctx.run_dir, rows, self.generation)
         if pointer.get("weights_hash") and digest != pointer["weights_hash"]:
             raise RuntimeError(f"resumed ES weights hash {digest} != checkpointed {pointer['weights_hash']}")
         self.weights_hash, self.last_snapshot = digest, pointer.get("snapshot")

@@ -1,0 +1,469 @@
+"""A vLLM engine as a :class:`~coevo.backends.base.Policy`, with ES perturb / restore / update in its workers.
+
+:class:`VLLMPolicy` wraps one ``vllm.LLM`` engine (one GPU per engine for ES: ``tensor_parallel_size`` 1)
+started with the worker extension :class:`coevo.backends.vllm_worker.ESWorkerExtension`. Generation goes
+through the engine; ES goes through ``llm.collective_rpc("es_...")``, which runs the shared ES math
+(:mod:`coevo.es`) on the worker's parameters in place, in canonical HF terms: the same seed gives the same
+noise, the same update gives the same weights and the same ``weights_hash`` as on
+:class:`~coevo.backends.hf.HFPolicy` (field notes §1: vLLM's fused ``qkv_proj`` / ``gate_up_proj`` are split
+into HF-named views). :class:`VLLMReplica` is the ES replica (the :class:`~coevo.backends.ray_pool.ESReplica`
+interface) the ES evolver uses for such a policy: ``policy.es_replica(rollout, scope, ...)``.
+
+Prefix cache. vLLM reuses KV blocks of equal prompt prefixes across requests; blocks computed under other
+weights would be stale after a perturbation, restore or update. Every weight change therefore resets the
+prefix cache (``llm.reset_prefix_cache()``); a failed reset raises :class:`PolicyError`.
+
+vLLM is imported lazily: without it (``pip install 'coevo[vllm]'``, CUDA only) constructing a
+:class:`VLLMPolicy` raises :class:`PolicyError`; importing this module needs only torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from coevo.backends import check_conversations, check_sampling_params
+from coevo.backends.base import Completion, Message, Policy, PolicyError, SamplingParams
+from coevo.backends.ray_pool import ESReplica
+from coevo.es import GenerationRecord, ScopeSpec, UpdateStats
+from coevo.rollouts.base import Rollout, Split
+from coevo.types import ESMember, Trajectory
+
+#: ``worker_extension_cls`` given to every engine
+WORKER_EXTENSION = "coevo.backends.vllm_worker.ESWorkerExtension"
+#: oldest vLLM with ``worker_extension_cls`` and ``collective_rpc`` on ``LLM``
+MIN_VLLM = "0.8.3"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_INSTALL_HINT = "pip install 'coevo[vllm]' on a CUDA machine (vLLM is CUDA only), or use model.backend: hf"
+
+
+def import_vllm() -> Any:
+    """Import vLLM (>= 0.8.3).
+
+    Raises:
+        PolicyError: vLLM is missing or too old (the message says how to install it).
+    """
+    try:
+        import vllm
+    except ImportError as e:
+        raise PolicyError(f"vLLM is not installed: {_INSTALL_HINT}") from e
+    from packaging.version import InvalidVersion, Version
+
+    version = getattr(vllm, "__version__", "0")
+    try:
+        too_old = Version(version) < Version(MIN_VLLM)
+    except InvalidVersion:
+        too_old = False  # a source build with a local version string: assume recent
+    if too_old:
+        raise PolicyError(f"vLLM {version} is too old: the ES worker extension needs vllm >= {MIN_VLLM}")
+    return vllm
+
+
+def request_seed(seed: int, index: int) -> int:
+    """Sampling seed of request ``index`` of a batch seeded with ``seed``: ``blake2b("seed:index")``, 63 bits.
+
+    vLLM seeds each request separately, so equal prompts in one batch would sample equal completions if
+    they shared the seed; deriving one seed per position keeps a seeded batch reproducible and its
+    requests independent.
+    """
+    digest = hashlib.blake2b(f"{int(seed)}:{int(index)}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def vllm_sampling_kwargs(params: SamplingParams, index: int, stop_token_ids: list[int] | None = None) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.SamplingParams`` for request ``index`` of a batch.
+
+    Mapping: ``max_new_tokens -> max_tokens``; ``temperature`` (0 = greedy), ``top_p`` as is; ``top_k`` 0 (off)
+    -> -1 (vLLM's "off", accepted by every version); ``seed`` -> :func:`request_seed` (None stays None);
+    ``stop`` -> list (vLLM removes the stop string from the text, as coevo does); ``stop_token_ids`` the
+    terminal ids also used by the HF backend; one completion per request, special tokens skipped.
+
+    Raises:
+        ValueError / TypeError: invalid ``params`` (``coevo.backends.check_sampling_params``).
+    """
+    check_sampling_params(params)
+    return {
+        "n": 1,
+        "max_tokens": params.max_new_tokens,
+        "temperature": float(params.temperature),
+        "top_p": float(params.top_p),
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "seed": None if params.seed is None else request_seed(params.seed, index),
+        "stop": list(params.stop) or None,
+        "stop_token_ids": list(stop_token_ids or []) or None,
+        "skip_special_tokens": True,
+    }
+
+
+class VLLMPolicy(Policy):
+    """A chat model served by one vLLM engine, with ES hooks into its workers.
+
+    Args:
+        model: a local HF folder, a registry name or ``tiny:<preset>`` (``coevo.backends.models.resolve_model``).
+        dtype: "bfloat16" (default), "float16" or "float32".
+        tensor_parallel_size: GPUs of the engine (>= 1). Generation works with any size; ES needs 1.
+        gpu_memory_utilization: fraction of GPU memory vLLM may take, in (0, 1]. Leave room for ES
+            float32 masters (4 bytes per weight in scope) when they live on the GPU.
+        max_model_len: context length (None: the model's).
+        seed: engine seed (requests without a seed draw from it).
+        enforce_eager: disable CUDA graphs (slower; in-place weight edits work either way, since graphs
+            keep the parameters' addresses).
+        enable_prefix_caching: reuse KV blocks of shared prefixes (reset after every weight change).
+        cache_dir: coevo cache root used to resolve names.
+        engine_kwargs: further ``vllm.LLM`` arguments.
+
+    Attributes:
+        llm: the ``vllm.LLM``. tokenizer: the HF tokenizer (chat template). model_id, path, dtype.
+
+    Raises:
+        ValueError: bad dtype, sizes or utilisation (field named), unresolvable model reference.
+        PolicyError: vLLM missing or too old, no CUDA GPU, or the engine fails to start.
+    """
+
+    has_parameters = True
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        dtype: str = "bfloat16",
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.85,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        enforce_eager: bool = False,
+        enable_prefix_caching: bool = True,
+        cache_dir: str | Path | None = None,
+        engine_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        if (
+            isinstance(tensor_parallel_size, bool)
+            or not isinstance(tensor_parallel_size, int)
+            or tensor_parallel_size < 1
+        ):
+            raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tensor_parallel_size!r}")
+        if not isinstance(gpu_memory_utilization, (int, float)) or not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+        vllm = import_vllm()
+        if not torch.cuda.is_available():
+            raise PolicyError(
+                "vLLM needs a CUDA GPU and none is visible (check CUDA_VISIBLE_DEVICES); " + _INSTALL_HINT
+            )
+        from coevo.backends.models import load_tokenizer, resolve_model
+
+        path = resolve_model(model, cache_dir=cache_dir)
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        kwargs = {"model": str(path), "tokenizer": str(path), "dtype": dtype, "seed": seed,
+                  "tensor_parallel_size": tensor_parallel_size, "gpu_memory_utilization": float(gpu_memory_utilization),
+                  "enforce_eager": enforce_eager, "enable_prefix_caching": enable_prefix_caching,
+                  "worker_extension_cls": WORKER_EXTENSION, **({"max_model_len": max_model_len} if max_model_len else {}),
+                  **(engine_kwargs or {})}  # fmt: skip
+        try:
+            llm = vllm.LLM(**kwargs)
+        except Exception as e:
+            raise PolicyError(f"cannot start a vLLM engine for {path}: {type(e).__name__}: {e}") from e
+        self._attach(llm, load_tokenizer(path), str(model), path, dtype, tensor_parallel_size, enable_prefix_caching)
+
+    @classmethod
+    def from_engine(cls, llm: Any, tokenizer: Any, *, model_id: str, path: str | Path | None = None,
+                    dtype: str = "bfloat16", tensor_parallel_size: int = 1,
+                    enable_prefix_caching: bool = True) -> VLLMPolicy:  # fmt: skip
+        """Wrap an engine built elsewhere (it must have been created with
+        ``worker_extension_cls=WORKER_EXTENSION`` for the ES hooks). ``tokenizer`` is the HF tokenizer."""
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        self = cls.__new__(cls)
+        self._attach(llm, tokenizer, model_id, path, dtype, tensor_parallel_size, enable_prefix_caching)
+        return self
+
+    def _attach(self, llm, tokenizer, model_id, path, dtype, tensor_parallel_size, enable_prefix_caching) -> None:
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.model_id = str(model_id)
+        self.path = Path(path) if path is not None else None
+        self.dtype = DTYPES[dtype]
+        self.tensor_parallel_size = int(tensor_parallel_size)
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self.es_active: dict[str, Any] | None = None  # the worker's active perturbation {seed, sigma, sign}
+        self.es_ready = False
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise PolicyError(f"tokenizer of {model_id} has no chat template")
+        self._stop_ids = self._terminal_token_ids()
+
+    def _terminal_token_ids(self) -> list[int]:
+        """EOS ids of the model's generation config plus the tokenizer's EOS and pad (as ``HFPolicy``)."""
+        ids: set[int] = {i for i in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if i is not None}
+        if self.path is not None and (self.path / "generation_config.json").is_file():
+            from transformers import GenerationConfig
+
+            eos = GenerationConfig.from_pretrained(self.path, local_files_only=True).eos_token_id
+            ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        return sorted(ids)
+
+    def named_parameters(self) -> Iterator[tuple[str, Any]]:
+        """Not available: the weights live in the vLLM worker processes.
+
+        Raises:
+            TypeError: always; ES drives a vLLM policy through :meth:`es_replica` / the ``es_*`` hooks.
+        """
+        raise TypeError("VLLMPolicy's weights live in the vLLM worker processes; ES uses policy.es_replica(...) "
+                        "and the es_* hooks (collective_rpc), not named_parameters()")  # fmt: skip
+
+    # ------------------------------------------------------------------ generation
+    def _prompt_ids(self, conversations: list[list[Message]]) -> list[list[int]]:
+        """Chat-templated prompts as token ids, tokenised exactly as ``HFPolicy`` does (no added specials)."""
+        texts = [
+            self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations
+        ]
+        return [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+    def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:
+        """Generate one completion per conversation (see :meth:`Policy.generate`); one engine call per batch.
+
+        Seeds: request i of a batch seeded with ``s`` samples with :func:`request_seed` ``(s, i)``. A
+        request vLLM finishes abnormally (``finish_reason`` "abort") gives a ``Completion`` with
+        ``finish_reason="error"``.
+
+        Raises:
+            ValueError, TypeError: malformed conversations or params (field named).
+            PolicyError: the engine rejects the batch (e.g. a prompt longer than ``max_model_len``).
+        """
+        import vllm
+
+        check_conversations(conversations)
+        check_sampling_params(params)
+        if not conversations:
+            return []
+        prompts = [{"prompt_token_ids": ids} for ids in self._prompt_ids(conversations)]
+        sps = [vllm.SamplingParams(**vllm_sampling_kwargs(params, i, self._stop_ids)) for i in range(len(prompts))]
+        t0 = time.perf_counter()
+        try:
+            outputs = self.llm.generate(prompts, sps, use_tqdm=False)
+        except ValueError as e:
+            raise PolicyError(f"vLLM rejected the batch: {e}") from e
+        duration = time.perf_counter() - t0
+        out = []
+        for ro in outputs:
+            o = ro.outputs[0]
+            reason = o.finish_reason if o.finish_reason in ("stop", "length") else "error"
+            out.append(Completion(text=o.text if reason != "error" else "", prompt_tokens=len(ro.prompt_token_ids),
+                                  completion_tokens=len(o.token_ids), finish_reason=reason,
+                                  error=None if reason != "error" else f"vLLM finish_reason {o.finish_reason!r}",
+                                  duration_s=duration))  # fmt: skip
+        return out
+
+    def logprob(self, conversations: list[list[Message]], targets: list[str]) -> torch.Tensor:
+        """Sum log-probability (nats) of each target after its chat prompt, from vLLM's prompt logprobs.
+
+        Same definition and tokenisation as ``HFPolicy.logprob``: ``sum_j log p(target_j | prompt, target_<j)``.
+
+        Returns:
+            float32 CPU tensor of shape (B,); 0.0 for an empty target.
+
+        Raises:
+            TypeError / ValueError: malformed conversations, targets not a list of str, or length mismatch.
+        """
+        import vllm
+
+        check_conversations(conversations)
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise ValueError("targets must be a list of str")
+        if len(targets) != len(conversations):
+            raise ValueError(f"targets has {len(targets)} items but conversations has {len(conversations)}")
+        seqs, n_target = [], []
+        for p_ids, t in zip(self._prompt_ids(conversations), targets, strict=True):
+            t_ids = self.tokenizer(t, add_special_tokens=False)["input_ids"] if t else []
+            seqs.append(p_ids + t_ids)
+            n_target.append(len(t_ids))
+        sp = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
+        outputs = self.llm.generate([{"prompt_token_ids": s} for s in seqs], sp, use_tqdm=False)
+        values = []
+        for seq, n, ro in zip(seqs, n_target, outputs, strict=True):
+            plp = ro.prompt_logprobs  # per prompt position: None (first) or {token_id: Logprob}
+            values.append(sum(float(plp[j][seq[j]].logprob) for j in range(len(seq) - n, len(seq))))
+        return torch.tensor(values, dtype=torch.float32)
+
+    # ------------------------------------------------------------------ ES hooks (collective_rpc)
+    def _rpc(self, method: str, *args: Any) -> Any:
+        """Call ``ESWorkerExtension.<method>`` on every worker; returns worker 0's result after checking that
+        all workers returned the same."""
+        results = self.llm.collective_rpc(method, args=args)
+        if not results:
+            raise PolicyError(f"collective_rpc({method!r}) returned no worker result")
+        if any(r != results[0] for r in results[1:]):
+            raise PolicyError(f"vLLM workers disagree on {method}: {results}")
+        return results[0]
+
+    def _weights_changed(self) -> None:
+        """Drop KV blocks computed under the previous weights (module docstring)."""
+        if self.enable_prefix_caching and self.llm.reset_prefix_cache() is False:
+            raise PolicyError("vLLM could not reset its prefix cache after a weight change (requests running?)")
+
+    def es_setup(self, scope: ScopeSpec | dict[str, Any] | str = "all_linear", master_weights: bool = True,
+                 restore_mode: str = "exact", master_device: str | None = None,
+                 backup_device: str | None = None) -> dict[str, Any]:  # fmt: skip
+        """Select the ES tensors in the workers (``ESWorkerExtension.es_setup``); returns the worker state.
+
+        Raises:
+            ValueError: ``tensor_parallel_size`` > 1 (ES needs one GPU per engine), bad scope or restore mode.
+        """
+        if self.tensor_parallel_size != 1:
+            raise ValueError(f"ES on vLLM needs tensor_parallel_size == 1, this engine has {self.tensor_parallel_size}: "
+                             "its workers hold shards whose noise and hash cannot match the HF model")  # fmt: skip
+        spec = scope.to_dict() if isinstance(scope, ScopeSpec) else scope
+        state = self._rpc("es_setup", spec, bool(master_weights), restore_mode, master_device, backup_device)
+        self.es_ready, self.es_active = True, state.get("active")
+        return state
+
+    def es_perturb(self, seed: int, sigma: float, sign: int = 1) -> dict[str, Any]:
+        """``theta += sign * sigma * eps(seed)`` in the workers.
+
+        Raises:
+            RuntimeError: a perturbation is already active, or ES is not set up. On a worker failure the
+            worker has restored what it wrote; the error propagates.
+        """
+        if self.es_active is not None:
+            raise RuntimeError(f"a perturbation {self.es_active} is already active; call es_restore first")
+        try:
+            state = self._rpc("es_perturb", int(seed), float(sigma), int(sign))
+        finally:
+            self._weights_changed()
+        self.es_active = state["active"]
+        return state
+
+    def es_restore(self) -> dict[str, Any]:
+        """Undo the active perturbation in the workers (no-op if none)."""
+        try:
+            state = self._rpc("es_restore")
+        finally:
+            self._weights_changed()
+        self.es_active = state["active"]
+        return state
+
+    def es_update(self, record: GenerationRecord | dict[str, Any], check_hash: bool = False) -> tuple[UpdateStats, str]:
+        """Apply a ``GenerationRecord`` in the workers; returns ``(UpdateStats, canonical weights hash after)``."""
+        rec = record.to_dict() if isinstance(record, GenerationRecord) else dict(record)
+        try:
+            out = self._rpc("es_update", rec, bool(check_hash))
+        finally:
+            self._weights_changed()
+        return UpdateStats(**out["stats"]), out["weights_hash"]
+
+    def es_weights_hash(self) -> str:
+        """Canonical ``weights_hash`` of the scope (equals ``HFPolicy``'s for the same weights and dtype)."""
+        return self._rpc("es_weights_hash")
+
+    def es_noise_hash(self, seed: int, sigma: float, sign: int = 1) -> str:
+        """Hash of the scope while perturbed by ``(seed, sigma, sign)`` (restored after)."""
+        if self.es_active is not None:
+            raise RuntimeError(f"a perturbation {self.es_active} is already active; call es_restore first")
+        return self._rpc("es_noise_hash", int(seed), float(sigma), int(sign))
+
+    def es_state(self) -> dict[str, Any]:
+        """The workers' ES state (``ESWorkerExtension.es_state``)."""
+        return self._rpc("es_state")
+
+    def es_save_snapshot(self, path: str | Path, meta: dict[str, Any] | None = None) -> str:
+        """Write a weight snapshot (HF names, ``coevo.es.checkpoint``) from the worker; returns its hash."""
+        meta = {k: str(v) for k, v in (meta or {}).items()}
+        return self._rpc("es_save_snapshot", str(Path(path).resolve()), meta)
+
+    def es_load(self, snapshot: str | Path | None, records: list[GenerationRecord]) -> str:
+        """Load a snapshot (None: keep weights) and re-apply records in the workers; returns the hash."""
+        snap = None if snapshot is None else str(Path(snapshot).resolve())
+        try:
+            return self._rpc("es_load", snap, [r.to_dict() for r in records])
+        finally:
+            self._weights_changed()
+
+    def es_rebuild(self, run_dir: str | Path, rows: list[dict[str, Any]], generation: int) -> tuple[str, int | None]:
+        """Weights after ``generation`` updates from snapshots + history (``coevo.es.checkpoint.rebuild``)."""
+        try:
+            out = self._rpc("es_rebuild", str(Path(run_dir).resolve()), list(rows), int(generation))
+        finally:
+            self._weights_changed()
+        return out["weights_hash"], out["snapshot_generation"]
+
+    def es_replica(self, rollout: Rollout, scope: ScopeSpec, master_weights: bool = True,
+                   restore_mode: str = "exact") -> VLLMReplica:  # fmt: skip
+        """The ES replica of this policy (what ``ESEvolver`` uses instead of an in-process ``ESReplica``)."""
+        return VLLMReplica(self, rollout, scope, master_weights, restore_mode)
+
+    def close(self) -> None:
+        """Shut the engine down and free GPU memory."""
+        llm, self.llm = getattr(self, "llm", None), None
+        shutdown = getattr(getattr(llm, "llm_engine", None), "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        del llm
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+class VLLMReplica(ESReplica):
+    """:class:`~coevo.backends.ray_pool.ESReplica` over a :class:`VLLMPolicy`: the ES parameters live in the
+    vLLM workers, so every weight operation is an ``es_*`` call; member evaluation is inherited.
+
+    ``ESReplica.__init__`` is not called: it would build ``ESParams`` from ``policy.named_parameters()``,
+    which the driver process of a vLLM engine does not hold.
+
+    Raises:
+        TypeError: ``policy`` has no ``es_setup`` hook. ValueError: see :meth:`VLLMPolicy.es_setup`.
+    """
+
+    def __init__(self, policy: VLLMPolicy, rollout: Rollout, scope: ScopeSpec, master_weights: bool = True,
+                 restore_mode: str = "exact") -> None:  # fmt: skip
+        if not callable(getattr(policy, "es_setup", None)):
+            raise TypeError(f"VLLMReplica needs a VLLMPolicy, got {type(policy).__name__}")
+        self.policy, self.rollout, self.scope, self.restore_mode = policy, rollout, scope, restore_mode
+        self.state = policy.es_setup(scope, master_weights, restore_mode)
+
+    @property
+    def params(self):
+        raise TypeError("VLLMReplica's ESParams live in the vLLM workers; use replica.rebuild/load/apply")
+
+    @contextmanager
+    def perturbed(self, member: ESMember) -> Iterator[Any]:
+        """``with replica.perturbed(member) as policy:`` the engine at ``theta + sign * sigma * eps(seed)``;
+        restored on exit, also when the body raises."""
+        self.policy.es_perturb(member.seed, member.sigma, member.sign)
+        try:
+            yield self.policy
+        finally:
+            self.policy.es_restore()
+
+    def evaluate_centre(self, *, generation: int, key_prefix: str, evolver: str, round_index: int,
+                        split: Split = "test") -> list[Trajectory]:  # fmt: skip
+        """Roll out the unperturbed engine (member None) on ``split``."""
+        if self.policy.es_active is not None:
+            raise RuntimeError("a perturbation is active: the centre cannot be evaluated now")
+        return self.rollout.run(self.policy, generation=generation, member=None, key_prefix=key_prefix,
+                                split=split, evolver=evolver, round_index=round_index)  # fmt: skip
+
+    def weights_hash(self) -> str:
+        return self.policy.es_weights_hash()
+
+    def noise_hash(self, member: ESMember) -> str:
+        return self.policy.es_noise_hash(member.seed, member.sigma, member.sign)
+
+    def apply(self, record: GenerationRecord) -> tuple[UpdateStats, str]:
+        return self.policy.es_update(record)
+
+    def save_snapshot(self, path: str | Path, meta: dict[str, Any] | None = None) -> str:
+        return self.policy.es_save_snapshot(path, meta)
+
+    def load(self, snapshot: str | Path | None, records: list[GenerationRecord]) -> str:
+        return self.policy.es_load(snapshot, records)
+
+    def rebuild(self, run_dir: str | Path, rows: list[dict[str, Any]], generation: int) -> tuple[str, int | None]:
+        """``coevo.es.checkpoint.rebuild`` in the workers; returns (hash, snapshot generation used or None)."""
+        return self.policy.es_rebuild(run_dir, rows, generation)

@@ -1,0 +1,472 @@
+"""``ESWorkerExtension``: ES perturb / restore / update inside vLLM worker processes, in canonical HF terms.
+
+Mixed into every vLLM worker with ``LLM(model=..., worker_extension_cls=
+"coevo.backends.vllm_worker.ESWorkerExtension")`` (vLLM >= 0.8.3) and called from the driver with
+``llm.collective_rpc("es_<method>", args=(...))`` (see :class:`coevo.backends.vllm_engine.VLLMPolicy`). Every
+method runs the shared ES math of :mod:`coevo.es` (noise, perturbation, update, snapshots); none of it is
+copied here. Arguments and results are plain data (dicts, lists, str, int, float) so that they cross vLLM's
+RPC serialisation (msgpack in the V1 engine) unchanged.
+
+Fused tensors. vLLM packs Qwen2 / Llama-style projections into one tensor per layer (field notes §1):
+``model.layers.N.self_attn.qkv_proj.{weight,bias} = cat(q_proj, k_proj, v_proj, dim 0)`` and
+``model.layers.N.mlp.gate_up_proj.weight = cat(gate_proj, up_proj, dim 0)``, with the parts' row counts
+from the HF config (q: ``num_attention_heads * head_dim``, k and v: ``num_key_value_heads * head_dim``,
+gate and up: ``intermediate_size``). :func:`fused_map` derives these ``(HF name, HF shape)`` parts and
+:func:`canonical_views` splits each fused tensor into row-slice *views* named by HF names (a dim-0 slice of
+a contiguous tensor is contiguous and shares its storage). ES then runs on those views. So
+
+  * noise is keyed by HF names: identical to ``coevo.es.noise.fused_noise`` over the fused tensor (the
+    noise layout of a fused tensor is the concatenation of its parts' layouts), hence to the HF model's;
+  * scopes (``all_linear``, include / exclude patterns) select by HF names, exactly as on HF;
+  * ``weights_hash`` (names, dtypes, shapes, bytes) equals the HF model's for the same weights, and weight
+    snapshots (``coevo.es.checkpoint``) are interchangeable between the HF and vLLM backends.
+vLLM pads embedding / LM-head rows to a multiple of 64; their canonical views keep the first
+``vocab_size`` rows.
+
+Restrictions. Tensor parallelism and pipeline parallelism must be 1 (each worker would hold a shard, whose
+noise and hash cannot equal the HF model's): :meth:`ESWorkerExtension.es_setup` refuses them. Quantized
+(non-floating) packed weights are refused as well.
+
+Safety. A second ``es_perturb`` while one is active raises RuntimeError (``ESParams`` guard, field notes
+§1 defect "no guard against double apply"); a failure half-way through a perturbation restores what was
+written before the error propagates (``coevo.es.perturb``), so weights are never left half perturbed.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from coevo.es import ESParams, GenerationRecord, ReplayMismatchError, ScopeSpec, perturb, select_params
+from coevo.es.checkpoint import apply_records, load_snapshot, rebuild, save_snapshot
+from coevo.es.noise import FusedPart
+
+#: vLLM packed module -> HF modules in dim-0 concatenation order (Qwen2, Llama, Mistral-style decoders)
+PACKED_MODULES: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+_EMBEDDING_RE = re.compile(r"(^|\.)(embed_tokens|lm_head)\.weight$")
+_RUNNER_ATTRS = ("model_runner", "gpu_model_runner")
+
+
+def part_rows(config: Any, part: str) -> int:
+    """Dim-0 size of the HF module ``part`` (``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj``, ``up_proj``).
+
+    Args:
+        config: an HF config (``transformers.PretrainedConfig`` or anything with its attributes);
+            ``head_dim`` defaults to ``hidden_size // num_attention_heads``, ``num_key_value_heads`` to
+            ``num_attention_heads``.
+
+    Raises:
+        ValueError: an unknown part or a config lacking a needed field (named).
+    """
+
+    def need(field: str) -> int:
+        value = getattr(config, field, None)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"HF config field {field!r} must be a positive int to split fused tensors, got {value!r}")
+        return value
+
+    heads = need("num_attention_heads")
+    head_dim = getattr(config, "head_dim", None) or need("hidden_size") // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    rows = {"q_proj": heads * head_dim, "k_proj": kv_heads * head_dim, "v_proj": kv_heads * head_dim}
+    if part in rows:
+        return int(rows[part])
+    if part in ("gate_proj", "up_proj"):
+        return need("intermediate_size")
+    raise ValueError(f"no HF row count known for packed part {part!r}")
+
+
+def fused_map(
+    named_shapes: Iterable[tuple[str, Sequence[int]]],
+    config: Any,
+    packed: Mapping[str, Sequence[str]] = PACKED_MODULES,
+) -> dict[str, list[FusedPart]]:
+    """The fused-tensor map of a vLLM model: fused name -> ``[(HF name, HF shape), ...]`` (dim-0 order).
+
+    Args:
+        named_shapes: ``(vLLM name, shape)`` of the model's parameters.
+        config: the model's HF config (row counts, :func:`part_rows`).
+        packed: packed module name -> its HF modules (default :data:`PACKED_MODULES`).
+
+    Returns:
+        e.g. ``{"model.layers.0.self_attn.qkv_proj.weight": [("model.layers.0.self_attn.q_proj.weight",
+        (heads * head_dim, hidden)), (...k_proj.weight, ...), (...v_proj.weight, ...)], ...}``.
+
+    Raises:
+        ValueError: a fused tensor whose rows differ from the parts' sum (a tensor-parallel shard or a
+            config that does not describe this model), the message names the tensor.
+    """
+    pattern = re.compile(rf"^(?P<prefix>.*\.)?(?P<module>{'|'.join(map(re.escape, packed))})\.(?P<kind>weight|bias)$")
+    out: dict[str, list[FusedPart]] = {}
+    for name, shape in named_shapes:
+        m = pattern.match(name)
+        if m is None:
+            continue
+        shape = tuple(int(d) for d in shape)
+        prefix, kind = m.group("prefix") or "", m.group("kind")
+        parts = [(f"{prefix}{p}.{kind}", (part_rows(config, p), *shape[1:])) for p in packed[m.group("module")]]
+        rows = sum(s[0] for _, s in parts)
+        if not shape or rows != shape[0]:
+            raise ValueError(
+                f"fused tensor {name!r} has shape {shape} but the HF config gives parts "
+                f"{[(n, s) for n, s in parts]} ({rows} rows): a tensor-parallel shard, or a config of another model"
+            )
+        out[name] = parts
+    return out
+
+
+def canonical_views(
+    named_params: Iterable[tuple[str, torch.Tensor]],
+    fused: Mapping[str, Sequence[FusedPart]],
+    vocab_size: int | None = None,
+) -> list[tuple[str, torch.Tensor]]:
+    """``(HF name, tensor)`` pairs over a vLLM model's parameters, sharing their storage (no copies).
+
+    A fused tensor becomes one row-slice view per part (HF name and shape); an embedding or LM head with
+    more than ``vocab_size`` rows (vLLM's padding) becomes a view of its first ``vocab_size`` rows; every
+    other tensor is passed through. Writing into a view writes into the vLLM parameter.
+
+    Returns:
+        Pairs sorted by HF name.
+
+    Raises:
+        ValueError: a fused tensor that is not floating point (quantized) or not contiguous.
+    """
+    out: list[tuple[str, torch.Tensor]] = []
+    for name, t in named_params:
+        t = t.detach()
+        if name in fused:
+            if not t.is_floating_point():
+                raise ValueError(
+                    f"{name!r} is {t.dtype}: ES needs floating-point weights (quantized models are unsupported)"
+                )
+            if not t.is_contiguous():
+                raise ValueError(f"fused tensor {name!r} is not contiguous; cannot split it into views")
+            rows = [int(s[0]) for _, s in fused[name]]
+            out.extend((n, v) for (n, _), v in zip(fused[name], torch.split(t, rows, dim=0), strict=True))
+        elif vocab_size is not None and _EMBEDDING_RE.search(name) and t.dim() == 2 and t.shape[0] > vocab_size:
+            out.append((name, t[:vocab_size]))
+        else:
+            out.append((name, t))
+    out.sort(key=lambda p: p[0])
+    return out
+
+
+def _as_module(obj: Any, where: str) -> nn.Module:
+    """Unwrap vLLM model wrappers (CUDA-graph wrappers expose ``unwrap()``) down to the ``nn.Module``."""
+    for _ in range(4):
+        if isinstance(obj, nn.Module):
+            return obj
+        unwrap = getattr(obj, "unwrap", None)
+        if callable(unwrap):
+            obj = unwrap()
+            continue
+        inner = next(
+            (getattr(obj, a) for a in ("runnable", "module", "model") if getattr(obj, a, None) is not None), None
+        )
+        if inner is None:
+            break
+        obj = inner
+    raise TypeError(f"{where} is {type(obj).__name__}, not a torch nn.Module")
+
+
+def find_model(worker: Any) -> nn.Module:
+    """The ``nn.Module`` a vLLM worker runs: ``worker.model_runner.get_model()`` or ``.model`` (vLLM 0.8 - 0.1x),
+    or the same under ``gpu_model_runner`` (field notes §1), unwrapped from CUDA-graph wrappers.
+
+    Raises:
+        TypeError: no model runner with a model on ``worker`` (message lists what was tried).
+    """
+    for attr in _RUNNER_ATTRS:
+        runner = getattr(worker, attr, None)
+        if runner is None:
+            continue
+        get_model = getattr(runner, "get_model", None)
+        model = get_model() if callable(get_model) else getattr(runner, "model", None)
+        if model is not None:
+            return _as_module(model, f"{type(worker).__name__}.{attr} model")
+    raise TypeError(
+        f"cannot find the model of vLLM worker {type(worker).__name__}: tried "
+        f"{', '.join(f'{a}.get_model() / {a}.model' for a in _RUNNER_ATTRS)}"
+    )
+
+
+def _config_objects(worker: Any, name: str) -> list[Any]:
+    """``worker.<name>``, ``worker.vllm_config.<name>`` and ``worker.<runner>.<name>`` where present."""
+    holders = [worker, getattr(worker, "vllm_config", None)] + [getattr(worker, a, None) for a in _RUNNER_ATTRS]
+    return [getattr(h, name) for h in holders if h is not None and getattr(h, name, None) is not None]
+
+
+def find_hf_config(worker: Any, model: nn.Module) -> Any:
+    """The HF (text) config of the worker's model: ``model_config.hf_config`` from the worker or its
+    ``vllm_config`` / model runner, else ``model.config``.
+
+    Raises:
+        TypeError: none found.
+    """
+    configs = [getattr(mc, "hf_config", None) for mc in _config_objects(worker, "model_config")]
+    configs.append(getattr(model, "config", None))
+    config = next((c for c in configs if c is not None), None)
+    if config is None:
+        raise TypeError("cannot find the HF config of the vLLM model (model_config.hf_config or model.config)")
+    text = getattr(config, "get_text_config", None)
+    return text() if callable(text) else config
+
+
+def parallel_sizes(worker: Any) -> tuple[int, int]:
+    """``(tensor_parallel_size, pipeline_parallel_size)`` from the worker's ``parallel_config`` (1, 1 if absent)."""
+    for pc in _config_objects(worker, "parallel_config"):
+        return int(getattr(pc, "tensor_parallel_size", 1)), int(getattr(pc, "pipeline_parallel_size", 1))
+    return 1, 1
+
+
+def _grad_free(method: Callable) -> Callable:
+    """Run a worker ES method without autograd: under ``torch.inference_mode()`` when the model's parameters
+    are inference tensors (in-place edits of those are only allowed there), else under ``torch.no_grad()``."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with torch.inference_mode() if self._coevo_es_inference else torch.no_grad():
+            return method(self, *args, **kwargs)
+
+    return run
+
+
+class ESWorkerExtension:
+    """Mixin for vLLM workers: ES on the worker's model through ``collective_rpc`` (module docstring).
+
+    State lives in attributes prefixed ``_coevo_es`` so it cannot clash with the worker's own. Call
+    :meth:`es_setup` once before the other methods; they raise RuntimeError otherwise.
+    """
+
+    _coevo_es_params: ESParams | None = None
+    _coevo_es_active: Any = None  # the active coevo.es.perturb.Perturbation, or None
+    _coevo_es_config: dict[str, Any] | None = None
+    _coevo_es_fused: int = 0
+    _coevo_es_inference: bool = False  # the model's parameters are inference tensors
+
+    # ------------------------------------------------------------------ setup
+    def es_setup(
+        self,
+        scope: dict[str, Any] | str = "all_linear",
+        master_weights: bool = True,
+        restore_mode: str = "exact",
+        master_device: str | None = None,
+        backup_device: str | None = None,
+    ) -> dict[str, Any]:
+        """Select the ES tensors of the worker's model, in canonical HF terms (idempotent for equal arguments).
+
+        Args:
+            scope: a ``coevo.es.ScopeSpec`` dict (``{"scope", "include", "exclude"}``) or a scope name.
+            master_weights: keep float32 masters of bf16 / fp16 tensors (``coevo.es.params``; 4 bytes per
+                element in scope on ``master_device``).
+            restore_mode: ``"exact"`` (bit-identical restores) or ``"inference"`` (``coevo.es.perturb``).
+            master_device, backup_device: where masters / exact-mode backups live (default: the GPU).
+
+        Calling it again with other arguments rebuilds the selection; float32 masters are then re-derived
+        from the current (possibly bf16) working weights, so change the setup only before training.
+
+        Returns:
+            :meth:`es_state`.
+
+        Raises:
+            ValueError: tensor or pipeline parallel size > 1, a bad scope or restore mode, quantized or
+                sharded fused tensors. RuntimeError: a perturbation is active. TypeError: no model found.
+        """
+        tp, pp = parallel_sizes(self)
+        if tp != 1 or pp != 1:
+            raise ValueError(
+                f"ES on vLLM needs tensor_parallel_size == 1 and pipeline_parallel_size == 1 (got {tp}, {pp}): "
+                "a worker would hold a shard, whose noise and weight hash cannot match the HF model; "
+                "run one engine per GPU instead"
+            )
+        if restore_mode not in ("exact", "inference"):
+            raise ValueError(f"restore_mode must be 'exact' or 'inference', got {restore_mode!r}")
+        spec = ScopeSpec(scope) if isinstance(scope, str) else ScopeSpec.from_dict(dict(scope))
+        config = {"scope": spec.to_dict(), "master_weights": bool(master_weights), "restore_mode": restore_mode,
+                  "master_device": master_device, "backup_device": backup_device}  # fmt: skip
+        if self._coevo_es_params is not None:
+            if self._coevo_es_active is not None:
+                raise RuntimeError("es_setup while a perturbation is active; call es_restore first")
+            if config == self._coevo_es_config:
+                return self.es_state()
+        model = find_model(self)
+        hf_config = find_hf_config(self, model)
+        pairs = list(model.named_parameters())
+        fused = fused_map(((n, t.shape) for n, t in pairs), hf_config)
+        self._coevo_es_inference = any(t.is_inference() for _, t in pairs)
+        with torch.inference_mode() if self._coevo_es_inference else torch.no_grad():
+            views = canonical_views(pairs, fused, getattr(hf_config, "vocab_size", None))
+            self._coevo_es_params = ESParams(
+                select_params(views, spec),
+                master_dtype=torch.float32 if master_weights else None,
+                master_device=master_device,
+            )
+        self._coevo_es_config = config
+        self._coevo_es_fused = len(fused)
+        return self.es_state()
+
+    def _es(self) -> ESParams:
+        if self._coevo_es_params is None:
+            raise RuntimeError("ES is not set up on this vLLM worker: call es_setup first")
+        return self._coevo_es_params
+
+    # ------------------------------------------------------------------ perturbation
+    @_grad_free
+    def es_perturb(self, seed: int, sigma: float, sign: int = 1) -> dict[str, Any]:
+        """Perturb in place: ``theta + sign * sigma * eps(seed)`` (``coevo.es.perturb``, Agentic-ESOpt step 2).
+
+        Args:
+            seed: member seed (0 <= seed < 2**63). sigma: scale (>= 0). sign: +1 or -1 (mirrored member).
+
+        Returns:
+            :meth:`es_state`.
+
+        Raises:
+            RuntimeError: a perturbation is already active (restore first) or ES is not set up.
+            ValueError / TypeError: bad seed, sigma or sign. A failure part-way restores what was written
+            before the error propagates.
+        """
+        es, cfg = self._es(), self._coevo_es_config
+        if self._coevo_es_active is not None:
+            p = self._coevo_es_active
+            raise RuntimeError(
+                f"a perturbation (seed {p.seed}, sigma {p.sigma}, sign {p.sign}) is already active on this "
+                "vLLM worker; call es_restore first"
+            )
+        self._coevo_es_active = perturb(es, seed, sigma, sign, cfg["restore_mode"], cfg["backup_device"])
+        return self.es_state()
+
+    @_grad_free
+    def es_restore(self) -> dict[str, Any]:
+        """Undo the active perturbation (bit-identical in ``"exact"`` mode); a no-op when none is active.
+
+        Raises:
+            the first restore error (the perturbation then stays active; call again to finish).
+        """
+        if self._coevo_es_active is not None:
+            self._coevo_es_active.restore()
+            self._coevo_es_active = None
+        return self.es_state()
+
+    def es_noise_hash(self, seed: int, sigma: float, sign: int = 1) -> str:
+        """``weights_hash`` of the scope while perturbed by ``(seed, sigma, sign)``; restored after."""
+        self.es_perturb(seed, sigma, sign)
+        try:
+            return self.es_weights_hash()
+        finally:
+            self.es_restore()
+
+    # ------------------------------------------------------------------ update, hashes, snapshots
+    @_grad_free
+    def es_update(self, record: dict[str, Any], check_hash: bool = False) -> dict[str, Any]:
+        """Apply one generation's update from a ``GenerationRecord`` dict (``coevo.es.update.es_update``).
+
+        Args:
+            record: ``GenerationRecord.to_dict()``; its ``scope`` must equal the setup scope.
+            check_hash: compare the result with the record's ``weight_hash_after`` (when it has one).
+
+        Returns:
+            ``{"stats": UpdateStats dict, "weights_hash": canonical hash after}``.
+
+        Raises:
+            ValueError: invalid record or a scope that differs from the setup's. RuntimeError: a
+            perturbation is active. coevo.es.ReplayMismatchError: ``check_hash`` and the hash differs.
+        """
+        es = self._es()
+        rec = GenerationRecord.from_dict(dict(record))
+        if rec.scope != self._coevo_es_config["scope"]:
+            raise ValueError(f"record.scope {rec.scope} differs from the scope set up on the worker "
+                             f"{self._coevo_es_config['scope']}")  # fmt: skip
+        stats = rec.apply(es)
+        digest = es.weights_hash()
+        if check_hash and rec.weight_hash_after is not None and digest != rec.weight_hash_after:
+            raise ReplayMismatchError(
+                f"generation {rec.generation}: weights hash {digest} != recorded {rec.weight_hash_after}"
+            )
+        return {"stats": stats.to_dict(), "weights_hash": digest}
+
+    @_grad_free
+    def es_weights_hash(self) -> str:
+        """Canonical ``weights_hash`` of the tensors in scope (HF names and shapes; equals the HF model's)."""
+        return self._es().weights_hash()
+
+    @_grad_free
+    def es_save_snapshot(self, path: str, meta: dict[str, Any] | None = None) -> str:
+        """Write the scope's weights (and masters) under HF names (``coevo.es.checkpoint.save_snapshot``)."""
+        return save_snapshot(Path(path), self._es(), meta)
+
+    @_grad_free
+    def es_load(self, snapshot: str | None, records: list[dict[str, Any]]) -> str:
+        """Load a snapshot (None: keep the weights), then re-apply records checking their hashes; returns the hash."""
+        es = self._es()
+        if snapshot is not None:
+            load_snapshot(Path(snapshot), es)
+        return apply_records(es, [GenerationRecord.from_dict(dict(r)) for r in records])
+
+    @_grad_free
+    def es_rebuild(self, run_dir: str, rows: list[dict[str, Any]], generation: int) -> dict[str, Any]:
+        """Weights after ``generation`` updates from the run's snapshots and history (``coevo.es.checkpoint.rebuild``).
+
+        Returns:
+            ``{"weights_hash": str, "snapshot_generation": int | None}``.
+        """
+        digest, snap = rebuild(self._es(), Path(run_dir), rows, int(generation))
+        return {"weights_hash": digest, "snapshot_generation": snap}
+
+    @_grad_free
+    def es_compare(self, path: str) -> dict[str, Any]:
+        """Compare the working tensors in scope (also while perturbed) with a safetensors file of
+        ``{HF name: tensor}`` (e.g. an HF model's weights), element by element in float32.
+
+        Returns:
+            ``{"max_abs_diff": float, "tensors_differ": int, "elements_differ": int, "missing": [names]}``
+            (names in scope absent from the file; shape mismatches count as differing tensors with
+            ``max_abs_diff`` inf).
+        """
+        from safetensors import safe_open
+
+        max_diff, n_tensors, n_elems, missing = 0.0, 0, 0, []
+        with safe_open(str(path), framework="pt") as fh:
+            keys = set(fh.keys())
+            for name, t in self._es().items():
+                if name not in keys:
+                    missing.append(name)
+                    continue
+                ref = fh.get_tensor(name).to(t.device)
+                same_shape = ref.shape == t.shape
+                diff = (t.float() - ref.float()).abs().reshape(-1) if same_shape else t.new_full((1,), float("inf"))
+                differ = int(torch.count_nonzero(diff))  # NaN != NaN counts as differing, as in the hash
+                max_diff = max(max_diff, float(diff.max()) if diff.numel() else 0.0)
+                n_tensors, n_elems = n_tensors + (differ > 0), n_elems + differ
+        return {"max_abs_diff": max_diff, "tensors_differ": n_tensors, "elements_differ": n_elems, "missing": missing}
+
+    def es_state(self) -> dict[str, Any]:
+        """Plain-data state: ``ready``, ``config`` (setup arguments), ``n_tensors``, ``numel``, ``master_bytes``,
+        ``fused_tensors`` (vLLM tensors split into HF views), ``active`` (``{seed, sigma, sign}`` or None),
+        ``device``, ``dtype``."""
+        es = self._coevo_es_params
+        if es is None:
+            return {"ready": False}
+        p = self._coevo_es_active
+        first = es.entries[0].tensor
+        return {
+            "ready": True,
+            "config": dict(self._coevo_es_config),
+            "n_tensors": len(es),
+            "numel": es.numel,
+            "master_bytes": es.master_bytes,
+            "fused_tensors": self._coevo_es_fused,
+            "active": None if p is None else {"seed": p.seed, "sigma": p.sigma, "sign": p.sign},
+            "device": str(first.device),
+            "dtype": str(first.dtype).removeprefix("torch."),
+        }

@@ -1,0 +1,350 @@
+"""ES in vLLM's fused layout equals ES on the Hugging Face model, bit for bit (CPU, no vLLM needed).
+
+Real parts: a tiny random transformers ``Qwen2ForCausalLM`` (hidden 32, 2 layers, 4 heads / 2 KV heads,
+vocabulary 250, untied head) and a plain ``torch.nn.Module`` holding the same weights in vLLM's parameter
+layout (``qkv_proj = cat(q, k, v)``, ``gate_up_proj = cat(gate, up)`` on dim 0, embedding and head padded to
+256 rows as vLLM's ``VocabParallelEmbedding`` does). The ES math (``coevo.es``) and
+``ESWorkerExtension`` are the real code. Test doubles, for the vLLM processes only: ``WorkerHost`` mixes the
+extension into an object with vLLM's worker attributes (``model_runner.model``, ``model_config.hf_config``,
+``parallel_config``), as ``worker_extension_cls`` does; ``EngineHost`` offers the two ``vllm.LLM`` methods
+the ES hooks use (``collective_rpc``, passing arguments and results through JSON like vLLM's RPC
+serialisation, and ``reset_prefix_cache``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from coevo.backends.base import PolicyError, SamplingParams
+from coevo.backends.ray_pool import ESReplica
+from coevo.backends.vllm_engine import VLLMPolicy, request_seed, vllm_sampling_kwargs
+from coevo.backends.vllm_worker import ESWorkerExtension, canonical_views, fused_map
+from coevo.es import ESParams, GenerationRecord, ScopeSpec, fused_noise, perturb, select_params, weights_hash
+from coevo.rollouts.base import build_rollout
+from coevo.types import ESMember
+
+ROOT = Path(__file__).resolve().parents[1]
+PAD_ROWS = 64  # vLLM pads vocabulary rows to a multiple of 64
+FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}  # fmt: skip
+
+
+def hf_model(dtype: torch.dtype, vocab: int = 250) -> Qwen2ForCausalLM:
+    config = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=False)  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return Qwen2ForCausalLM(config).to(dtype).eval()
+
+
+def vllm_layout(named: dict[str, torch.Tensor], vocab: int) -> dict[str, torch.Tensor]:
+    """HF weights -> vLLM's parameter names and layout (new tensors)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in named.items():
+        t = t.detach()
+        hit = next(((f, ps) for f, ps in FUSED.items() for p in ps if f".{p}." in name), None)
+        if hit is None:
+            padded = name.endswith(("embed_tokens.weight", "lm_head.weight")) and vocab % PAD_ROWS
+            rows = -(-vocab // PAD_ROWS) * PAD_ROWS - vocab if padded else 0
+            out[name] = torch.cat([t, torch.zeros(rows, *t.shape[1:], dtype=t.dtype)]) if rows else t.clone()
+            continue
+        fused_name, parts = hit
+        prefix, kind = name.split(f".{parts[0].split('.')[0]}.")[0], name.rsplit(".", 1)[1]
+        key = f"{prefix}.{fused_name}.{kind}"
+        if key not in out:
+            out[key] = torch.cat([named[f"{prefix}.{p}.{kind}"].detach() for p in parts], 0)
+    return out
+
+
+def module_from(tensors: dict[str, torch.Tensor]) -> nn.Module:
+    """A plain nn.Module tree whose named_parameters() are ``tensors`` (vLLM parameters: no grad)."""
+    root = nn.Module()
+    for name, t in tensors.items():
+        *path, leaf = name.split(".")
+        mod = root
+        for part in path:
+            if not hasattr(mod, part):
+                mod.add_module(part, nn.Module())
+            mod = getattr(mod, part)
+        mod.register_parameter(leaf, nn.Parameter(t.clone(), requires_grad=False))
+    return root
+
+
+class WorkerHost(ESWorkerExtension):
+    """Test double of a vLLM worker process (the attributes the extension reads); the methods are the real ones."""
+
+    def __init__(self, model: nn.Module, config, tensor_parallel_size: int = 1) -> None:
+        self.model_runner = SimpleNamespace(model=model)
+        self.model_config = SimpleNamespace(hf_config=config)
+        self.parallel_config = SimpleNamespace(tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=1)
+
+
+class EngineHost:
+    """Test double of ``vllm.LLM``'s RPC surface: ``collective_rpc`` on one in-process worker host."""
+
+    def __init__(self, worker: WorkerHost) -> None:
+        self.worker = worker
+        self.prefix_cache_resets = 0
+
+    def collective_rpc(self, method: str, args: tuple = ()) -> list:
+        result = getattr(self.worker, method)(*json.loads(json.dumps(list(args))))
+        return [json.loads(json.dumps(result))]
+
+    def reset_prefix_cache(self) -> bool:
+        self.prefix_cache_resets += 1
+        return True
+
+
+@pytest.fixture(params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def pair(request):
+    """(HF model, vLLM-layout module, worker host) holding the same weights."""
+    hf = hf_model(request.param)
+    vmod = module_from(vllm_layout(dict(hf.named_parameters()), hf.config.vocab_size))
+    return hf, vmod, WorkerHost(vmod, hf.config)
+
+
+def fused_equal(hf: nn.Module, vmod: nn.Module) -> bool:
+    expect = vllm_layout(dict(hf.named_parameters()), hf.config.vocab_size)
+    got = dict(vmod.named_parameters())
+    return expect.keys() == got.keys() and all(torch.equal(expect[n], got[n]) for n in expect)
+
+
+def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: t.detach().clone() for n, t in module.named_parameters()}
+
+
+def unchanged(module: nn.Module, snap: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(t, snap[n]) for n, t in module.named_parameters())
+
+
+# ---------------------------------------------------------------------------------------- layout
+def test_fused_map_from_hf_config_and_shard_refused():
+    hf = hf_model(torch.float32)
+    vmod = module_from(vllm_layout(dict(hf.named_parameters()), 250))
+    fmap = fused_map(((n, t.shape) for n, t in vmod.named_parameters()), hf.config)
+    assert len(fmap) == 2 * 3  # per layer: qkv weight, qkv bias, gate_up weight
+    pre = "model.layers.1."
+    assert fmap[pre + "self_attn.qkv_proj.weight"] == [(pre + "self_attn.q_proj.weight", (32, 32)),
+                                                       (pre + "self_attn.k_proj.weight", (16, 32)),
+                                                       (pre + "self_attn.v_proj.weight", (16, 32))]  # fmt: skip
+    assert [s for _, s in fmap[pre + "self_attn.qkv_proj.bias"]] == [(32,), (16,), (16,)]
+    assert fmap[pre + "mlp.gate_up_proj.weight"][1] == (pre + "mlp.up_proj.weight", (64, 32))
+    shard = [("model.layers.0.self_attn.qkv_proj.weight", (32, 32))]  # half of 64 rows: a TP=2 shard
+    with pytest.raises(ValueError, match="tensor-parallel shard"):
+        fused_map(shard, hf.config)
+
+
+def test_canonical_views_are_the_hf_tensors_and_share_storage(pair):
+    hf, vmod, _ = pair
+    fmap = fused_map(((n, t.shape) for n, t in vmod.named_parameters()), hf.config)
+    views = dict(canonical_views(vmod.named_parameters(), fmap, vocab_size=250))
+    named = dict(hf.named_parameters())
+    assert views.keys() == named.keys()
+    assert all(torch.equal(views[n], named[n]) and views[n].is_contiguous() for n in named)
+    assert views["lm_head.weight"].shape == (250, 32)  # padding rows left out
+    views["model.layers.0.self_attn.k_proj.weight"][0, 0] = 7.0  # a view writes into the fused parameter
+    assert float(dict(vmod.named_parameters())["model.layers.0.self_attn.qkv_proj.weight"][32, 0]) == 7.0
+
+
+# ---------------------------------------------------------------------------------------- ES parity
+@pytest.mark.parametrize("scope", ["full", "all_linear"])
+def test_perturb_restore_and_hash_equal_hf(pair, scope):
+    hf, vmod, worker = pair
+    original = snapshot(vmod)
+    state = worker.es_setup({"scope": scope}, master_weights=True, restore_mode="exact")
+    hp = ESParams(select_params(hf, scope), master_dtype=torch.float32)
+    assert state["ready"] and state["n_tensors"] == len(hp) and state["fused_tensors"] == 6
+    start = hp.weights_hash()
+    assert worker.es_weights_hash() == start == weights_hash(select_params(hf, scope))  # canonical hash
+    with perturb(hp, 2**62 + 5, 1e-2, sign=-1):
+        worker.es_perturb(2**62 + 5, 1e-2, -1)
+        assert worker.es_state()["active"] == {"seed": 2**62 + 5, "sigma": 1e-2, "sign": -1}
+        assert fused_equal(hf, vmod)  # bit-identical to perturbing HF, then fusing
+        assert worker.es_weights_hash() == hp.weights_hash() != start
+        assert not unchanged(vmod, original)
+        worker.es_restore()
+    assert unchanged(vmod, original) and worker.es_weights_hash() == start  # exact, padding rows untouched
+    assert worker.es_state()["active"] is None
+
+
+def test_fused_perturbation_is_fused_noise_of_hf_parts():
+    hf = hf_model(torch.float32)
+    vmod = module_from(vllm_layout(dict(hf.named_parameters()), 250))
+    worker = WorkerHost(vmod, hf.config)
+    worker.es_setup("all_linear", master_weights=False)
+    name = "model.layers.0.self_attn.qkv_proj.weight"
+    before = dict(vmod.named_parameters())[name].clone()
+    parts = fused_map([(name, before.shape)], hf.config)[name]
+    worker.es_perturb(11, 1e-3, 1)
+    expected = before + fused_noise(11, parts) * 1e-3  # coevo.es.noise definition, fp32
+    assert torch.equal(dict(vmod.named_parameters())[name], expected)
+    worker.es_restore()
+    assert torch.equal(dict(vmod.named_parameters())[name], before)
+
+
+def test_update_from_hf_record_gives_identical_weights(pair):
+    hf, vmod, worker = pair
+    worker.es_setup("all_linear", master_weights=True)
+    hp = ESParams(select_params(hf, "all_linear"), master_dtype=torch.float32)
+    for g, seeds in enumerate(([3, 3, 8, 8], [21, 21, 5, 5])):
+        rec = GenerationRecord(generation=g, seeds=seeds, signs=[1, -1, 1, -1], rewards=[1.0, 0.0, 0.2, 0.7],
+                               coeffs=[1.3, -1.1, -0.6, 0.4], sigma=1e-3, alpha=5e-3, master_dtype="float32")  # fmt: skip
+        stats = rec.apply(hp)
+        rec.weight_hash_after = hp.weights_hash()
+        out = worker.es_update(rec.to_dict(), check_hash=True)
+        assert out["weights_hash"] == rec.weight_hash_after
+        assert out["stats"]["update_norm"] == stats.update_norm > 0
+        assert fused_equal(hf, vmod)
+    bad = GenerationRecord(generation=2, seeds=[1], signs=[1], rewards=[1.0], coeffs=[1.0], sigma=1e-3, alpha=1e-3,
+                           scope=ScopeSpec("full").to_dict())  # fmt: skip
+    with pytest.raises(ValueError, match="record.scope"):
+        worker.es_update(bad.to_dict())
+
+
+# ---------------------------------------------------------------------------------------- guards
+def test_double_perturb_refused_and_first_stays_restorable(pair):
+    _, vmod, worker = pair
+    original = snapshot(vmod)
+    worker.es_setup("all_linear")
+    worker.es_perturb(1, 1e-2, 1)
+    with pytest.raises(RuntimeError, match="already active"):
+        worker.es_perturb(2, 1e-2, 1)
+    with pytest.raises(RuntimeError, match="active"):
+        worker.es_update(GenerationRecord(generation=0, seeds=[1], signs=[1], rewards=[1.0], coeffs=[1.0],
+                                          sigma=1e-3, alpha=1e-3).to_dict())  # fmt: skip
+    worker.es_restore()
+    assert unchanged(vmod, original)
+    worker.es_restore()  # no-op when nothing is active
+
+
+def test_interrupt_mid_perturb_leaves_weights_restored(pair):
+    _, vmod, worker = pair
+    original = snapshot(vmod)
+    worker.es_setup("full", master_weights=False)  # backups restore; fills: one per tensor part
+    calls = 0
+
+    def tracer(frame, event, arg):  # raises KeyboardInterrupt at the 9th noise chunk: half-way
+        nonlocal calls
+        if event == "call" and frame.f_code.co_name == "fill":
+            calls += 1
+            if calls == 9:
+                raise KeyboardInterrupt("injected mid-perturbation")
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt, match="mid-perturbation"):
+            worker.es_perturb(5, 1e-2, 1)
+    finally:
+        sys.settrace(None)
+    assert calls == 9 and unchanged(vmod, original)
+    assert worker.es_state()["active"] is None
+    worker.es_perturb(5, 1e-2, 1)  # usable again
+    worker.es_restore()
+    assert unchanged(vmod, original)
+
+
+def test_tensor_parallel_refused_and_setup_needed():
+    hf = hf_model(torch.float32)
+    worker = WorkerHost(module_from(vllm_layout(dict(hf.named_parameters()), 250)), hf.config, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="tensor_parallel_size == 1"):
+        worker.es_setup("all_linear")
+    with pytest.raises(RuntimeError, match="call es_setup first"):
+        worker.es_perturb(1, 1e-3, 1)
+    assert worker.es_state() == {"ready": False}
+
+
+# ---------------------------------------------------------------------------------------- engine side
+def test_vllm_policy_without_vllm_raises_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # make `import vllm` fail as on a machine without it
+    with pytest.raises(PolicyError, match=r"vLLM is not installed.*pip install 'coevo\[vllm\]' on a CUDA machine"):
+        VLLMPolicy("tiny:micro")
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        VLLMPolicy("tiny:micro", gpu_memory_utilization=1.5)
+
+
+def test_sampling_params_mapping():
+    sp = SamplingParams(max_new_tokens=16, temperature=0.7, top_p=0.8, top_k=0, seed=3, stop=("\n\n",))
+    kw = vllm_sampling_kwargs(sp, 1, [7, 5])
+    assert kw == {"n": 1, "max_tokens": 16, "temperature": 0.7, "top_p": 0.8, "top_k": -1, "seed": request_seed(3, 1),
+                  "stop": ["\n\n"], "stop_token_ids": [7, 5], "skip_special_tokens": True}  # fmt: skip
+    assert request_seed(3, 0) != request_seed(3, 1) and 0 <= request_seed(3, 1) < 2**63
+    assert vllm_sampling_kwargs(SamplingParams(top_k=20), 0)["top_k"] == 20
+    assert vllm_sampling_kwargs(SamplingParams(), 0)["seed"] is None
+    with pytest.raises(ValueError, match="top_p"):
+        vllm_sampling_kwargs(SamplingParams(top_p=0.0), 0)
+
+
+def test_vllm_replica_matches_hf_replica_and_snapshots_interchange(tiny_model_dir, tmp_path):
+    from coevo.backends.hf import HFPolicy
+
+    hf_policy = HFPolicy(tiny_model_dir, dtype="bfloat16")
+    vmod = module_from(vllm_layout(dict(hf_policy.model.named_parameters()), hf_policy.model.config.vocab_size))
+    engine = EngineHost(WorkerHost(vmod, hf_policy.model.config))
+    policy = VLLMPolicy.from_engine(engine, hf_policy.tokenizer, model_id=str(tiny_model_dir))
+    rollout, scope = build_rollout({"type": "target_logprob"}, None), ScopeSpec("all_linear")
+    ref = ESReplica(hf_policy, rollout, scope, master_weights=True)
+    rep = policy.es_replica(rollout, scope, master_weights=True)
+    assert rep.weights_hash() == ref.weights_hash()
+    member = ESMember(seed=99, sigma=1e-2, sign=-1, index=1)
+    assert rep.noise_hash(member) == ref.noise_hash(member) != ref.weights_hash()
+    with rep.perturbed(member), pytest.raises(RuntimeError, match="already active"):
+        policy.es_perturb(1, 1e-3, 1)
+    assert policy.es_active is None and engine.prefix_cache_resets == 2  # perturb + restore (noise_hash nets zero)
+    rec = GenerationRecord(generation=0, seeds=[4, 4], signs=[1, -1], rewards=[1.0, 0.0], coeffs=[1.0, -1.0],
+                           sigma=1e-3, alpha=1e-2, master_dtype="float32")  # fmt: skip
+    (s_ref, h_ref), (s_vl, h_vl) = ref.apply(rec), rep.apply(rec)
+    assert h_vl == h_ref and s_vl.update_norm == s_ref.update_norm > 0
+    assert rep.save_snapshot(tmp_path / "vllm.safetensors", {"generation": 1}) == h_ref
+    fresh = ESReplica(HFPolicy(tiny_model_dir, dtype="bfloat16"), rollout, scope, master_weights=True)
+    assert fresh.load(tmp_path / "vllm.safetensors", []) == h_ref  # a vLLM snapshot loads into HF
+    with pytest.raises(TypeError, match="live in the vLLM worker processes"):
+        policy.named_parameters()
+
+
+def test_gpu_check_exits_2_without_cuda_or_vllm():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_vllm_check.py")], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, check=False)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot run" in proc.stderr and ("vLLM is not installed" in proc.stderr or "CUDA" in proc.stderr)
+
+
+def test_inference_tensor_parameters_are_perturbed_in_inference_mode():
+    hf = hf_model(torch.bfloat16)
+    with torch.inference_mode():  # parameters created as inference tensors, as an engine may load them
+        vmod = module_from(vllm_layout(dict(hf.named_parameters()), 250))
+    assert next(vmod.parameters()).is_inference()
+    original = snapshot(vmod)
+    worker = WorkerHost(vmod, hf.config)
+    worker.es_setup("all_linear", master_weights=True)
+    hp = ESParams(select_params(hf, "all_linear"), master_dtype=torch.float32)
+    with perturb(hp, 17, 1e-2):
+        worker.es_perturb(17, 1e-2, 1)
+        assert worker.es_weights_hash() == hp.weights_hash()
+        worker.es_restore()
+    assert unchanged(vmod, original)
+
+
+def test_es_compare_reports_difference_to_hf_dump(pair, tmp_path):
+    from safetensors.torch import save_file
+
+    hf, _, worker = pair
+    worker.es_setup("full")
+    path = tmp_path / "hf.safetensors"
+    save_file({n: t.detach().contiguous() for n, t in hf.named_parameters()}, str(path))
+    same = worker.es_compare(str(path))
+    assert same == {"max_abs_diff": 0.0, "tensors_differ": 0, "elements_differ": 0, "missing": []}
+    worker.es_perturb(3, 1e-2, 1)
+    moved = worker.es_compare(str(path))
+    worker.es_restore()
+    assert moved["tensors_differ"] == 27 and 0.0 < moved["max_abs_diff"] < 0.1  # 27 HF tensors in "full"
+    assert worker.es_compare(str(path))["max_abs_diff"] == 0.0
