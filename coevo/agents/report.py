@@ -1,0 +1,281 @@
+"""The web-agent section of a run report: success rates per ES generation, per task, per skill version, with
+plots and the skill diffs, rebuilt from the store alone.
+
+Inputs are the trajectories the ``web`` rollout (:mod:`coevo.agents.web_rollout`) wrote (``meta["rollout"] ==
+"web"``) and the ``skill`` artifacts a skill evolver stored (:mod:`coevo.skills.versions`). An episode succeeds
+when it is valid with reward 1.0 (> 0); rates leave out episodes whose *browser* failed (``failure ==
+"runtime"``), as :meth:`~coevo.agents.web_rollout.WebRollout.member_reward` does, and count them separately.
+
+* train: episodes of ES members (``split == "train"``), grouped by (evolver, generation);
+* held-out: the centre's episodes on the fixed held-out seeds (``split == "test"``), grouped by (evolver,
+  generation = number of ES updates applied before the evaluation);
+* gate: Trace2Skill's held-out gate episodes (``meta["t2s_role"] == "gate"``), per skill version only.
+
+Use :func:`web_report` from an evolver's ``report_markdown`` or the run report writer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from coevo.report.writer import md_table
+from coevo.skills.versions import SKILL_ARTIFACT_KIND
+from coevo.types import Trajectory
+
+if TYPE_CHECKING:
+    from coevo.store import TrajectoryStore
+
+PLOT_NAMES = ("web_success_per_generation.png", "web_success_per_skill_version.png", "web_task_before_after.png")
+
+
+@dataclass(frozen=True)
+class Rate:
+    """Success count over the episodes that ran (browser failures left out)."""
+
+    successes: int
+    episodes: int
+    browser_failures: int = 0
+
+    @property
+    def value(self) -> float | None:
+        """successes / episodes in [0, 1], ``None`` when no episode ran."""
+        return self.successes / self.episodes if self.episodes else None
+
+    def __str__(self) -> str:
+        if not self.episodes:
+            return "–"
+        tail = f", {self.browser_failures} browser failures" if self.browser_failures else ""
+        return f"{100 * self.successes / self.episodes:.0f}% ({self.successes}/{self.episodes}{tail})"
+
+
+def success_rate(trajectories: Iterable[Trajectory]) -> Rate:
+    """:class:`Rate` of a group of web trajectories."""
+    ts = list(trajectories)
+    ran = [t for t in ts if t.failure != "runtime"]
+    wins = sum(1 for t in ran if t.valid and t.reward is not None and t.reward > 0)
+    return Rate(wins, len(ran), len(ts) - len(ran))
+
+
+def web_trajectories(store: TrajectoryStore, run_id: str) -> list[Trajectory]:
+    """The run's trajectories written by the web rollout, in insertion order (steps not loaded)."""
+    return [t for t in store.query(run_id=run_id, with_steps=False) if t.meta.get("rollout") == "web"]
+
+
+def _kind(t: Trajectory) -> str:
+    if t.meta.get("t2s_role") == "gate":
+        return "gate"
+    return "test" if t.meta.get("split") == "test" else "train"
+
+
+def _task(t: Trajectory) -> str:
+    return str(t.meta.get("task") or (t.task_id or "?").rsplit(":", 1)[0])
+
+
+def _versions(ts: Iterable[Trajectory]) -> str:
+    vs = sorted({t.context.skill_version for t in ts if t.context.skill_version is not None})
+    return ", ".join(f"v{v}" for v in vs) or "–"
+
+
+def _by(ts: Iterable[Trajectory], key) -> dict:
+    groups: dict = defaultdict(list)
+    for t in ts:
+        groups[key(t)].append(t)
+    return dict(sorted(groups.items(), key=lambda kv: _order(kv[0])))
+
+
+def _order(key: object) -> tuple:
+    """Sort key of a group key (a value or a tuple of values; ``None`` last)."""
+    return tuple((p is None, p) for p in (key if isinstance(key, tuple) else (key,)))
+
+
+def _ends(groups: dict) -> tuple[tuple, tuple]:
+    """The first and the last ``(key, group)`` of an ordered grouping."""
+    items = list(groups.items())
+    return items[0], items[-1]
+
+
+def _pct(rate: Rate) -> float | None:
+    return None if rate.value is None else 100 * rate.value
+
+
+def _generation_table(train: list[Trajectory]) -> list[str]:
+    rows = []
+    for (ev, gen), ts in _by(train, lambda t: (t.evolver, t.generation)).items():
+        members = _by(ts, lambda t: t.member.index if t.member else -1)
+        member_rates = [success_rate(m).value for m in members.values()]
+        member_rates = [r for r in member_rates if r is not None]
+        rows.append([ev, gen, min(t.round for t in ts), _versions(ts), str(success_rate(ts)), len(members),
+                     max(member_rates) if member_rates else None, min(member_rates) if member_rates else None])
+    return ["### Train success per ES generation", "",
+            md_table(["evolver", "generation", "round", "skill", "success", "members", "best member", "worst member"],
+                     rows)]  # fmt: skip
+
+
+def _heldout_table(test: list[Trajectory]) -> list[str]:
+    groups = _by(test, lambda t: (t.evolver, t.generation))
+    rows = [[ev, gen, min(t.round for t in ts), _versions(ts), str(success_rate(ts))]
+            for (ev, gen), ts in groups.items()]
+    out = ["### Held-out success of the centre", "",
+           md_table(["evolver", "ES updates applied", "round", "skill", "success"], rows)]
+    if len(groups) >= 2:
+        (first_key, first), (last_key, last) = _ends(groups)
+        out += ["", (f"Held-out before → after: {success_rate(first)} (generation {first_key[1]}, skill "
+                     f"{_versions(first)}) → {success_rate(last)} (generation {last_key[1]}, skill "
+                     f"{_versions(last)}).")]
+    return out
+
+
+def _task_table(title: str, first: list[Trajectory], last: list[Trajectory], labels: tuple[str, str]) -> list[str]:
+    tasks = sorted({_task(t) for t in first + last})
+    rows = []
+    for task in tasks:
+        a = success_rate(t for t in first if _task(t) == task)
+        b = success_rate(t for t in last if _task(t) == task)
+        delta = None if a.value is None or b.value is None else 100 * (b.value - a.value)
+        rows.append([task, str(a), str(b), None if delta is None else f"{delta:+.0f} pts"])
+    return [f"### {title}", "", md_table(["task", labels[0], labels[1], "change"], rows)]
+
+
+def _skill_version_table(web: list[Trajectory]) -> list[str]:
+    with_skill = [t for t in web if t.context.skill_name is not None]
+    if not with_skill:
+        return []
+    rows = []
+    for (name, version), ts in _by(with_skill, lambda t: (t.context.skill_name, t.context.skill_version)).items():
+        kinds = {k: [t for t in ts if _kind(t) == k] for k in ("train", "test", "gate")}
+        rows.append([name, f"v{version}"] + [str(success_rate(kinds[k])) for k in ("train", "test", "gate")])
+    return ["### Success per skill version", "",
+            md_table(["skill", "version", "train (ES members)", "held-out (centre)", "gate (Trace2Skill)"], rows)]
+
+
+def skill_diff_markdown(store: TrajectoryStore, run_id: str, max_diff_lines: int = 80) -> list[str]:
+    """Markdown lines listing the run's stored skill versions (changelog, parent, causing trajectories) and each
+    version's unified diff from its parent, cut to ``max_diff_lines`` lines."""
+    arts = store.list_artifacts(kind=SKILL_ARTIFACT_KIND, run_id=run_id)
+    if not arts:
+        return []
+    out = ["### Skill versions", ""]
+    out.append(md_table(["skill", "version", "parent", "round", "trajectories analysed", "changelog"], [
+        [a.name, a.version, a.parent_version if a.parent_version is not None else 0, a.meta.get("round"),
+         len(a.content.get("trajectory_ids") or []), " ".join(str(a.meta.get("changelog") or "").split())[:160]]
+        for a in arts]))  # fmt: skip
+    for a in arts:
+        diff = str(a.content.get("diff") or "").splitlines()
+        cut = [f"... ({len(diff) - max_diff_lines} more lines)"] if len(diff) > max_diff_lines else []
+        out += ["", f"Diff of `{a.name}` v{a.version} (from v{a.parent_version or 0}):", "", "```diff",
+                *diff[:max_diff_lines], *cut, "```"]
+    return out
+
+
+def _plot(plots_dir: Path, train: list[Trajectory], test: list[Trajectory], web: list[Trajectory],
+          first: list[Trajectory], last: list[Trajectory]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for ev, ts in _by(train, lambda t: t.evolver).items():
+        pts = [(g, _pct(success_rate(g_ts))) for g, g_ts in _by(ts, lambda t: t.generation).items()]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{ev}: train (members)")
+    for ev, ts in _by(test, lambda t: t.evolver).items():
+        pts = [(g, _pct(success_rate(g_ts))) for g, g_ts in _by(ts, lambda t: t.generation).items()]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="s", linestyle="--", label=f"{ev}: held-out (centre)")
+    ax.set_xlabel("ES generation (held-out: updates applied)")
+    ax.set_ylabel("success rate (%)")
+    ax.set_ylim(-5, 105)
+    ax.set_title("Web agent success per ES generation")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(plots_dir / PLOT_NAMES[0])
+    fig.savefig(written[-1], dpi=120)
+    plt.close(fig)
+
+    versions = _by([t for t in web if t.context.skill_version is not None],
+                   lambda t: (t.context.skill_name, t.context.skill_version))  # fmt: skip
+    if versions:
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        labels = [f"{n}\nv{v}" for n, v in versions]
+        for j, kind in enumerate(("train", "test", "gate")):
+            vals = [_pct(success_rate(t for t in ts if _kind(t) == kind)) for ts in versions.values()]
+            ax.bar([i + 0.27 * (j - 1) for i in range(len(labels))], [v or 0 for v in vals], width=0.27, label=kind)
+        ax.set_xticks(range(len(labels)), labels, fontsize=8)
+        ax.set_ylabel("success rate (%)")
+        ax.set_ylim(0, 105)
+        ax.set_title("Success per skill version")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        written.append(plots_dir / PLOT_NAMES[1])
+        fig.savefig(written[-1], dpi=120)
+        plt.close(fig)
+
+    tasks = sorted({_task(t) for t in first + last})
+    if tasks:
+        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(tasks)), 3.6))
+        for j, (label, group) in enumerate((("first generation", first), ("last generation", last))):
+            vals = [_pct(success_rate(t for t in group if _task(t) == task)) for task in tasks]
+            ax.bar([i + 0.4 * (j - 0.5) for i in range(len(tasks))], [v or 0 for v in vals], width=0.4, label=label)
+        ax.set_xticks(range(len(tasks)), tasks, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("train success rate (%)")
+        ax.set_ylim(0, 105)
+        ax.set_title("Per task: first vs last ES generation")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        written.append(plots_dir / PLOT_NAMES[2])
+        fig.savefig(written[-1], dpi=120)
+        plt.close(fig)
+    return written
+
+
+def web_report(run_dir: Path | str, store: TrajectoryStore, run_id: str, *, plots: bool = True,
+               max_diff_lines: int = 80) -> str | None:
+    """The web-agent report section (Markdown, headed ``## Web agent``), or ``None`` when the run has no web
+    trajectories.
+
+    Args:
+        run_dir: the run folder; plots go to ``run_dir/plots/`` (PNG, linked relative to ``run_dir``).
+        store: the run's store. run_id: the run.
+        plots: write the PNG plots (:data:`PLOT_NAMES`, matplotlib Agg backend).
+        max_diff_lines: lines of each skill diff shown.
+    """
+    web = web_trajectories(store, run_id)
+    if not web:
+        return None
+    train = [t for t in web if _kind(t) == "train"]
+    test = [t for t in web if _kind(t) == "test"]
+    gens = sorted({t.generation for t in train})
+    first = [t for t in train if gens and t.generation == gens[0]]
+    last = [t for t in train if gens and t.generation == gens[-1]]
+    benchmarks = sorted({str(t.meta.get("benchmark")) for t in web})
+    lines = ["## Web agent", "",
+             (f"Benchmark: {', '.join(benchmarks)}; {len(train)} train episodes (ES members), {len(test)} held-out "
+              f"episodes (centre), {len(web) - len(train) - len(test)} gate episodes; overall train success "
+              f"{success_rate(train)}, held-out {success_rate(test)}."), ""]  # fmt: skip
+    if train:
+        lines += [*_generation_table(train), ""]
+        if len(gens) >= 2:
+            lines += [*_task_table(f"Train success per task: generation {gens[0]} vs {gens[-1]}", first, last,
+                                   (f"generation {gens[0]}", f"generation {gens[-1]}")), ""]  # fmt: skip
+    if test:
+        lines += [*_heldout_table(test), ""]
+        evals = _by(test, lambda t: (t.evolver, t.generation))
+        if len(evals) >= 2:
+            (k0, t0), (k1, t1) = _ends(evals)
+            lines += [*_task_table("Held-out success per task: before vs after", t0, t1,
+                                   (f"generation {k0[1]}", f"generation {k1[1]}")), ""]  # fmt: skip
+    lines += _skill_version_table(web)
+    diff = skill_diff_markdown(store, run_id, max_diff_lines)
+    if diff:
+        lines += ["", *diff]
+    if plots:
+        written = _plot(Path(run_dir) / "plots", train, test, web, first, last)
+        lines += ["", "### Plots", "", *[f"![{p.stem}](plots/{p.name})" for p in written]]
+    return "\n".join(lines).rstrip() + "\n"
