@@ -194,3 +194,18 @@ def test_apply_and_validate_reports_violations(skill):
     _, fix, violations = apply_and_validate(new_dir, {"edits": [
         {"op": "create", "file": "references/dialogs.md", "content": "# Dialogs\nClose them first.\n"}]})
     assert violations == [] and len(fix.applied) == 1
+
+
+def test_edits_echoed_from_the_format_example_are_rejected():
+    from coevo.skills.patch import parse_patch
+
+    text = (
+        '{"reasoning": "r", "edits": ['
+        '{"op": "create", "file": "references/new-file.md", "content": "file text"},'
+        '{"op": "insert_after", "anchor": "exact existing text", "content": "new lines"},'
+        '{"op": "create", "file": "references/tips.md", "content": "Click the element id, not its text."}],'
+        '"changelog": "c"}'
+    )
+    patch, rejected = parse_patch(text)
+    assert [e.file for e in patch.edits] == ["references/tips.md"]
+    assert len(rejected) == 2 and all("format example" in r.reason for r in rejected)

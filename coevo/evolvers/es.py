@@ -384,6 +384,7 @@ class ESEvolver(Evolver):
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        self.rollout.close()
 
     def report_markdown(self) -> str | None:
         """A table of the ES generations (sigma, rewards, update size, held-out reward) from the history."""

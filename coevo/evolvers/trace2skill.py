@@ -407,10 +407,14 @@ class Trace2SkillEvolver(Evolver):
     def _gate(self, candidate: Path, round_index: int) -> tuple[float | None, float | None]:
         """Step 6: held-out scores (mean reward) of the current version and the candidate."""
         rollout = build_rollout(self.config.gate.rollout, self.ctx)
-        latest = self.ctx.store.get_artifact(SKILL_ARTIFACT_KIND, self.config.skill)
-        current = self._gate_score(rollout, f"v{self.version}", self.version, self.path, round_index)
-        next_version = (latest.version if latest else 0) + 1
-        return current, self._gate_score(rollout, f"r{round_index}-candidate", next_version, candidate, round_index)
+        try:
+            latest = self.ctx.store.get_artifact(SKILL_ARTIFACT_KIND, self.config.skill)
+            current = self._gate_score(rollout, f"v{self.version}", self.version, self.path, round_index)
+            next_version = (latest.version if latest else 0) + 1
+            label = f"r{round_index}-candidate"
+            return current, self._gate_score(rollout, label, next_version, candidate, round_index)
+        finally:
+            rollout.close()
 
     def _gate_score(self, rollout, label: str, version: int, path: Path, round_index: int) -> float | None:
         name = f"{self.config.skill}/{self.name}"

@@ -103,6 +103,14 @@ def _plot(run_dir: Path, store: TrajectoryStore, run_id: str, steps: list[dict[s
     return written
 
 
+def _domain_sections(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool) -> list[str]:
+    """Sections computed from the store by domain reports (each returns None when the run has none of its
+    trajectories), e.g. the web agent's success rates per task, ES generation and skill version."""
+    from coevo.agents.report import web_report
+
+    return [s for s in (web_report(run_dir, store, run_id, plots=plots),) if s]
+
+
 def write_report(
     run_dir: Path,
     store: TrajectoryStore,
@@ -169,6 +177,8 @@ def write_report(
         section = ev.report_markdown()
         if section:
             lines += ["", f"## {name}", "", section]
+    for section in _domain_sections(run_dir, store, run_id, plots):
+        lines += ["", section]
     if plots:
         written = _plot(run_dir, store, run_id, steps)
         if written:

@@ -91,6 +91,9 @@ class Rollout(ABC):
         """Number of trajectories :meth:`run` returns per call, when known in advance (for budgeting)."""
         return None
 
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the rollout holds (browsers, worker pools); called by its owner at the end."""
+
     def describe(self) -> dict[str, Any]:
         return self.config.model_dump()
 

@@ -235,11 +235,17 @@ def parse_patch(text: str | dict[str, Any]) -> tuple[Patch, list[Rejection]]:
         rejections.append(Rejection(raw_edits, "'edits' must be a list of edit objects"))
         raw_edits = []
     edits = []
+    examples = _format_example_edits()
     for raw in raw_edits:
         try:
-            edits.append(parse_edit(raw))
+            edit = parse_edit(raw)
         except ValueError as exc:
             rejections.append(Rejection(raw, str(exc)))
+            continue
+        if edit_to_dict(edit) in examples:
+            rejections.append(Rejection(raw, "edit copied from the format example in the prompt, not a real edit"))
+            continue
+        edits.append(edit)
     reasoning, changelog = data.get("reasoning", ""), data.get("changelog", "")
     patch = Patch(reasoning=reasoning if isinstance(reasoning, str) else json.dumps(reasoning),
                   edits=edits,
@@ -250,6 +256,12 @@ def parse_patch(text: str | dict[str, Any]) -> tuple[Patch, list[Rejection]]:
 def edit_to_dict(edit: Edit) -> dict[str, Any]:
     """JSON-ready dict of an edit (defaults included, so equal edits give equal dicts)."""
     return edit.model_dump(mode="json")
+
+
+def _format_example_edits() -> list[dict[str, Any]]:
+    """The example edits of :data:`PATCH_FORMAT_HELP`: a small model may echo them verbatim."""
+    data = json.loads(PATCH_FORMAT_HELP[PATCH_FORMAT_HELP.index("{") : PATCH_FORMAT_HELP.rindex("}") + 1])
+    return [edit_to_dict(parse_edit(e)) for e in data["edits"]]
 
 
 PATCH_FORMAT_HELP = """Answer with one JSON object (a ```json fence is fine):
