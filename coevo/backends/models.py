@@ -314,6 +314,34 @@ def prepare_model(
     )
 
 
+def check_model_ref(name_or_path: str | Path) -> None:
+    """Check a model reference without loading or building anything (used when a config is validated).
+
+    Raises:
+        ValueError: the reference is not a known name, an existing local folder or a valid ``tiny:`` spec.
+    """
+    ref = str(name_or_path)
+    if ref in MODEL_REGISTRY:
+        return
+    if ref.startswith("tiny:"):
+        from coevo.backends.tiny import parse_tiny_spec
+
+        parse_tiny_spec(ref[len("tiny:") :])
+        return
+    if Path(ref).expanduser().is_dir():
+        return
+    _unknown_model(ref)
+
+
+def _unknown_model(ref: str) -> None:
+    from coevo.backends.tiny import TINY_PRESETS
+
+    raise ValueError(
+        f"model {ref!r} is neither a known name ({', '.join(sorted(MODEL_REGISTRY))}), an existing local folder, "
+        f"nor 'tiny:<preset or JSON>' (presets: {', '.join(sorted(TINY_PRESETS))})"
+    )
+
+
 def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None) -> Path:
     """Map a model reference to a local HF folder.
 
@@ -337,9 +365,4 @@ def resolve_model(name_or_path: str | Path, cache_dir: str | Path | None = None)
     path = Path(ref).expanduser()
     if path.is_dir():
         return path
-    from coevo.backends.tiny import TINY_PRESETS
-
-    raise ValueError(
-        f"model {ref!r} is neither a known name ({', '.join(sorted(MODEL_REGISTRY))}), an existing local folder, "
-        f"nor 'tiny:<preset or JSON>' (presets: {', '.join(sorted(TINY_PRESETS))})"
-    )
+    _unknown_model(ref)

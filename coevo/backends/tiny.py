@@ -198,14 +198,11 @@ def build_tiny_qwen2(
     return out
 
 
-def build_tiny_from_spec(spec: str, root: str | Path) -> Path:
-    """Build (once) the tiny model named by a preset or a JSON object of :func:`build_tiny_qwen2` kwargs.
-
-    The folder is ``<root>/tiny-<hash of the resolved kwargs>``; it is built in a temporary folder and
-    renamed, so a complete folder is reused by later calls.
+def parse_tiny_spec(spec: str) -> dict:
+    """The :func:`build_tiny_qwen2` kwargs named by a preset or a JSON object (checked, nothing built).
 
     Raises:
-        ValueError: unknown preset, malformed JSON, or unknown keys (named in the message).
+        ValueError: unknown preset, malformed JSON, unknown keys or non-positive sizes (named in the message).
     """
     spec = spec.strip()
     if spec.startswith("{"):
@@ -223,7 +220,28 @@ def build_tiny_from_spec(spec: str, root: str | Path) -> Path:
     unknown = sorted(set(kwargs) - allowed)
     if unknown:
         raise ValueError(f"unknown tiny model field(s) {unknown}; allowed: {sorted(allowed)}")
+    for field in ("hidden_size", "layers", "heads", "kv_heads", "intermediate"):
+        value = kwargs.get(field, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"tiny model field {field!r} must be an int >= 1, got {value!r}")
+    if kwargs.get("hidden_size", 32) % kwargs.get("heads", 4):
+        raise ValueError("tiny model field 'hidden_size' must be divisible by 'heads'")
+    if kwargs.get("heads", 4) % kwargs.get("kv_heads", 2):
+        raise ValueError("tiny model field 'heads' must be divisible by 'kv_heads'")
     kwargs.setdefault("tokenizer_from", "bpe")
+    return kwargs
+
+
+def build_tiny_from_spec(spec: str, root: str | Path) -> Path:
+    """Build (once) the tiny model named by a preset or a JSON object of :func:`build_tiny_qwen2` kwargs.
+
+    The folder is ``<root>/tiny-<hash of the resolved kwargs>``; it is built in a temporary folder and
+    renamed, so a complete folder is reused by later calls.
+
+    Raises:
+        ValueError: see :func:`parse_tiny_spec`.
+    """
+    kwargs = parse_tiny_spec(spec)
     key = hashlib.sha256(json.dumps(kwargs, sort_keys=True, default=str).encode()).hexdigest()[:12]
     root = Path(root)
     out = root / f"tiny-{key}"

@@ -112,6 +112,17 @@ class AHDConfig(EvolverConfig):
     top_k: int | None = Field(None, ge=0, description="overrides the run's sampling.top_k")
     max_new_tokens: int | None = Field(None, ge=1, description="overrides the run's sampling.max_new_tokens")
 
+    @field_validator("problem")
+    @classmethod
+    def _known_problem(cls, v: str) -> str:
+        from pathlib import Path
+
+        from coevo.ahd.problem import available_problems
+
+        if v in available_problems() or (Path(v) / "problem.py").is_file():
+            return v
+        raise ValueError(f"unknown problem {v!r}; available: {available_problems()} or a folder with a problem.py")
+
     @field_validator("test_sizes")
     @classmethod
     def _sizes(cls, v: list[int] | None) -> list[int] | None:

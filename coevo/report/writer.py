@@ -103,6 +103,34 @@ def _plot(run_dir: Path, store: TrajectoryStore, run_id: str, steps: list[dict[s
     return written
 
 
+SECTION_KIND = "report_section"
+
+
+def _evolver_sections(
+    store: TrajectoryStore, run_id: str, evolvers: dict[str, Evolver] | None
+) -> list[tuple[str, str]]:
+    """(evolver name, Markdown) of each evolver's own report section.
+
+    With live evolvers (at the end of a run) the sections are computed and saved in the store, so that a
+    report rebuilt later from the run folder alone (``coevo runs show RUN --report``) still has them.
+    """
+    if evolvers:
+        out = []
+        for name, ev in evolvers.items():
+            section = ev.report_markdown()
+            if section:
+                latest = store.get_artifact(SECTION_KIND, f"{run_id}/{name}")
+                if latest is None or latest.content.get("markdown") != section:
+                    store.put_artifact(run_id, SECTION_KIND, f"{run_id}/{name}", {"evolver": name, "markdown": section})
+                out.append((name, section))
+        return out
+    arts = store.list_artifacts(kind=SECTION_KIND, run_id=run_id)
+    latest: dict[str, Any] = {}
+    for art in sorted(arts, key=lambda a: a.version):
+        latest[art.content["evolver"]] = art.content["markdown"]
+    return list(latest.items())
+
+
 def _domain_sections(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool) -> list[str]:
     """Sections computed from the store by domain reports (each returns None when the run has none of its
     trajectories), e.g. the web agent's success rates per task, ES generation and skill version."""
@@ -127,8 +155,7 @@ def write_report(
         s = json.loads(summary_path.read_text())
         lines += [
             f"- stop reason: {s['stop_reason']}",
-            f"- rounds completed: {s['rounds_completed']}, evolver steps: {s['steps']}, "
-            f"LLM samples: {s['samples']}",
+            f"- rounds completed: {s['rounds_completed']}, evolver steps: {s['steps']}, LLM samples: {s['samples']}",
             "",
         ]
     trajs = store.query(run_id=run_id)
@@ -173,10 +200,8 @@ def write_report(
             step_rows,
         )
     ]
-    for name, ev in (evolvers or {}).items():
-        section = ev.report_markdown()
-        if section:
-            lines += ["", f"## {name}", "", section]
+    for name, section in _evolver_sections(store, run_id, evolvers):
+        lines += ["", f"## {name}", "", section]
     for section in _domain_sections(run_dir, store, run_id, plots):
         lines += ["", section]
     if plots:
