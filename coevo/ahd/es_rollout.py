@@ -64,18 +64,25 @@ class EoHChildrenRollout(Rollout):
             return "i1"  # nothing to modify yet: fall back to fresh samples
         return "children" if parented else "i1"
 
+    def _local(self, key_prefix: str) -> str:
+        """``key_prefix`` without the leading run id. ``generate_children`` builds keys with ``ctx.traj_key``
+        (which adds the run id) and both paths seed their RNG from it, so the children's keys hold the run
+        id once and their prompts and sampling seeds depend on the run seed only, not on the run folder."""
+        return key_prefix.removeprefix(f"{self.ctx.run_id}/")
+
     def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
         if split != "train":
             return []
         ev = self._evolver()
         cfg = self.config
+        local = self._local(key_prefix)
         if self._mode(ev) == "children":
             trajs = ev.generate_children(
-                cfg.operators, cfg.children_per_operator, policy, member=member, key_prefix=(key_prefix,),
+                cfg.operators, cfg.children_per_operator, policy, member=member, key_prefix=(local,),
                 evolver=evolver, round_index=round_index,
             )  # fmt: skip
         else:
-            rng = self.ctx.rng(key_prefix, "i1")
+            rng = self.ctx.rng(local, "i1")
             messages = build_messages("i1", ev.problem.prompt_spec())
             n = cfg.children_per_operator * len(cfg.operators)
             jobs = [

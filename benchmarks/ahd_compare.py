@@ -1,0 +1,297 @@
+"""AHD comparison: EoH, Sample and their ES variants (Agentic ESOpt) at matched LLM-sample budgets.
+
+For every problem, method (``eoh``, ``sample``, ``eoh_es``, ``sample_es``; the shipped configs
+``configs/ahd/<method>/<problem>.yaml``) and seed, one real run (:class:`coevo.loop.CoEvolutionLoop`) with
+``budget.max_samples`` set to the same ``--max-samples`` for all four methods; the ES variants'
+``total_generations`` is the largest number of ES generations whose sigma schedule (cosine 1e-3 -> 0) still
+reaches its last, zero-sigma generation within that budget (:func:`fit_es_generations`). Each run's best
+heuristic is then evaluated on the held-out sizes (``--sizes``, default the config's ``test_sizes``).
+
+A *setting* is (problem, held-out size, baseline method); the ES variant beats its baseline when its mean
+best objective over the seeds is better (direction-aware), counting runs without any valid heuristic as
+losses: the variant wins if it found a valid heuristic in more seeds, or in as many seeds and with a better
+mean over them. Agentic ESOpt reports wins in 28 of 36 settings (field-notes §1).
+
+Output: a table (per method / problem / size: runs with a best heuristic, mean +- std over seeds of the
+best objective and of its gap to the problem's named reference, the seed heuristic's objective, samples
+used and valid LLM samples per run), the win count, then one JSON line per metric
+``{"metric", "value", "goal", "met"}``.
+
+Run (a smoke run on a tiny random model; the 0.5B model needs hours for the full grid on a 2-core CPU)::
+
+    .venv/bin/python benchmarks/ahd_compare.py --problems tsp_construct --sizes 20 --seeds 2024,2025,2026 \\
+        --max-samples 12 --model tiny:micro --out /tmp/ahd_compare
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from coevo.config import RunConfig, load_config
+
+METHODS = ("eoh", "sample", "eoh_es", "sample_es")
+BASELINE = {"eoh_es": "eoh", "sample_es": "sample"}
+PAPER_WINS, PAPER_SETTINGS = 28, 36
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
+
+
+def ahd_spec(cfg: RunConfig):
+    """The run's heuristic-design evolver spec (type eoh or sample)."""
+    return next(e for e in cfg.evolvers if e.type in ("eoh", "sample"))
+
+
+def es_spec(cfg: RunConfig):
+    """The run's ES evolver spec, or None."""
+    return next((e for e in cfg.evolvers if e.type == "es"), None)
+
+
+def plan_steps(cfg: RunConfig) -> list[tuple[str, int]]:
+    """The (evolver name, LLM samples) of each step the loop will run, until a budget stops it.
+
+    Mirrors the loop: the schedule's due entries in order each round; the sample budget checked before
+    every step (an AHD step is cut to what is left); an ES generation only when the budget covers all its
+    members; ES stopping the run after ``total_generations``. Assumes every EoH operator
+    weight is 1.0 (each offspring slot used), as in the shipped configs.
+
+    Raises:
+        ValueError: an EoH operator weight other than 1.0 (the count would be random).
+    """
+    ahd, es = ahd_spec(cfg), es_spec(cfg)
+    if ahd.type == "eoh" and set(ahd.params.operators.values()) != {1.0}:
+        raise ValueError(f"evolvers.{ahd.name}.operators: plan_steps needs every weight 1.0")
+    budget = cfg.budget.max_samples or 10**9
+    steps: list[tuple[str, int]] = []
+    used = es_done = ahd_done = 0
+    for round_index in range(cfg.budget.max_rounds):
+        for entry in cfg.resolved_schedule():
+            if not entry.due(round_index):
+                continue
+            if used >= budget:
+                return steps
+            if es is not None and entry.evolver == es.name:
+                ro = es.params.rollout
+                n = es.params.population_size * ro["children_per_operator"] * len(ro["operators"])
+                if es_done >= es.params.total_generations or n > budget - used:
+                    return steps
+                es_done += 1
+            else:
+                p = ahd.params
+                if ahd.type == "sample":
+                    n = p.batch
+                else:
+                    n = (
+                        2 * p.population_size
+                        if ahd_done == 0
+                        else len(p.operators) * (p.offspring_per_operator or p.population_size)
+                    )
+                ahd_done += 1
+                n = min(n, budget - used)
+            steps.append((entry.evolver, n))
+            used += n
+    return steps
+
+
+def fit_es_generations(path: Path, overrides: list[str]) -> int:
+    """The largest ``total_generations`` (>= 2) whose every ES generation runs within the sample budget.
+
+    Raises:
+        ValueError: not even 2 ES generations fit (raise ``--max-samples``).
+    """
+    best = 0
+    for g in range(2, 200):
+        cfg, _ = load_config(path, [*overrides, f"evolvers.es.total_generations={g}"])
+        if sum(name == es_spec(cfg).name for name, _ in plan_steps(cfg)) < g:
+            break
+        best = g
+    if best < 2:
+        raise ValueError(f"{path}: the sample budget does not fit 2 ES generations; raise --max-samples")
+    return best
+
+
+@dataclass
+class RunResult:
+    problem: str
+    method: str
+    seed: int
+    max_samples: int
+    samples: int
+    valid_samples: int
+    wall_s: float
+    stop_reason: str
+    rows: dict[int, dict[str, Any]] = field(default_factory=dict)  # size -> best/seed objective and gap
+
+
+def run_one(problem: str, method: str, seed: int, args: argparse.Namespace) -> RunResult:
+    """One real run of ``configs/ahd/<method>/<problem>.yaml`` at the shared budget; returns its results."""
+    from coevo.loop import CoEvolutionLoop, new_run_dir
+    from coevo.store import TrajectoryStore
+
+    path = ROOT / "configs" / "ahd" / method / f"{problem}.yaml"
+    cfg, _ = load_config(path)
+    ahd = ahd_spec(cfg)
+    sets = [f"run.seed={seed}", f"model.name={args.model}", f"budget.max_samples={args.max_samples}",
+            f"budget.max_rounds={4 * args.max_samples}", "report.plots=false", *args.set]  # fmt: skip
+    if args.model.startswith("tiny:"):
+        sets.append("model.dtype=float32")
+    if args.seed_heuristic and ahd.type == "eoh":
+        sets.append(f"evolvers.{ahd.name}.include_seed_heuristic=true")
+    if args.sizes:
+        sets.append(f"evolvers.{ahd.name}.test_sizes={json.dumps(args.sizes)}")
+    if es_spec(cfg) is not None:
+        sets.append(f"evolvers.es.total_generations={fit_es_generations(path, sets)}")
+    cfg, raw = load_config(path, sets)
+    out = Path(args.out) / problem / method / f"seed{seed}"
+    started = time.time()
+    loop = CoEvolutionLoop(cfg, new_run_dir(cfg, out), raw_config=raw, progress=False)
+    ev = loop.evolvers[ahd.name]
+    summary = loop.run()
+    wall = time.time() - started
+    rows = {}
+    for size, _n, seed_obj, seed_gap, best_obj, best_gap, ref in ev.comparison_rows():
+        rows[int(size)] = {"seed_objective": seed_obj, "seed_gap": seed_gap, "best_objective": best_obj,
+                           "best_gap": best_gap, "reference": ref}  # fmt: skip
+    with TrajectoryStore(out / "store.sqlite", readonly=True) as store:
+        valid = len(store.query(run_id=loop.run_id, valid=True, with_steps=False))
+    return RunResult(problem, method, seed, args.max_samples, summary.samples, valid, wall, summary.stop_reason, rows)
+
+
+def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
+    if not xs:
+        return None, None
+    return statistics.fmean(xs), statistics.pstdev(xs) if len(xs) > 1 else 0.0
+
+
+def _fmt(m: float | None, s: float | None, digits: int = 4) -> str:
+    return "-" if m is None else f"{m:.{digits}f} +- {s:.{digits}f}"
+
+
+def summarise(results: list[RunResult], directions: dict[str, str]) -> tuple[list[list[str]], list[dict[str, Any]]]:
+    """Table rows per (problem, size, method) and the ES-vs-baseline comparisons per setting."""
+    table, cells = [], {}
+    keys = sorted({(r.problem, size) for r in results for size in r.rows})
+    for problem, size in keys:
+        for method in METHODS:
+            runs = [r for r in results if r.problem == problem and r.method == method and size in r.rows]
+            if not runs:
+                continue
+            objs = [r.rows[size]["best_objective"] for r in runs if r.rows[size]["best_objective"] is not None]
+            gaps = [r.rows[size]["best_gap"] for r in runs if r.rows[size]["best_gap"] is not None]
+            cells[(problem, size, method)] = (objs, len(runs))
+            seed_obj = runs[0].rows[size]["seed_objective"]
+            table.append([problem, str(size), method, f"{len(objs)}/{len(runs)}", _fmt(*_mean_std(objs)),
+                          _fmt(*_mean_std(gaps), digits=2), "-" if seed_obj is None else f"{seed_obj:.4f}",
+                          f"{statistics.fmean(r.samples for r in runs):.1f}",
+                          f"{statistics.fmean(r.valid_samples for r in runs):.1f}"])  # fmt: skip
+    settings = []
+    for problem, size in keys:
+        sign = 1.0 if directions[problem] == "minimize" else -1.0
+        for variant, base in BASELINE.items():
+            if (problem, size, variant) not in cells or (problem, size, base) not in cells:
+                continue
+            (vo, vn), (bo, bn) = cells[(problem, size, variant)], cells[(problem, size, base)]
+            if len(vo) != len(bo):
+                win = len(vo) > len(bo)
+            else:
+                win = bool(vo) and sign * statistics.fmean(vo) < sign * statistics.fmean(bo)
+            settings.append({"problem": problem, "size": size, "variant": variant, "baseline": base, "win": win,
+                             "variant_mean": _mean_std(vo)[0], "baseline_mean": _mean_std(bo)[0],
+                             "variant_found": f"{len(vo)}/{vn}", "baseline_found": f"{len(bo)}/{bn}"})  # fmt: skip
+    return table, settings
+
+
+def _print_table(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    for row in [header, ["-" * w for w in widths], *rows]:
+        print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)))
+
+
+def metric(name: str, value: Any, goal: str, met: bool) -> None:
+    print(json.dumps({"metric": name, "value": value, "goal": goal, "met": bool(met)}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from coevo.ahd.problem import load_problem
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--problems", default="tsp_construct,kp_construct,cvrp_construct,bpp_online",
+                   help="comma-separated problem names")  # fmt: skip
+    p.add_argument("--sizes", default="", help="comma-separated held-out sizes (default: each config's test_sizes)")
+    p.add_argument("--seeds", default="2024,2025,2026", help="comma-separated run seeds (>= 3 for the std)")
+    p.add_argument("--max-samples", type=int, default=36, help="LLM-sample budget of every run (matched)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="model name, local folder, or tiny:<preset> (smoke)")
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the four methods")
+    p.add_argument(
+        "--seed-heuristic",
+        action="store_true",
+        help="EoH methods start from the problem's seed heuristic (keeps a tiny-model smoke run going)",
+    )
+    p.add_argument("--set", action="append", default=[], metavar="A.B=VALUE", help="extra config override")
+    p.add_argument("--out", default="runs/ahd_compare", help="folder of the run folders (must not hold runs)")
+    args = p.parse_args(argv)
+    problems = [x for x in args.problems.split(",") if x]
+    methods = [x for x in args.methods.split(",") if x]
+    if unknown := set(methods) - set(METHODS):
+        p.error(f"--methods: unknown {sorted(unknown)}; choose from {METHODS}")
+    args.sizes = [int(x) for x in args.sizes.split(",") if x]
+    seeds = [int(x) for x in args.seeds.split(",") if x]
+    directions = {name: load_problem(name).direction for name in problems}
+
+    results, started = [], time.time()
+    for problem in problems:
+        for method in methods:
+            for seed in seeds:
+                r = run_one(problem, method, seed, args)
+                results.append(r)
+                print(f"# {problem} {method} seed {seed}: {r.samples}/{r.max_samples} samples, {r.valid_samples} "
+                      f"valid, {r.wall_s:.0f} s; {r.stop_reason}", file=sys.stderr)  # fmt: skip
+    (Path(args.out) / "results.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
+
+    table, settings = summarise(results, directions)
+    print(f"AHD comparison: {len(seeds)} seeds, {args.max_samples} LLM samples per run, model {args.model}")
+    _print_table(["problem", "size", "method", "found", "best objective (mean +- std)", "gap % (mean +- std)",
+                  "seed heur.", "samples", "valid samples"], table)  # fmt: skip
+    wins = sum(s["win"] for s in settings)
+    print(f"\nES variant beats its matched baseline in {wins} of {len(settings)} settings "
+          f"(paper: {PAPER_WINS} of {PAPER_SETTINGS})")  # fmt: skip
+    for s in settings:
+        print(f"  {s['problem']} n={s['size']}: {s['variant']} {s['variant_found']} vs {s['baseline']} "
+              f"{s['baseline_found']}: {'win' if s['win'] else 'no win'}")  # fmt: skip
+
+    budgets = {(r.problem, r.method, r.seed): r.max_samples for r in results}
+    matched = all(n == budgets[(pr, BASELINE[m], sd)] for (pr, m, sd), n in budgets.items()
+                  if m in BASELINE and (pr, BASELINE[m], sd) in budgets)  # fmt: skip
+    frac = wins / len(settings) if settings else 0.0
+    metric("ahd_es_win_fraction", round(frac, 4), f">= {PAPER_WINS}/{PAPER_SETTINGS} = "
+           f"{PAPER_WINS / PAPER_SETTINGS:.3f} of settings won by the ES variant (paper)", bool(settings) and
+           frac >= PAPER_WINS / PAPER_SETTINGS)  # fmt: skip
+    metric("ahd_es_wins", wins, f"count of the {len(settings)} settings won by the ES variant", wins > 0)
+    metric("ahd_matched_budgets", matched, "every ES variant run has its baseline's max_samples", matched)
+    over = max((r.samples / r.max_samples for r in results), default=0.0)
+    metric("ahd_max_budget_use", round(over, 4), "<= 1.0 (no run exceeds its sample budget)", over <= 1.0)
+    found = sum(r.valid_samples > 0 for r in results)
+    metric("ahd_runs_with_valid_samples", f"{found}/{len(results)}", "> 0 runs drew a valid LLM heuristic",
+           found > 0)  # fmt: skip
+    for method in methods:
+        gaps = [row["best_gap"] for r in results if r.method == method for row in r.rows.values()
+                if row["best_gap"] is not None]  # fmt: skip
+        m = statistics.fmean(gaps) if gaps else math.nan
+        metric(f"ahd_mean_gap_percent/{method}", None if math.isnan(m) else round(m, 3),
+               "informational: mean gap of the best heuristic to the reference over problems, sizes, seeds",
+               bool(gaps))  # fmt: skip
+    metric("ahd_wall_s", round(time.time() - started, 1), "informational: total wall time", True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The shipped AHD configs (configs/ahd/**): every one parses, each ES variant is matched to its baseline
+(same LLM-sample budget, same problem settings), the sigma schedule reaches 0 at the last ES generation within
+that budget, and the headline configs equal the eoh_es ones."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from coevo.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1] / "configs" / "ahd"
+PROBLEMS = ("tsp_construct", "kp_construct", "cvrp_construct", "bpp_online")
+METHODS = ("eoh", "sample", "eoh_es", "sample_es")
+PAIRS = {"eoh_es": "eoh", "sample_es": "sample"}
+ALL = sorted(ROOT.rglob("*.yaml"))
+
+
+def _import_benchmark():
+    spec = importlib.util.spec_from_file_location("ahd_compare", ROOT.parents[1] / "benchmarks" / "ahd_compare.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve their module
+    spec.loader.exec_module(mod)
+    return mod
+
+
+BENCH = _import_benchmark()  # plan_steps / fit_es_generations: the step plan the benchmark relies on
+
+
+def _load(rel: str):
+    return load_config(ROOT / rel)[0]
+
+
+def _ahd(cfg):
+    return next(e for e in cfg.evolvers if e.type in ("eoh", "sample"))
+
+
+def _es(cfg):
+    return next(e for e in cfg.evolvers if e.type == "es")
+
+
+def test_every_method_and_problem_is_shipped():
+    expected = {ROOT / m / f"{p}.yaml" for m in METHODS for p in PROBLEMS} | {ROOT / f"{p}.yaml" for p in PROBLEMS}
+    assert set(ALL) == expected
+
+
+@pytest.mark.parametrize("path", ALL, ids=[str(p.relative_to(ROOT)) for p in ALL])
+def test_config_parses(path):
+    cfg, _ = load_config(path)
+    assert cfg.run.seed == 2024 and cfg.model.name == "qwen2.5-coder-0.5b-instruct" and cfg.model.dtype == "bfloat16"
+    assert cfg.sampling.temperature == 1.0 and cfg.sampling.top_p == 0.98
+    assert cfg.budget.max_samples and cfg.budget.max_wall_s
+    ahd = _ahd(cfg)
+    assert ahd.params.problem == path.stem and ahd.params.train_seed == 2024
+    assert ahd.params.test_seed != ahd.params.train_seed
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+@pytest.mark.parametrize("method", ["eoh_es", "sample_es"])
+def test_es_variant_matches_its_baseline(method, problem):
+    es_cfg, base_cfg = _load(f"{method}/{problem}.yaml"), _load(f"{PAIRS[method]}/{problem}.yaml")
+    assert es_cfg.budget.max_samples == base_cfg.budget.max_samples  # matched LLM-sample budgets
+    assert es_cfg.sampling == base_cfg.sampling and es_cfg.model == base_cfg.model
+    assert _ahd(es_cfg).params == _ahd(base_cfg).params  # same problem, instances, EoH / sampling settings
+    es = _es(es_cfg).params
+    assert es.sigma == 1e-3 and es.sigma_final == 0.0 and es.schedule == "cosine" and es.alpha == 5e-4
+    assert es.sigma_schedule()(es.total_generations - 1) == 0.0 and es.sigma_schedule()(0) == 1e-3
+    assert es.rollout["evolver"] == _ahd(es_cfg).name and es.workers == 0 and es.eval_every == 0
+    assert es.rollout["operators"] == (["m1", "m2"] if method == "eoh_es" else ["i1"])
+    sched = es_cfg.resolved_schedule()
+    assert [s.evolver for s in sched] == ["es", _ahd(es_cfg).name]  # es then the AHD evolver each round
+    assert [s.start for s in sched] == [1, 0]  # round 0 initialises the population the ES members modify
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+@pytest.mark.parametrize("method", METHODS)
+def test_budget_is_spent_and_sigma_reaches_zero(method, problem):
+    cfg = _load(f"{method}/{problem}.yaml")
+    ahd = _ahd(cfg)
+    if ahd.type == "eoh":
+        assert set(ahd.params.operators.values()) == {1.0}  # deterministic number of children per generation
+    steps = BENCH.plan_steps(cfg)
+    assert sum(n for _, n in steps) == cfg.budget.max_samples  # the whole matched budget is used
+    if method.endswith("_es"):
+        es = _es(cfg)
+        assert sum(name == "es" for name, _ in steps) == es.params.total_generations  # last (sigma 0) gen runs
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_headline_config_is_the_eoh_es_config(problem):
+    head = yaml.safe_load((ROOT / f"{problem}.yaml").read_text())
+    variant = yaml.safe_load((ROOT / "eoh_es" / f"{problem}.yaml").read_text())
+    assert head == variant
+
+
+def test_set_overrides_use_friendly_names():
+    cfg, _ = load_config(ROOT / "tsp_construct.yaml", [
+        "evolvers.es.sigma=2e-3", "evolvers.eoh.population_size=6", "budget.max_samples=60",
+        "evolvers.es.rollout.operators=[m1]"])  # fmt: skip
+    assert _es(cfg).params.sigma == 2e-3 and _ahd(cfg).params.population_size == 6
+    assert cfg.budget.max_samples == 60 and _es(cfg).params.rollout["operators"] == ["m1"]
+
+
+@pytest.mark.parametrize(("method", "at_40"), [("eoh_es", 4), ("sample_es", 5)])
+def test_fit_es_generations_matches_the_shipped_budget(method, at_40):
+    path = ROOT / method / "tsp_construct.yaml"
+    assert BENCH.fit_es_generations(path, []) == _es(_load(f"{method}/tsp_construct.yaml")).params.total_generations
+    # eoh_es at 40: init 8, then 4 x (ES 4 + EoH 4) + ES 4; sample_es: 4, then 4 x (ES 4 + 4) + ES 4
+    assert BENCH.fit_es_generations(path, ["budget.max_samples=40"]) == at_40
+    with pytest.raises(ValueError, match="does not fit 2 ES generations"):
+        BENCH.fit_es_generations(path, ["budget.max_samples=12"])
