@@ -331,7 +331,15 @@ class ESEvolver(Evolver):
 
     # ------------------------------------------------------------------ checkpoints
     def snapshot(self) -> str:
-        """Write ``<run_dir>/weights/gen-XXXXX.safetensors`` for the current generation; returns its hash."""
+        """Write ``<run_dir>/weights/gen-XXXXX.safetensors`` for the current generation; returns its hash.
+
+        Nothing is written while no generation has changed the weights (every update skipped at sigma = 0
+        or all coefficients zero, no weight decay): the base model plus the history already rebuilds them,
+        and a snapshot of a 0.5B model with float32 masters takes about 2 GB.
+        """
+        rows = self.ctx.store.es_history(self.ctx.run_id, self.name)
+        if all(r.get("skipped") or (not any(r.get("coeffs", [])) and not r.get("weight_decay")) for r in rows):
+            return self.replica.weights_hash()
         path = snapshot_path(self.ctx.run_dir, self.generation)
         digest = self.replica.save_snapshot(path, {"generation": self.generation, "model_id": self.replica.policy.model_id,
                                                    "evolver": self.name, "run_id": self.ctx.run_id})  # fmt: skip
@@ -401,4 +409,4 @@ class ESEvolver(Evolver):
         head = (f"### ES `{self.name}`\n\nN={self.config.population_size}, antithetic={self.config.antithetic}, "
                 f"scope={self.config.scope}, rollout={self.config.rollout['type']}; weights hash "
                 f"`{(self.weights_hash or '')[:16]}`; replay with `coevo es replay RUN_DIR --check`.\n\n")  # fmt: skip
-        return head + md_table(["gen", "sigma", "mean R", "max R", "|update|", "test R (before)", ""], table) + tail
+        return head + md_table(["gen", "sigma", "mean R", "max R", "‖update‖", "test R (before)", ""], table) + tail
