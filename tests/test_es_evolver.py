@@ -135,6 +135,20 @@ def test_no_update_at_sigma_zero(trained):
     assert all(r["weight_hash_after"] != r["weight_hash_before"] for r in rows[:-1])
 
 
+def test_report_tables_have_matching_header_and_delimiter_cells(trained):
+    """Each Markdown table row has as many cells as the delimiter row (a `|x|` header cell split the ES table)."""
+    run_dir, _ = trained
+    lines = (run_dir / "report.md").read_text().splitlines()
+    tables = [i for i, ln in enumerate(lines) if ln.startswith("|---")]
+    assert any("‖update‖" in lines[i - 1] for i in tables)  # the ES generations table is in the report
+    for i in tables:
+        width = lines[i].count("|") - 1
+        j = i - 1
+        while j < len(lines) and lines[j].startswith("|"):
+            assert lines[j].replace("\\|", "").count("|") - 1 == width, (lines[i - 1], lines[j])
+            j = j + 2 if j == i - 1 else j + 1
+
+
 def test_snapshots_and_replay_cli(trained, tmp_path, capsys):
     run_dir, _ = trained
     rows = history(run_dir)

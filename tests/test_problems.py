@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -301,3 +302,120 @@ def test_load_problem_unknown_and_custom_root(tmp_path, monkeypatch):
     (tmp_path / "heur" / "broken" / "problem.py").write_text("X = 1\n")
     with pytest.raises(ValueError, match="does not register"):
         load_problem("broken")
+
+
+TSP_HEAD = "NAME: t\nTYPE: TSP\nDIMENSION: {n}\nEDGE_WEIGHT_TYPE: {w}\nNODE_COORD_SECTION\n"
+
+
+def _tsp_file(folder: Path, name: str, coords: list[str], n: int | None = None, wtype: str = "EUC_2D") -> Path:
+    path = folder / name
+    path.write_text(TSP_HEAD.format(n=len(coords) if n is None else n, w=wtype)
+                    + "".join(f"{i + 1} {c}\n" for i, c in enumerate(coords)) + "EOF\n")
+    return path
+
+
+def test_bad_instance_files_are_refused_naming_file_and_field(tmp_path):
+    tsp, bpp = load_problem("tsp_construct"), load_problem("bpp_online")
+    coords = np.random.default_rng(0).random((2, 5, 2))
+    dist = np.stack([np.sqrt(((c[:, None] - c[None]) ** 2).sum(-1)) for c in coords])
+    for label, value in (("neg", -1.0), ("nan", np.nan)):
+        bad = dist.copy()
+        bad[1, 0, 1] = value
+        np.savez(tmp_path / f"{label}.npz", coords=coords, distances=bad)
+        msg = "negative" if label == "neg" else "NaN"
+        with pytest.raises(ValueError, match=rf"{label}\.npz: instance '{label}_1' field 'distances'.*{msg}"):
+            tsp.load_instances(tmp_path / f"{label}.npz")
+    (tmp_path / "text.npz").write_text("not an archive")
+    with pytest.raises(ValueError, match=r"text\.npz: not a \.npz \(zip\) archive") as err:
+        tsp.load_instances(tmp_path / "text.npz")
+    assert "pickle" not in str(err.value)
+    ok = ["0 0", "3 4", "6 8", "1 1"]
+    cases = {
+        "short.tsp": (_tsp_file(tmp_path, "short.tsp", ok, n=6), "NODE_COORD_SECTION has 4 nodes but DIMENSION is 6"),
+        "badnum.tsp": (_tsp_file(tmp_path, "badnum.tsp", ok[:2] + ["6 abc"]), "NODE_COORD_SECTION.*abc"),
+        "nancoord.tsp": (_tsp_file(tmp_path, "nancoord.tsp", ok[:2] + ["nan 8"]), "field 'coords'.*NaN"),
+        "xray.tsp": (_tsp_file(tmp_path, "xray.tsp", ok, wtype="XRAY1"), "EDGE_WEIGHT_TYPE 'XRAY1' is not supported"),
+    }
+    garbage = tmp_path / "garbage.tsp"
+    garbage.write_text("hello, this is not TSPLIB\n")
+    cases["garbage.tsp"] = (garbage, "no TYPE field")
+    for fname, (path, pattern) in cases.items():
+        with pytest.raises(ValueError, match=rf"{fname}: .*{pattern}"):
+            tsp.load_instances(path)
+    for fname, text, pattern in (
+            ("syntax.json", '{"capacity": 100, "instances": {"a": [1, 2,]}}', "invalid JSON at line 1"),
+            ("floatcap.json", '{"capacity": 100.5, "instances": {"a": [1, 2]}}', "field 'capacity'.*100.5"),
+            ("empty.json", '{"capacity": 100, "instances": {}}', "field 'instances' must be a non-empty"),
+            ("floatitem.json", '{"capacity": 100, "instances": {"a": [1.5]}}', "field 'instances.a'")):
+        (tmp_path / fname).write_text(text)
+        with pytest.raises(ValueError, match=rf"{fname}: {pattern}"):
+            bpp.load_instances(tmp_path / fname)
+    missing = InstanceSet("tsp_construct", ["a"], [{"coords": coords[0]}], source="hand.npz")
+    with pytest.raises(ValueError, match=r"hand\.npz: instance 'a' lacks field\(s\) \['distances'\]"):
+        tsp.check_instances(missing)
+
+
+def test_tsplib_non_euclidean_types_use_tsplib95_weights(tmp_path):
+    import tsplib95
+
+    geo = ["38.24 20.42", "39.57 26.15", "40.56 25.32", "36.26 23.12"]
+    for wtype in ("GEO", "ATT", "CEIL_2D", "MAN_2D"):
+        path = _tsp_file(tmp_path, f"{wtype}.tsp", geo, wtype=wtype)
+        dist = load_tsplib(path).arrays[0]["distances"]
+        prob = tsplib95.load(str(path))
+        want = [[prob.get_weight(u, v) if u != v else 0 for v in range(1, 5)] for u in range(1, 5)]
+        assert dist.tolist() == want
+    euc = load_tsplib(_tsp_file(tmp_path, "euc.tsp", geo)).arrays[0]["distances"]
+    assert euc[0, 1] != load_tsplib(tmp_path / "GEO.tsp").arrays[0]["distances"][0, 1]
+
+
+def test_generators_refuse_counts_and_sizes_beyond_the_bounds():
+    tsp = load_problem("tsp_construct")
+    with pytest.raises(ValueError, match=r"count must be <= 100000, got 100000000"):
+        tsp.generate(50, 100_000_000, 0)
+    with pytest.raises(ValueError, match=r"size 100000 x count 1 .*limit"):
+        tsp.generate(100_000, 1, 0)
+    with pytest.raises(ValueError, match=r"size 10000000 x count 20"):
+        load_problem("bpp_online").generate(10_000_000, 20, 0)
+
+
+def _cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    import argparse
+
+    from coevo.ahd.cli import add_parser
+
+    parser = argparse.ArgumentParser(prog="coevo")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    rc = args.func(args)
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def test_cli_eval_refuses_bad_files_and_flags_before_running(tmp_path, capsys):
+    from coevo.ahd.cli import json_safe
+
+    tsp = load_problem("tsp_construct")
+    good = tmp_path / "nn.py"
+    good.write_text(tsp.seed_heuristic_code())
+    binary = tmp_path / "bin.py"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe")
+    nul = tmp_path / "nul.py"
+    nul.write_bytes(b"def select_next_node(a, b, c, d):\x00\n    return 0\n")
+    coords = np.random.default_rng(0).random((1, 4, 2))
+    nan_dist = np.full((1, 4, 4), np.nan)
+    np.savez(tmp_path / "nan.npz", coords=coords, distances=nan_dist)
+    for argv, pattern in (
+            ([str(tmp_path)], "is a folder"),
+            ([str(binary)], r"bin\.py is not UTF-8 text"),
+            ([str(nul)], r"nul\.py contains NUL bytes"),
+            ([str(good), "--instances", str(tmp_path / "nan.npz"), "--json"],
+             r"nan\.npz: instance 'nan_0' field 'distances'"),
+            ([str(good), "--instances", str(tmp_path / "nan.npz"), "--seed", "3"],
+             r"--size and --seed only apply to generated instances; with --instances give only --count"),
+            ([str(good), "--count", "100000000"], "count must be <= 100000")):
+        rc, out, err = _cli(["heuristics", "eval", "tsp_construct", *argv], capsys)
+        assert rc == 2 and out == ""
+        assert re.search(pattern, err), err
+    doc = json_safe({"gap_percent": float("nan"), "x": [1.0, float("inf")], "n": 3})
+    assert json.loads(json.dumps(doc, allow_nan=False)) == {"gap_percent": None, "x": [1.0, None], "n": 3}

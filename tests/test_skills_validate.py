@@ -209,3 +209,20 @@ def test_cli_folder_of_skills(tmp_path):
     assert "one-skill: ok" in text and "two-skill" in text and "2 skill(s) checked, 1 invalid" in text
     shutil.rmtree(tmp_path / "two-skill")
     assert run_validate([str(tmp_path)], out=io.StringIO()) == 0
+
+
+def test_folder_of_skills_reports_subfolders_without_skill_md(tmp_path):
+    make_skill(tmp_path, folder="good-skill")
+    lower = tmp_path / "lower-skill"
+    lower.mkdir()
+    (lower / "skill.md").write_text("---\nname: lower-skill\ndescription: misnamed file.\n---\n# Body\n")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / ".git").mkdir()  # hidden folders are not skills and are not reported
+    buf = io.StringIO()
+    assert run_validate([str(tmp_path)], out=buf) == 1
+    text = buf.getvalue()
+    assert f"{lower / 'SKILL.md'}: SKILL.md: missing: found skill.md; the file must be named SKILL.md" in text
+    assert f"{tmp_path / 'notes' / 'SKILL.md'}: SKILL.md: missing" in text and ".git" not in text
+    assert "good-skill: ok" in text and "3 skill(s) checked, 2 invalid" in text
+    (v,) = validate_skill(lower)  # the single folder gets the same hint
+    assert v.field == "SKILL.md" and "found skill.md" in v.message

@@ -6,13 +6,17 @@
 ``eval`` runs the file through the sandbox on every instance (going on after failures, to count them) and
 prints the mean objective, the gap and what it is measured against, and the number of invalid instances.
 With ``--json`` it prints one object with keys mean_objective, gap_percent, reference, n_instances,
-n_invalid, invalid_reasons (plus problem, direction, objective_name, valid, error_kind).
+n_invalid, invalid_reasons (plus problem, direction, objective_name, valid, error_kind); non-finite numbers
+are printed as null. Bad files or options (a folder or binary FILE, an invalid instance file, --size/--seed
+with --instances, a too large --size/--count) print one error naming the file or field and exit 2, before
+any heuristic runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,16 +32,18 @@ def eval_report(args: argparse.Namespace) -> dict[str, Any]:
         ValueError / FileNotFoundError: bad problem, file or instance options (reported as exit code 2).
     """
     problem = load_problem(args.problem)
-    code = Path(args.file).read_text()
+    code = read_heuristic_file(args.file)
     if args.instances:
-        if args.size is not None:
-            raise ValueError("give either --instances or --size/--count/--seed, not both")
+        if args.size is not None or args.seed is not None:
+            raise ValueError("--size and --seed only apply to generated instances; with --instances give only "
+                             "--count (the first K instances of the file), --no-reference and --json")
         instances = problem.load_instances(args.instances)
         if args.count is not None:
             instances = instances.subset(args.count)
     else:
         instances = problem.generate(args.size if args.size is not None else problem.default_size,
-                                     args.count if args.count is not None else problem.default_count, args.seed)
+                                     args.count if args.count is not None else problem.default_count,
+                                     args.seed if args.seed is not None else 0)
     res = evaluate_heuristic(problem, code, instances, keep_going=True, with_reference=not args.no_reference)
     m = res.metrics
     n_invalid = m.get("n_invalid", len(instances))  # absent: the whole candidate failed before any instance
@@ -60,6 +66,40 @@ def eval_report(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def read_heuristic_file(path: str | Path) -> str:
+    """The UTF-8 source text of a heuristic file.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: ``path`` is a folder, or the file is not UTF-8 text or holds NUL bytes (a binary file).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"FILE {path} is a folder; give a Python file defining the heuristic")
+    if not path.is_file():
+        raise FileNotFoundError(f"FILE {path} not found")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"FILE {path} is not UTF-8 text (undecodable byte at offset {exc.start}); "
+                         "give Python source") from None
+    if "\x00" in text:
+        raise ValueError(f"FILE {path} contains NUL bytes (a binary file?); give Python source")
+    return text
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, inf) replaced by None, recursively in dicts and lists,
+    so ``json.dumps(..., allow_nan=False)`` prints valid JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     try:
         out = eval_report(args)
@@ -67,7 +107,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         print(f"coevo heuristics eval: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps(json_safe(out), allow_nan=False))
         return 0 if out["valid"] else 1
     mean = "n/a" if out["mean_objective"] is None else f"{out['mean_objective']:.6f}"
     print(f"problem: {out['problem']} ({out['direction']} {out['objective_name']})")
@@ -101,10 +141,11 @@ def add_parser(subparsers: Any) -> None:
     ev = sub.add_parser("eval", help="evaluate a heuristic file on a problem's instances (exit 1 if invalid)")
     ev.add_argument("problem", help="problem name (a folder under heuristics/) or a problem folder")
     ev.add_argument("file", help="Python file defining the problem's function (e.g. select_next_node)")
-    ev.add_argument("--size", type=int, default=None, help="generated instance size (default: the problem's)")
+    ev.add_argument("--size", type=int, default=None,
+                    help="generated instance size (default: the problem's; not with --instances)")
     ev.add_argument("--count", type=int, default=None,
                     help="number of instances (generated; or the first K of --instances)")
-    ev.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    ev.add_argument("--seed", type=int, default=None, help="generator seed (default 0; not with --instances)")
     ev.add_argument("--instances", default=None,
                     help="instance file or folder (.npz, TSPLIB .tsp, BPP .json, CVRPLIB .vrp)")
     ev.add_argument("--no-reference", action="store_true", help="skip the reference solver (no gap)")

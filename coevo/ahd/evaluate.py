@@ -43,9 +43,7 @@ def _resolve(problem: HeuristicProblem | str | os.PathLike,
              instances: InstanceSet | str | os.PathLike) -> tuple[HeuristicProblem, InstanceSet]:
     prob = problem if isinstance(problem, HeuristicProblem) else load_problem(problem)
     inst = instances if isinstance(instances, InstanceSet) else prob.load_instances(instances)
-    if inst.problem != prob.name:
-        raise ValueError(f"instances are for {inst.problem!r}, not {prob.name!r}")
-    return prob, inst
+    return prob, prob.check_instances(inst)
 
 
 def summarize(problem: HeuristicProblem, instances: InstanceSet, raw: EvalResult,
@@ -143,7 +141,9 @@ def evaluate_heuristic(problem: HeuristicProblem | str | os.PathLike, code: str,
         never an exception.
 
     Raises:
-        ValueError: unknown problem or instances of another problem (caller errors, not candidate errors).
+        ValueError: unknown problem, instances of another problem, or invalid instances (NaN, negative
+            distances, missing fields; see ``HeuristicProblem.check_instances``) -- caller errors, raised
+            before any heuristic runs, not candidate errors.
     """
     prob, inst = _resolve(problem, instances)
     sandbox = sandbox if sandbox is not None else default_sandbox()

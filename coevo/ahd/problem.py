@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from coevo.ahd.instances import InstanceSet, load_eoh_tsp_npz
+from coevo.ahd.instances import InstanceSet, NotAnInstanceSetError, load_eoh_tsp_npz
 from coevo.ahd.references import cached_reference
 from coevo.sandbox.errors import InvalidReturn
 
@@ -162,6 +162,9 @@ class HeuristicProblem(ABC):
     default_size: ClassVar[int] = 0
     default_count: ClassVar[int] = 64
     reference_name: ClassVar[str] = ""
+    instance_fields: ClassVar[tuple[str, ...]] = ()
+    max_count: ClassVar[int] = 100_000
+    max_cells: ClassVar[int] = 100_000_000  # array entries over all generated instances (800 MB as float64)
 
     def __init__(self, root: str | os.PathLike | None = None) -> None:
         self.root = Path(root) if root is not None else heuristics_root() / self.name
@@ -188,11 +191,41 @@ class HeuristicProblem(ABC):
         return self.reference_name.lower().replace(" ", "-")
 
     # --- shared machinery -----------------------------------------------------------------------------
-    def check_args(self, size: int, count: int, seed: int, min_size: int = 1) -> None:
-        """ValueError naming the field when size/count/seed are out of range."""
+    def check_args(self, size: int, count: int, seed: int, min_size: int = 1,
+                   cells_per_instance: int | None = None) -> None:
+        """ValueError naming the field when size/count/seed are out of range, before anything is allocated.
+
+        Bounds: ``size >= min_size``, ``1 <= count <= max_count``, ``seed >= 0``, and
+        ``count * cells_per_instance <= max_cells`` (``cells_per_instance`` = array entries of one
+        instance, default ``size``; e.g. ``size**2`` for a distance matrix).
+        """
         for field_name, value, low in (("size", size, min_size), ("count", count, 1), ("seed", seed, 0)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
                 raise ValueError(f"{self.name}: {field_name} must be an int >= {low}, got {value!r}")
+        if count > self.max_count:
+            raise ValueError(f"{self.name}: count must be <= {self.max_count}, got {count}")
+        cells = int(count) * int(size if cells_per_instance is None else cells_per_instance)
+        if cells > self.max_cells:
+            raise ValueError(f"{self.name}: size {size} x count {count} needs {cells:,} array entries, more "
+                             f"than the limit {self.max_cells:,}; lower size or count")
+
+    def check_instances(self, instances: InstanceSet) -> InstanceSet:
+        """Check ``instances`` before any heuristic runs; returns them.
+
+        Raises:
+            ValueError: naming the source (file) and the field: instances of another problem, an instance
+                without one of ``instance_fields``, or arrays that break :meth:`InstanceSet.validate`
+                (NaN, negative distances, mismatched shapes, ...).
+        """
+        src = instances.source or "<instances>"
+        if instances.problem != self.name:
+            raise ValueError(f"{src}: instances are for {instances.problem!r}, not {self.name!r}")
+        for name, inst in zip(instances.names, instances.arrays):
+            missing = [f for f in self.instance_fields if f not in inst]
+            if missing:
+                raise ValueError(f"{src}: instance {name!r} lacks field(s) {missing} "
+                                 f"(a {self.name} instance needs {list(self.instance_fields)})")
+        return instances.validate()
 
     def run_heuristic(self, fn: Any, instances: InstanceSet, keep_going: bool = False) -> dict[str, Any]:
         """Run ``fn`` on every instance (this is what the sandbox target calls).
@@ -242,16 +275,20 @@ class HeuristicProblem(ABC):
 
     def load_instances(self, path: str | os.PathLike) -> InstanceSet:
         """Load instances from a file: an InstanceSet ``.npz`` (any problem), or a format the problem
-        knows (see subclasses). ValueError when the file's problem does not match this one."""
+        knows (see subclasses), checked by :meth:`check_instances`.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: naming the file: not a readable ``.npz``, instances of another problem, or invalid
+                arrays (see :meth:`check_instances`).
+        """
         path = Path(path)
         if path.suffix == ".npz":
             try:
                 inst = InstanceSet.load(path)
-            except ValueError:
+            except NotAnInstanceSetError:
                 inst = load_eoh_tsp_npz(path)
-            if inst.problem != self.name:
-                raise ValueError(f"{path} holds {inst.problem!r} instances, not {self.name!r}")
-            return inst
+            return self.check_instances(inst)
         raise ValueError(f"{self.name}: cannot read instances from {path} (suffix {path.suffix!r}); "
                          "use an InstanceSet .npz")
 

@@ -27,10 +27,15 @@ def _fmt(x: Any) -> str:
     return str(x)
 
 
+def _cell(x: Any) -> str:
+    """A table cell: formatted, on one line, with ``|`` escaped so generated text cannot break the table."""
+    return _fmt(x).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
 def md_table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A Markdown table."""
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+    """A Markdown table (cells escaped)."""
+    out = ["| " + " | ".join(_cell(h) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
     return "\n".join(out)
 
 

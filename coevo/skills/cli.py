@@ -18,7 +18,9 @@ from coevo.skills.validate import validate_paths
 def run_validate(dirs: Sequence[str], out: TextIO | None = None) -> int:
     """Validate skill folders (or folders of skills) and print one line per violation.
 
-    Each line reads ``FILE: FIELD: MESSAGE``; a closing line counts skills and violations.
+    Each line reads ``FILE: FIELD: MESSAGE``; a closing line counts skills and violations. In a folder of
+    skills, a subfolder without SKILL.md is reported (``.../SKILL.md: SKILL.md: missing ...``), not skipped
+    (see :func:`coevo.skills.validate.validate_paths`).
 
     Returns:
         0 when every skill is valid, 1 when any violation was found.
@@ -52,7 +54,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     validate = sub.add_parser(
         "validate", help="check skill folders against the Agent Skills specification",
         description="Check skill folders against the Agent Skills specification. Each DIR is a skill folder "
-                    "(holding SKILL.md) or a folder of skill folders. Exit status 1 on any violation.")
+                    "(holding SKILL.md) or a folder of skill folders, in which every non-hidden subfolder must "
+                    "hold SKILL.md (one without, e.g. with skill.md, is a violation). Exit status 1 on any "
+                    "violation.")
     validate.add_argument("dirs", nargs="+", metavar="DIR", help="a skill folder or a folder of skills")
     validate.set_defaults(func=_cmd_validate)
     return parser

@@ -2,7 +2,8 @@
 
 Rules (agentskills.io/specification; field notes §3):
 
-- the folder holds ``SKILL.md`` with YAML front matter;
+- the folder holds ``SKILL.md`` (that exact case) with YAML front matter; in a folder of skills every
+  non-hidden subfolder must be a skill;
 - ``name``: 1-64 chars of lowercase ``a-z``, ``0-9`` and single hyphens, no leading/trailing hyphen, equal to
   the folder name;
 - ``description``: 1-1024 chars, no ``<`` or ``>``;
@@ -15,7 +16,7 @@ Rules (agentskills.io/specification; field notes §3):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from coevo.skills.spec import (
     SkillFormatError,
     Tokenizer,
     estimate_tokens,
-    find_skill_dirs,
+    is_skill_dir,
     read_skill_document,
     resolve_inside,
 )
@@ -170,6 +171,10 @@ def validate_skill(skill_dir: Path | str, tokenizer: Tokenizer | None = None) ->
     if not root.is_dir():
         return [Violation(str(root), "folder", "does not exist or is not a folder")]
     file = str(root / SKILL_FILE)
+    misnamed = _misnamed_skill_files(root)
+    if misnamed and not is_skill_dir(root):
+        return [Violation(file, SKILL_FILE, f"missing: found {', '.join(misnamed)}; the file must be named "
+                                            f"{SKILL_FILE} (upper case)")]
     try:
         doc = read_skill_document(root)
     except SkillFormatError as exc:
@@ -179,8 +184,41 @@ def validate_skill(skill_dir: Path | str, tokenizer: Tokenizer | None = None) ->
     return out
 
 
+def _misnamed_skill_files(folder: Path) -> list[str]:
+    """Names of files in ``folder`` that spell SKILL.md in another letter case (e.g. ``skill.md``)."""
+    return sorted(c.name for c in folder.iterdir()
+                  if c.is_file() and c.name != SKILL_FILE and c.name.lower() == SKILL_FILE.lower())
+
+
+def _skill_candidates(paths: Iterable[Path | str] | Path | str) -> Iterator[Path]:
+    """Expand each path into the folders to validate.
+
+    A folder holding SKILL.md is one skill. A folder of skills -- one whose direct subfolders hold SKILL.md
+    or a misnamed ``skill.md`` -- yields ALL its direct subfolders (hidden ones and ``__pycache__``
+    excepted), so a subfolder without SKILL.md is reported instead of silently skipped. Any other path is
+    yielded as is (and reported, e.g. as a missing SKILL.md).
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    for raw in paths:
+        path = Path(raw)
+        if is_skill_dir(path) or not path.is_dir():
+            yield path
+            continue
+        subdirs = sorted(c for c in path.iterdir()
+                         if c.is_dir() and not c.name.startswith(".") and c.name != "__pycache__")
+        if any(is_skill_dir(c) or _misnamed_skill_files(c) for c in subdirs):
+            yield from subdirs
+        else:
+            yield path
+
+
 def validate_paths(paths: Iterable[Path | str] | Path | str,
                    tokenizer: Tokenizer | None = None) -> dict[Path, list[Violation]]:
-    """Validate every skill under ``paths`` (each a skill folder or a folder of skills; see
-    :func:`coevo.skills.spec.find_skill_dirs`). Returns skill folder -> violations, in order."""
-    return {d: validate_skill(d, tokenizer) for d in find_skill_dirs(paths)}
+    """Validate every skill under ``paths`` (each a skill folder or a folder of skills).
+
+    Unlike :func:`coevo.skills.spec.find_skill_dirs` (which loaders use, skipping non-skills), a folder of
+    skills has every direct subfolder checked: one without SKILL.md (e.g. with a lower-case ``skill.md``)
+    is reported as a ``SKILL.md`` violation. Returns folder -> violations, in order.
+    """
+    return {d: validate_skill(d, tokenizer) for d in _skill_candidates(paths)}

@@ -52,6 +52,7 @@ class BPPOnline(HeuristicProblem):
     default_size = 5000
     default_count = 5
     reference_name = "L1 lower bound ceil(sum/C)"
+    instance_fields = ("items", "capacity")
 
     def generate(self, size: int, count: int, seed: int, distribution: str = "weibull") -> InstanceSet:
         """``count`` sequences of ``size`` items from ``distribution`` ("weibull", C = 100, or "uniform",

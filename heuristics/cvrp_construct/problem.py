@@ -60,11 +60,12 @@ class CVRPConstruct(HeuristicProblem):
     default_count = 64
     reference_name = "OR-Tools routing GLS 1 s (heuristic reference, not optimal)"
     reference_time_limit_s = 1.0
+    instance_fields = ("distances", "demands", "capacity")
 
     def generate(self, size: int, count: int, seed: int, capacity: int | None = None) -> InstanceSet:
         """``count`` instances with ``size`` customers (``default_rng(seed)``); ``capacity`` defaults to
         :data:`CAPACITY_BY_SIZE` (ValueError for another size without one)."""
-        self.check_args(size, count, seed)
+        self.check_args(size, count, seed, cells_per_instance=(size + 1) ** 2)
         if capacity is None:
             if size not in CAPACITY_BY_SIZE:
                 raise ValueError(f"cvrp_construct: size {size} has no standard capacity "

@@ -50,13 +50,14 @@ class KPConstruct(HeuristicProblem):
     default_size = 100
     default_count = 64
     reference_name = "exact optimum (OR-Tools knapsack B&B, 1e-6 scaling)"
+    instance_fields = ("weights", "values", "capacity")
 
     def generate(self, size: int, count: int, seed: int, capacity: float | None = None) -> InstanceSet:
         """``count`` instances with ``size`` items, weights and values ~ U(0, 1) (``default_rng(seed)``).
 
         ``capacity`` defaults to :data:`CAPACITY_BY_SIZE`; ValueError for another size without one.
         """
-        self.check_args(size, count, seed)
+        self.check_args(size, count, seed, cells_per_instance=2 * size)
         if capacity is None:
             if size not in CAPACITY_BY_SIZE:
                 raise ValueError(f"kp_construct: size {size} has no standard capacity "

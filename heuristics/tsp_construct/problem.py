@@ -48,11 +48,12 @@ class TSPConstruct(HeuristicProblem):
     default_size = 50
     default_count = 64
     reference_name = "LKH (elkai, 10 runs)"
+    instance_fields = ("distances",)
     lkh_runs = 10
 
     def generate(self, size: int, count: int, seed: int) -> InstanceSet:
         """``count`` instances of ``size`` nodes uniform in [0, 1]^2 (``np.random.default_rng(seed)``)."""
-        self.check_args(size, count, seed, min_size=3)
+        self.check_args(size, count, seed, min_size=3, cells_per_instance=size * size)
         coords = np.random.default_rng(seed).random((count, size, 2))
         arrays = [{"coords": c, "distances": euclidean_matrix(c)} for c in coords]
         names = [f"tsp{size}_s{seed}_{i}" for i in range(count)]
