@@ -20,14 +20,14 @@ import time
 from fractions import Fraction
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from coevo.backends.base import SamplingParams
+from coevo.backends.base import Completion, SamplingParams
 from coevo.rollouts.base import Rollout, RolloutConfig, Split, register_rollout
 from coevo.types import ESMember, Step, Trajectory
 
 _INT = re.compile(r"-?\d+")
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 class CountdownConfig(RolloutConfig):
@@ -41,6 +41,17 @@ class CountdownConfig(RolloutConfig):
     max_new_tokens: int = Field(24, ge=1, description="answer length limit in tokens")
     temperature: float = Field(0.0, ge=0, description="0 = greedy decoding (as Qiu et al.)")
     same_cases_for_all_members: bool = Field(True, description="every member of a generation sees the same cases")
+    reward: Literal["exact", "answer_logprob"] = Field(
+        "exact",
+        description="exact: 1 for a correct answer (sampled/greedy); answer_logprob: per-token log-probability of "
+        "the checker's correct answer (dense, no sampling; arithmetic only); held-out cases also record exact-match",
+    )
+
+    @model_validator(mode="after")
+    def _check_reward(self) -> CountdownConfig:
+        if self.reward == "answer_logprob" and self.task != "arithmetic":
+            raise ValueError("reward 'answer_logprob' needs task 'arithmetic' (countdown has many correct answers)")
+        return self
 
 
 def _eval_expr(node: ast.AST) -> tuple[Fraction, list[int]]:
@@ -153,12 +164,22 @@ class CountdownRollout(Rollout):
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0, seed=cfg.seed + generation
         )
         t0 = time.time()
-        outs = policy.generate(convs, params)
+        dense = cfg.reward == "answer_logprob"
+        outs = policy.generate(convs, params) if (split == "test" or not dense) else [None] * len(cases)
+        if dense:
+            answers = [str(c["answer"]) for c in cases]
+            lps = policy.logprob(convs, answers).tolist()
+            n_tok = [max(1, len(policy.tokenizer(a, add_special_tokens=False)["input_ids"])) for a in answers]
         dt = time.time() - t0
         run_id = self.ctx.run_id if self.ctx is not None else ""
         trajs = []
         for i, (case, out) in enumerate(zip(cases, outs)):
-            reward, feedback = score_case(cfg.task, case, out.text)
+            exact, feedback = score_case(cfg.task, case, out.text) if out is not None else (None, "")
+            reward = lps[i] / n_tok[i] if dense else exact
+            if dense:
+                feedback = f"log p(answer) per token = {reward:.4f}" + (f"; greedy answer: {feedback}" if out else "")
+            if out is None:
+                out = Completion(text="", prompt_tokens=0, completion_tokens=0)
             trajs.append(
                 Trajectory(
                     key=f"{key_prefix}/{split}/{i}",
@@ -179,7 +200,7 @@ class CountdownRollout(Rollout):
                     prompt_tokens=out.prompt_tokens,
                     completion_tokens=out.completion_tokens,
                     duration_s=dt / max(1, len(cases)),
-                    meta={"split": split, "case": case},
+                    meta={"split": split, "case": case, "exact": exact},
                 )
             )
         return trajs
