@@ -66,3 +66,20 @@ def test_rollouts_on_tiny_model(tiny_model_dir):
     assert all(t.reward in (0.0, 1.0) and t.steps[0].model_output is not None for t in ts)
     with pytest.raises(Exception, match="cases_per_member"):
         build_rollout({"type": "countdown", "cases_per_member": 0}, None)
+
+
+def test_answer_logprob_reward_is_dense_and_test_split_records_exact_match(tiny_model_dir):
+    policy = HFPolicy(tiny_model_dir, batch_size=4)
+    spec = {"type": "countdown", "reward": "answer_logprob", "cases_per_member": 3, "test_cases": 2, "max_new_tokens": 4}
+    ro = build_rollout(spec, None)
+    train = ro.run(policy, generation=0, member=None, key_prefix="k")
+    answers = [str(t.meta["case"]["answer"]) for t in train]
+    convs = [[{"role": "user", "content": t.meta["case"]["prompt"]}] for t in train]
+    lp = policy.logprob(convs, answers)
+    n_tok = [len(policy.tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers]
+    assert [t.reward for t in train] == pytest.approx([v / n for v, n in zip(lp.tolist(), n_tok)])
+    assert all(t.meta["exact"] is None for t in train)  # no sampling on the train split
+    test = ro.run(policy, generation=0, member=None, key_prefix="k", split="test")
+    assert all(t.meta["exact"] in (0.0, 1.0) and t.reward < 0 for t in test)
+    with pytest.raises(Exception, match="needs task 'arithmetic'"):
+        build_rollout({"type": "countdown", "task": "countdown", "reward": "answer_logprob"}, None)
