@@ -13,6 +13,7 @@ import pytest
 
 from coevo.ahd import (
     InstanceSet,
+    available_problems,
     load_bpp_json,
     load_eoh_tsp_npz,
     load_problem,
@@ -419,3 +420,21 @@ def test_cli_eval_refuses_bad_files_and_flags_before_running(tmp_path, capsys):
         assert re.search(pattern, err), err
     doc = json_safe({"gap_percent": float("nan"), "x": [1.0, float("inf")], "n": 3})
     assert json.loads(json.dumps(doc, allow_nan=False)) == {"gap_percent": None, "x": [1.0, None], "n": 3}
+
+
+def test_templates_are_naive_valid_heuristics_shown_instead_of_the_seed():
+    from coevo.ahd.prompts import build_messages
+
+    for name in available_problems():
+        p = load_problem(name)
+        template, seed = p.template_code(), p.seed_heuristic_code()
+        assert template != seed and p.function_name in template
+        ns: dict = {}
+        exec(compile(template, f"{name}/template.py", "exec"), ns)  # noqa: S102 - our own shipped file
+        inst = p.generate(p.default_size, 2, seed=0)
+        t_obj = np.mean(p.run_heuristic(ns[p.function_name], inst)["objectives"])
+        exec(compile(seed, f"{name}/seed_heuristic.py", "exec"), ns)  # noqa: S102 - our own shipped file
+        s_obj = np.mean(p.run_heuristic(ns[p.function_name], inst)["objectives"])
+        assert (t_obj >= s_obj) if p.direction == "minimize" else (t_obj <= s_obj)  # the seed is the stronger one
+        user = build_messages("i1", p.prompt_spec())[1]["content"]
+        assert template.strip() in user and seed.strip() not in user

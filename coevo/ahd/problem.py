@@ -307,9 +307,15 @@ class HeuristicProblem(ABC):
         return self.function_name
 
     def seed_heuristic_code(self) -> str:
-        """Source of ``<root>/seed_heuristic.py`` (the classic baseline heuristic). It doubles as the
-        function template shown to the LLM (EoH's "template program"), so the two cannot drift apart."""
+        """Source of ``<root>/seed_heuristic.py`` (the classic baseline heuristic the reports compare with)."""
         return (self.root / "seed_heuristic.py").read_text()
+
+    def template_code(self) -> str:
+        """The function template shown to the LLM: ``<root>/template.py`` (the exact signature and docstring
+        with a naive valid body, as LLM4AD's template programs), else the seed heuristic. Showing the strong
+        seed heuristic instead makes a small model copy it verbatim, so the search starts with no diversity."""
+        path = self.root / "template.py"
+        return path.read_text() if path.is_file() else self.seed_heuristic_code()
 
     def prompt_spec(self) -> dict[str, Any]:
         """The parts EoH-style prompts are built from."""
@@ -318,7 +324,7 @@ class HeuristicProblem(ABC):
             "function_name": self.function_name,
             "inputs": list(self.func_inputs),
             "outputs": list(self.func_outputs),
-            "template": self.seed_heuristic_code(),
+            "template": self.template_code(),
             "direction": self.direction,
             "objective": self.objective_name,
         }

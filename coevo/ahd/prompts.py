@@ -80,7 +80,8 @@ def task_text(spec: dict[str, Any]) -> str:
         f"Heuristics are scored by the {spec.get('objective') or 'objective'} they achieve "
         f"({goal} is better), averaged over a set of instances.\n"
         f"The heuristic is the Python function `{_signature(spec)}`, which returns {outputs}. "
-        f"An example implementation:\n```python\n{spec['template'].strip()}\n```"
+        "A template with the exact signature and a naive body to improve on:\n"
+        f"```python\n{spec['template'].strip()}\n```"
     )
 
 
