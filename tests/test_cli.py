@@ -72,6 +72,6 @@ def test_user_errors_print_no_traceback(tmp_path):
     bad.write_text("run: [unclosed\n")
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
     for args in (["run", str(bad)], ["runs", "show", str(tmp_path)], ["model", "prepare", "nope"]):
-        proc = subprocess.run([sys.executable, "-m", "coevo.cli", *args], capture_output=True, text=True, env=env)
+        proc = subprocess.run([sys.executable, "-m", "coevo.cli", *args], capture_output=True, text=True, env=env, check=False)
         assert proc.returncode == 2, proc.stderr
         assert "Traceback" not in proc.stderr and proc.stderr.strip()

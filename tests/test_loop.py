@@ -40,7 +40,7 @@ def _run(tmp_path, data, name="run"):
 
 def test_alternation_order_and_pooled_trajectories(tmp_path):
     (tmp_path / "run").mkdir()
-    loop, summary = _run(tmp_path, _cfg())
+    _, summary = _run(tmp_path, _cfg())
     with TrajectoryStore(tmp_path / "run" / "store.sqlite") as store:
         steps = step_records(store, "run")
         order = [(s["round"], s["evolver"]) for s in steps]

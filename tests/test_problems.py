@@ -21,7 +21,6 @@ from coevo.ahd import (
     run_target,
 )
 from coevo.ahd.evaluate import summarize
-from coevo.ahd.problem import available_problems
 from coevo.ahd.references import gap_percent, tour_length
 from coevo.sandbox.errors import InfeasibleSolution, InvalidReturn
 from coevo.types import EvalResult

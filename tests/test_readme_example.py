@@ -18,8 +18,8 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 def _blocks():
     text = README.read_text()
     start = text.index("<!-- example: custom-evolver")
-    py = re.search(r"```python\n(.*?)```", text[start:], re.S).group(1)
-    yml = re.search(r"```yaml\n(.*?)```", text[start:], re.S).group(1)
+    py = re.search(r"```python\n(.*?)```", text[start:], re.DOTALL).group(1)
+    yml = re.search(r"```yaml\n(.*?)```", text[start:], re.DOTALL).group(1)
     return py, yaml.safe_load(yml)
 
 
@@ -27,7 +27,7 @@ def test_readme_custom_evolver_runs_and_climbs(tmp_path):
     code, data = _blocks()
     _REGISTRY.pop("hill-climb", None)
     namespace: dict = {}
-    exec(compile(code, str(README), "exec"), namespace)
+    exec(compile(code, str(README), "exec"), namespace)  # noqa: S102 - the README example is our own code
     assert _REGISTRY["hill-climb"] is namespace["HillClimb"]
     cfg = parse_config(data)
     summary = CoEvolutionLoop(cfg, tmp_path / "climb", raw_config=data, progress=False).run()

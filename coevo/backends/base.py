@@ -99,5 +99,5 @@ class Policy(ABC):
         """
         raise TypeError(f"{type(self).__name__} has no parameter space; ES needs an HF or vLLM policy")
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release resources (engines, clients)."""

@@ -167,17 +167,17 @@ class Evolver(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
 
-    def save_checkpoint(self, directory: Path) -> None:  # noqa: B027 - optional hook
+    def save_checkpoint(self, directory: Path) -> None:
         """Write large state (e.g. weights) into ``directory`` (default: nothing)."""
 
-    def load_checkpoint(self, directory: Path) -> None:  # noqa: B027 - optional hook
+    def load_checkpoint(self, directory: Path) -> None:
         """Read what :meth:`save_checkpoint` wrote."""
 
     def report_markdown(self) -> str | None:
         """A Markdown section for the run report (tables of this evolver's results), or None."""
         return None
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release resources at the end of the run."""
 
 

@@ -91,7 +91,7 @@ class Rollout(ABC):
         """Number of trajectories :meth:`run` returns per call, when known in advance (for budgeting)."""
         return None
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:
         """Release what the rollout holds (browsers, worker pools); called by its owner at the end."""
 
     def describe(self) -> dict[str, Any]:
