@@ -179,9 +179,10 @@ def _json_objects(text: str):
     candidates = [m.group(1) for m in _FENCE_RE.finditer(text)] + [text]
     for cand in candidates:
         try:
-            yield json.loads(cand.strip())
+            obj = json.loads(cand.strip())
         except ValueError:
-            pass
+            continue  # not JSON: try the next candidate
+        yield obj
     for i, ch in enumerate(text):
         if ch == "{":
             try:
