@@ -17,3 +17,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from coevo.backends.tiny import build_tiny_qwen2
 
     return build_tiny_qwen2(tmp_path_factory.mktemp("tiny_qwen2"), tokenizer_from="bpe", seed=0)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The benchmark instances in ``../shared/data`` beside the repository (or ``$COEVO_SHARED_DATA``)."""
+    import os
+
+    env = os.environ.get("COEVO_SHARED_DATA")
+    path = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
+    if not (path / "tsp").is_dir():
+        pytest.skip(f"shared benchmark data not found at {path} (set COEVO_SHARED_DATA)")
+    return path

@@ -26,15 +26,6 @@ from coevo.sandbox.errors import InfeasibleSolution, InvalidReturn
 from coevo.types import EvalResult
 
 
-@pytest.fixture(scope="module")
-def shared_data() -> Path:
-    env = os.environ.get("COEVO_SHARED_DATA")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
-    if not (path / "tsp").is_dir():
-        pytest.skip(f"shared benchmark data not found at {path} (set COEVO_SHARED_DATA)")
-    return path
-
-
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))

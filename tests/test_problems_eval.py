@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from coevo.ahd import load_eoh_tsp_npz, load_problem
 from coevo.ahd.cli import add_parser
 from coevo.ahd.evaluate import evaluate_heuristic, evaluate_many
-
-runner = pytest.importorskip("coevo.sandbox.runner", reason="the sandbox runner is not installed")
+from coevo.sandbox.runner import Sandbox, SandboxLimits
 
 VISITS_DEPOT = "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n" \
                "    return destination_node\n"
-
-
-@pytest.fixture(scope="module")
-def shared_data() -> Path:
-    env = os.environ.get("COEVO_SHARED_DATA")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
-    if not (path / "tsp").is_dir():
-        pytest.skip(f"shared benchmark data not found at {path} (set COEVO_SHARED_DATA)")
-    return path
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +22,7 @@ def _private_cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def sandbox():
-    return runner.Sandbox(runner.SandboxLimits(timeout_s=60))
+    return Sandbox(SandboxLimits(timeout_s=60))
 
 
 def test_evaluate_seed_and_invalid_heuristics_in_sandbox(shared_data, sandbox):
