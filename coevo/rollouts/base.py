@@ -72,6 +72,19 @@ class Rollout(ABC):
             Trajectories with ``reward`` set (higher is better) and ``llm_calls`` counted.
         """
 
+    def case_trajectory(
+        self, *, key_prefix: str, split: Split, index: int, generation: int, member: ESMember | None, evolver: str,
+        round_index: int, **fields: Any,
+    ) -> Trajectory:
+        """A parameter-space trajectory for case ``index`` of ``split`` with this rollout's provenance filled in
+        (key ``{key_prefix}/{split}/{index}``, run id, evolver, round, generation, member); ``fields`` are the
+        remaining :class:`~coevo.types.Trajectory` fields."""
+        return Trajectory(
+            key=f"{key_prefix}/{split}/{index}", run_id=self.ctx.run_id if self.ctx is not None else "",
+            evolver=evolver, space="parameter", round=round_index, generation=generation,
+            member=member if isinstance(member, ESMember) else None, **fields,
+        )  # fmt: skip
+
     def member_reward(self, trajectories: list[Trajectory]) -> float:
         """R_i for one member: the mean reward over its trajectories (invalid ones count as 0.0)."""
         if not trajectories:

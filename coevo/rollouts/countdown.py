@@ -24,7 +24,8 @@ from pydantic import Field, model_validator
 
 from coevo.backends.base import Completion, SamplingParams
 from coevo.rollouts.base import Rollout, RolloutConfig, Split, register_rollout
-from coevo.types import ESMember, Step, Trajectory
+from coevo.rollouts.logprob import target_logprobs
+from coevo.types import Step
 
 _INT = re.compile(r"-?\d+")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -166,40 +167,26 @@ class CountdownRollout(Rollout):
         t0 = time.time()
         dense = cfg.reward == "answer_logprob"
         outs = policy.generate(convs, params) if (split == "test" or not dense) else [None] * len(cases)
-        if dense:
-            answers = [str(c["answer"]) for c in cases]
-            lps = policy.logprob(convs, answers).tolist()
-            n_tok = [max(1, len(policy.tokenizer(a, add_special_tokens=False)["input_ids"])) for a in answers]
+        scored = target_logprobs(policy, convs, [str(c["answer"]) for c in cases]) if dense else []
         dt = time.time() - t0
-        run_id = self.ctx.run_id if self.ctx is not None else ""
         trajs = []
         for i, (case, out) in enumerate(zip(cases, outs)):
             exact, feedback = score_case(cfg.task, case, out.text) if out is not None else (None, "")
-            reward = lps[i] / n_tok[i] if dense else exact
+            reward = scored[i][0] / scored[i][1] if dense else exact
             if dense:
                 feedback = f"log p(answer) per token = {reward:.4f}" + (f"; greedy answer: {feedback}" if out else "")
             if out is None:
                 out = Completion(text="", prompt_tokens=0, completion_tokens=0)
             trajs.append(
-                Trajectory(
-                    key=f"{key_prefix}/{split}/{i}",
-                    run_id=run_id,
-                    evolver=evolver,
-                    space="parameter",
-                    round=round_index,
-                    generation=generation,
+                self.case_trajectory(
+                    key_prefix=key_prefix, split=split, index=i, generation=generation, member=member,
+                    evolver=evolver, round_index=round_index,
                     task_id=f"{cfg.task}:{split}:{generation if split == 'train' else 0}:{i}",
                     steps=[Step(observation=case["prompt"], model_output=out.text, action=extract_answer(out.text),
                                 tool_result=feedback, reward=reward)],
-                    reward=reward,
-                    valid=out.error is None,
-                    failure="llm_error" if out.error else None,
-                    failure_detail=out.error,
-                    member=member if isinstance(member, ESMember) else None,
-                    llm_calls=1,
-                    prompt_tokens=out.prompt_tokens,
-                    completion_tokens=out.completion_tokens,
-                    duration_s=dt / max(1, len(cases)),
+                    reward=reward, valid=out.error is None, failure="llm_error" if out.error else None,
+                    failure_detail=out.error, llm_calls=1, prompt_tokens=out.prompt_tokens,
+                    completion_tokens=out.completion_tokens, duration_s=dt / max(1, len(cases)),
                     meta={"split": split, "case": case, "exact": exact},
                 )
             )

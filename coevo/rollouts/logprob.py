@@ -13,7 +13,7 @@ import time
 from pydantic import Field
 
 from coevo.rollouts.base import Rollout, RolloutConfig, Split, register_rollout
-from coevo.types import ESMember, Step, Trajectory
+from coevo.types import Step
 
 
 class LogProbConfig(RolloutConfig):
@@ -29,6 +29,13 @@ class LogProbConfig(RolloutConfig):
     )
 
 
+def target_logprobs(policy, conversations, targets: list[str]) -> list[tuple[float, int]]:
+    """``(log p(target | conversation) in nats, number of target tokens >= 1)`` per conversation, from one batched
+    forward pass (``policy.logprob``); the per-token reward is their ratio."""
+    totals = policy.logprob(conversations, targets).tolist()
+    return [(v, max(1, len(policy.tokenizer(t, add_special_tokens=False)["input_ids"]))) for v, t in zip(totals, targets)]
+
+
 @register_rollout("target_logprob")
 class TargetLogProbRollout(Rollout):
     """Reward = per-token log-probability of ``target`` after each prompt (needs a policy with ``logprob``)."""
@@ -40,29 +47,17 @@ class TargetLogProbRollout(Rollout):
         prompts = cfg.prompts if split == "train" else cfg.test_prompts
         convs = [[{"role": "user", "content": p}] for p in prompts]
         t0 = time.time()
-        lp = policy.logprob(convs, [cfg.target] * len(convs))
-        n_tok = len(policy.tokenizer(cfg.target, add_special_tokens=False)["input_ids"])
+        scored = target_logprobs(policy, convs, [cfg.target] * len(convs))
         dt = time.time() - t0
-        run_id = self.ctx.run_id if self.ctx is not None else ""
         out = []
-        for i, (p, v) in enumerate(zip(prompts, lp.tolist())):
+        for i, (p, (v, n_tok)) in enumerate(zip(prompts, scored)):
             r = v / n_tok
             out.append(
-                Trajectory(
-                    key=f"{key_prefix}/{split}/{i}",
-                    run_id=run_id,
-                    evolver=evolver,
-                    space="parameter",
-                    round=round_index,
-                    generation=generation,
-                    task_id=f"{split}:{i}",
-                    steps=[Step(observation=p, model_output=cfg.target, reward=r)],
-                    reward=r,
-                    member=member if isinstance(member, ESMember) else None,
-                    llm_calls=1,
-                    prompt_tokens=0,
-                    completion_tokens=n_tok,
-                    duration_s=dt / len(prompts),
+                self.case_trajectory(
+                    key_prefix=key_prefix, split=split, index=i, generation=generation, member=member,
+                    evolver=evolver, round_index=round_index, task_id=f"{split}:{i}",
+                    steps=[Step(observation=p, model_output=cfg.target, reward=r)], reward=r, llm_calls=1,
+                    prompt_tokens=0, completion_tokens=n_tok, duration_s=dt / len(prompts),
                     meta={"split": split, "logprob": v},
                 )
             )
