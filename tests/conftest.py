@@ -19,13 +19,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_qwen2(tmp_path_factory.mktemp("tiny_qwen2"), tokenizer_from="bpe", seed=0)
 
 
+#: The benchmark instance files vendored for the tests (sources and checksums: tests/data/README.md).
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    """The benchmark instances in ``../shared/data`` beside the repository (or ``$COEVO_SHARED_DATA``)."""
-    import os
-
-    env = os.environ.get("COEVO_SHARED_DATA")
-    path = Path(env) if env else Path(__file__).resolve().parents[2] / "shared" / "data"
-    if not (path / "tsp").is_dir():
-        pytest.skip(f"shared benchmark data not found at {path} (set COEVO_SHARED_DATA)")
-    return path
+    """The folder of benchmark instance files vendored in ``tests/data`` (``tsp/``, ``bpp_online/``,
+    ``tsplib/``), copied from the public benchmark sets named in ``tests/data/README.md``."""
+    return DATA_DIR

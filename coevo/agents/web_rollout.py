@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from coevo.agents.web_agent import Provenance, WebAgent
 from coevo.backends.base import SamplingParams
 from coevo.envs.web import WEB_ACTION_NAMES, WebEnv
+from coevo.resources import shipped_root
 from coevo.rollouts.base import Rollout, RolloutConfig, Split, register_rollout
 from coevo.types import ContextRef, ESMember, Trajectory
 
@@ -43,9 +44,9 @@ if TYPE_CHECKING:
     from coevo.evolvers.base import RunContext
     from coevo.skills import SkillLibrary
 
-#: the shipped skills the agent starts from when ``skill_dirs`` is not given (relative to the repository)
+#: the shipped skills the agent starts from when ``skill_dirs`` is not given (relative to
+#: :func:`coevo.resources.shipped_root`: the repository, or the shipped copy in an installed wheel)
 DEFAULT_SKILL_DIRS = ("skills/web-navigation", "skills/miniwob-forms")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class WebSampling(BaseModel):
@@ -242,12 +243,12 @@ class WebRollout(Rollout):
     # ------------------------------------------------------------------ skills
     @staticmethod
     def _resolve_dir(path: str) -> Path:
-        """A skill folder path as given, else relative to the repository root.
+        """A skill folder path as given, else relative to the shipped folders (:func:`coevo.resources.shipped_root`).
 
         Raises:
             ValueError: naming ``skill_dirs`` when the folder has no SKILL.md.
         """
-        for cand in (Path(path).expanduser(), REPO_ROOT / path):
+        for cand in (Path(path).expanduser(), shipped_root() / path):
             if (cand / "SKILL.md").is_file():
                 return cand.resolve()
         raise ValueError(f"skill_dirs: no skill folder (with SKILL.md) at {path!r}")

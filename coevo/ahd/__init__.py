@@ -9,7 +9,6 @@ from coevo.ahd.instances import (
     load_cvrplib,
     load_eoh_tsp_npz,
     load_tsplib,
-    shared_data_dir,
 )
 from coevo.ahd.problem import (
     HeuristicProblem,
@@ -34,5 +33,4 @@ __all__ = [
     "load_tsplib",
     "register_problem",
     "run_target",
-    "shared_data_dir",
 ]

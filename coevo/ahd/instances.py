@@ -429,11 +429,3 @@ def load_cvrplib(paths: list[str | os.PathLike] | str | os.PathLike) -> Instance
         arrays.append({"coords": coords, "demands": demands, "distances": dist,
                        "capacity": np.array(int(inst["capacity"]), dtype=np.int64)})
     return InstanceSet("cvrp_construct", names, arrays, ",".join(map(str, paths))).validate()
-
-
-def shared_data_dir() -> Path:
-    """The shared benchmark data folder: ``$COEVO_SHARED_DATA`` or ``<repo>/../shared/data``."""
-    env = os.environ.get("COEVO_SHARED_DATA")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "data"

@@ -38,6 +38,7 @@ import numpy as np
 
 from coevo.ahd.instances import InstanceSet, NotAnInstanceSetError, load_eoh_tsp_npz
 from coevo.ahd.references import cached_reference
+from coevo.resources import shipped_dir
 from coevo.sandbox.errors import InvalidReturn
 
 _REGISTRY: dict[str, type[HeuristicProblem]] = {}
@@ -53,10 +54,10 @@ def register_problem(cls: type[HeuristicProblem]) -> type[HeuristicProblem]:
 
 
 def heuristics_root() -> Path:
-    """Folder holding one sub-folder per problem: ``$COEVO_HEURISTICS_DIR`` or the repository's
-    ``heuristics/`` (found relative to the ``coevo`` package)."""
+    """Folder holding one sub-folder per problem: ``$COEVO_HEURISTICS_DIR`` or the shipped ``heuristics/``
+    (the repository's folder, or its copy inside an installed wheel; see :mod:`coevo.resources`)."""
     env = os.environ.get("COEVO_HEURISTICS_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "heuristics"
+    return Path(env) if env else shipped_dir("heuristics")
 
 
 def available_problems(root: Path | None = None) -> list[str]:

@@ -20,6 +20,8 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from coevo.resources import package_parent
+
 #: Thread-count variables pinned to 1: BLAS/OpenMP pools started per process cost start-up time and
 #: oversubscribe the cores when many evaluations run in parallel.
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
@@ -32,7 +34,7 @@ MARKER_VAR = "COEVO_SANDBOX_RUN"
 
 def project_root() -> Path:
     """The folder holding the ``coevo`` package (the repository root for a source checkout)."""
-    return Path(__file__).resolve().parents[2]
+    return package_parent()
 
 
 def worker_script() -> Path:

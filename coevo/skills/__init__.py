@@ -6,8 +6,7 @@ See field notes §3 and the module docstrings: :mod:`~coevo.skills.spec`, :mod:`
 :mod:`~coevo.skills.merge`, :mod:`~coevo.skills.versions`.
 """
 
-from pathlib import Path
-
+from coevo.resources import shipped_dir
 from coevo.skills.apply import ApplyResult, EditRejected, apply_and_validate, apply_patch, skill_diff
 from coevo.skills.library import SkillAccessError, SkillCall, SkillLibrary, parse_skill_call
 from coevo.skills.merge import Conflict, MergeResult, merge_patches, programmatic_merge
@@ -16,8 +15,8 @@ from coevo.skills.spec import Skill, SkillDocument, SkillFormatError, load_skill
 from coevo.skills.validate import Violation, validate_skill
 from coevo.skills.versions import SKILL_ARTIFACT_KIND, materialize, write_skill_version
 
-#: The starter skills shipped in the repository's ``skills/`` folder (exists in a source checkout).
-SHIPPED_SKILLS_DIR = Path(__file__).resolve().parents[2] / "skills"
+#: The starter skills: the repository's ``skills/`` folder, or its copy inside an installed wheel.
+SHIPPED_SKILLS_DIR = shipped_dir("skills")
 
 __all__ = [
     "PATCH_FORMAT_HELP", "SHIPPED_SKILLS_DIR", "SKILL_ARTIFACT_KIND", "ApplyResult", "Conflict", "Edit",
