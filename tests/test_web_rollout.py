@@ -45,6 +45,20 @@ def ctx(tmp_path):
     store.close()
 
 
+@pytest.fixture
+def deployment(monkeypatch, tmp_path):
+    """A WebArena-Lite user's settings minus the sites (nothing is contacted): WA_* URLs, the judge's key
+    variable and an NLTK data folder with a (stand-in, empty) punkt_tab that validation finds."""
+    from coevo.envs.webarena_lite import SITE_ENV_VARS
+
+    for var in SITE_ENV_VARS.values():
+        monkeypatch.setenv(var, f"http://{var.lower()}.example.invalid")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
+    (tmp_path / "nltk" / "tokenizers" / "punkt_tab").mkdir(parents=True)
+    monkeypatch.setenv("NLTK_DATA", str(tmp_path / "nltk"))
+    return monkeypatch
+
+
 def published_skill(tmp_path, version: int = 3) -> dict:
     """A copy of the shipped miniwob-forms skill with one added line, as a skill evolver publishes it."""
     dest = tmp_path / "skills" / f"v{version}" / "miniwob-forms"
@@ -117,7 +131,7 @@ def test_missing_skill_folder_is_named():
         build_rollout({"type": "web", "use_skills": True, "skill_dirs": ["skills/does-not-exist"]}, None)
 
 
-def test_webarena_split_is_disjoint_and_checked():
+def test_webarena_split_is_disjoint_and_checked(deployment):
     ro = build_rollout({"type": "web", "benchmark": "webarena_lite", "sites": ["shopping"], "episodes_per_member": 8,
                         "test_episodes": 5}, None)
     assert len(ro.test_tasks) == 5 and not set(ro.tasks) & set(ro.test_tasks)
