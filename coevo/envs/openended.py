@@ -105,8 +105,11 @@ def _rewarded_task_class() -> type:
             self._judge = import_judge(self.rule.judge) if self.rule.judge else None
 
         def validate(self, page: Any, chat_messages: list[dict[str, Any]]) -> tuple[float, bool, str, dict]:
-            answers = [m["message"] for m in chat_messages if m.get("role") == "assistant"]
-            stopped = bool(answers) or any(m.get("role") == "infeasible" for m in chat_messages)
+            # BrowserGym's chat opens with an assistant greeting and the goal as a user message: answers follow
+            first_user = next((i for i, m in enumerate(chat_messages) if m.get("role") == "user"), -1)
+            after = chat_messages[first_user + 1:]
+            answers = [m["message"] for m in after if m.get("role") == "assistant"]
+            stopped = bool(answers) or any(m.get("role") == "infeasible" for m in after)
             r = self.rule
             if r.answer_contains is not None:
                 ok = bool(answers) and r.answer_contains.lower() in str(answers[-1]).lower()
