@@ -267,13 +267,13 @@ class WebAgent:
         if action.name != "load_skill":
             return text
         if name in e.skill_texts:
-            return f"Skill {name!r} is already loaded: its text is shown under '# Loaded skill: {name}'."
+            return f"Skill {name!r} is already loaded (its text is shown in every prompt of this episode)."
         limit = self.max_skill_chars
         if limit is not None and len(text) > limit:
             text = (text[:limit] + f"\n[truncated: {len(text) - limit} of {len(text)} characters not shown; read "
                     f"the rest with read_skill_file({name!r}, 'SKILL.md')]")
         e.skill_texts[name] = text
-        return f"Skill {name!r} loaded: its text is shown under '# Loaded skill: {name}'."
+        return f"Skill {name!r} loaded (its text is now shown in every prompt of this episode)."
 
     def _prompt(self, e: _Episode, feedback: str) -> str:
         return user_message(goal=e.obs["goal"], url=e.obs["url"], axtree=e.obs["axtree"], feedback=feedback,
