@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,3 +140,29 @@ def test_a_broken_web_config_names_the_field(tmp_path):
     bad.write_text(text)
     with pytest.raises(ConfigError, match="taskst"):
         load_config(bad)
+
+
+def _coevo(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coevo.cli", *args], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1], **kw)
+
+
+def test_run_check_validates_without_loading_anything(deployment, tmp_path):
+    """`coevo run --check CONFIG`: exit 0 for a valid config, 2 with the named problems; no run folder."""
+    ok = _coevo("run", "--check", str(CONFIG_DIR / "webarena_lite.yaml"), "--set", f"run.out_dir={tmp_path}/runs")
+    assert ok.returncode == 0 and "config OK" in ok.stdout and "es (es), skills (trace2skill)" in ok.stdout
+    env = {k: v for k, v in os.environ.items() if k != "WA_GITLAB"}
+    bad = _coevo("run", "--check", str(CONFIG_DIR / "webarena_lite.yaml"), env=env)
+    assert bad.returncode == 2 and "WA_GITLAB (needed by tasks [" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_runs_show_into_head_prints_no_broken_pipe_error(tmp_path):
+    from coevo.store import TrajectoryStore
+
+    TrajectoryStore(tmp_path / "store.sqlite").close()
+    (tmp_path / "report.md").write_text("# Report\n" + "line of the report\n" * 200_000)
+    cmd = f"{sys.executable} -m coevo.cli runs show {tmp_path} | head -n 2"
+    out = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout == "# Report\nline of the report\n" and out.stderr == ""

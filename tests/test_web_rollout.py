@@ -284,8 +284,12 @@ def test_web_report_rates_diffs_and_plots(ctx, tmp_path):
     # as Trace2Skill stores it: version 1, derived from the source folder (version 0, not an artifact)
     write_skill_version(store, "run1", skill, {"changelog": "match whole button names", "round": 0},
                         diff=skill_diff(SHIPPED_SKILLS_DIR / "miniwob-forms", skill), trajectory_ids=[stored[1].id])
+    # ES history: generation 0 changed the weights, generation 1 did not (e.g. sigma 0)
+    store.add_es_history("run1", "es", 0, {"generation": 0, "weight_hash_before": "a", "weight_hash_after": "b"})
+    store.add_es_history("run1", "es", 1, {"generation": 1, "weight_hash_before": "b", "weight_hash_after": "b"})
     md = web_report(tmp_path, store, "run1")
     assert md.startswith("## Web agent")
+    assert "| es | 0 | none | 0 | v0 | 50% (1/2) |" in md and "| es | 2 | 1 | 0 | v1 | 100% (2/2) |" in md
     assert "| es | 0 | 0 | v0 | 25% (1/4, 1 browser failures) | 2 | 0.5 | 0 |" in md
     assert "| es | 1 | 0 | v1 | 75% (3/4) | 2 | 1 | 0.5 |" in md
     assert "| click-test | 0% (0/2, 1 browser failures) | 100% (2/2) | +100 pts |" in md
