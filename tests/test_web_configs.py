@@ -143,7 +143,7 @@ def test_a_broken_web_config_names_the_field(tmp_path):
 
 
 def _coevo(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coevo.cli", *args], capture_output=True, text=True, timeout=300,
+    return subprocess.run([sys.executable, "-m", "coevo.cli", *args], check=False, capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parents[1], **kw)
 
 
@@ -163,6 +163,6 @@ def test_runs_show_into_head_prints_no_broken_pipe_error(tmp_path):
     TrajectoryStore(tmp_path / "store.sqlite").close()
     (tmp_path / "report.md").write_text("# Report\n" + "line of the report\n" * 200_000)
     cmd = f"{sys.executable} -m coevo.cli runs show {tmp_path} | head -n 2"
-    out = subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=300,
+    out = subprocess.run(cmd, check=False, shell=True, capture_output=True, text=True, timeout=300,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout == "# Report\nline of the report\n" and out.stderr == ""

@@ -207,7 +207,7 @@ class WebEnv:
         def guarded(page: Any, chat_messages: Any) -> Any:
             try:
                 return validate(page, chat_messages)
-            except Exception as exc:  # noqa: BLE001 - any evaluator error: the episode gets no reward
+            except Exception as exc:  # any evaluator error: the episode gets no reward
                 raise TaskEvaluationError(f"{self.task_id}: the task's evaluator failed: "
                                           f"{type(exc).__name__}: {exc}") from exc
 
