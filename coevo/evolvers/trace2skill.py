@@ -127,8 +127,9 @@ class Trace2SkillConfig(EvolverConfig):
 
         * the skill library: the analysed evolvers' rollouts that attach a folder for ``skill`` (their
           ``skill_folders()``) must agree with each other and with ``skills_dir``; that folder becomes version 0;
-        * the gate: its rollout becomes the first analysed rollout updated with the gate's fields (when of the
-          same type); a gate field in the rollout class's ``selection_keys`` that differs is an error.
+        * the gate: when the first analysed rollout's class declares ``selection_keys`` (the ``web`` rollout) and
+          the gate's rollout is of the same type (or omitted), the gate's rollout becomes that rollout updated
+          with the gate's fields; a gate field among ``selection_keys`` that differs is an error.
 
         Returns:
             Field-named error messages (empty when consistent). Mutates ``_source`` and ``gate.rollout``.
@@ -163,8 +164,8 @@ class Trace2SkillConfig(EvolverConfig):
 
     def _link_gate(self, name: str, where: str, base: dict[str, Any], rcls: Any) -> list[str]:
         own = dict(self.gate.rollout or {})
-        if own.get("type", base["type"]) != base["type"]:
-            return []  # a different rollout type: the gate is the user's own
+        if own.get("type", base["type"]) != base["type"] or not hasattr(rcls, "selection_keys"):
+            return []  # another rollout type, or one that declares no task selection: the gate is the user's own
         def merged_spec() -> dict[str, Any]:
             return rcls.Config.model_validate({**base, **own}).model_dump()
 
