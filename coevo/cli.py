@@ -33,12 +33,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 print(f"coevo run: {run_dir} holds no run (config.yaml missing)", file=sys.stderr)
                 return 2
             cfg = load_run_config(run_dir)
+            if args.check:
+                print(f"config OK: {run_dir / 'config.yaml'} ({len(cfg.evolvers)} evolver(s))")
+                return 0
             loop = CoEvolutionLoop(cfg, run_dir, resume=True, progress=not args.no_progress)
         else:
             if not args.config:
                 print("coevo run: give a CONFIG file, or --resume RUN_DIR", file=sys.stderr)
                 return 2
             cfg, raw = load_config(args.config, args.set)
+            if args.check:
+                names = ", ".join(f"{e.name} ({e.type})" for e in cfg.evolvers)
+                print(f"config OK: {args.config} ({names}); nothing was loaded or started")
+                return 0
             out = Path(args.out) if args.out else None
             if out and out.exists() and not (out / "store.sqlite").exists() and (not out.is_dir() or any(out.iterdir())):
                 print(f"coevo run: --out {out} exists and is not an empty folder; give a new folder", file=sys.stderr)
@@ -124,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="run folder (default: <run.out_dir>/<run.name>-<time>)")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.add_argument("--check", action="store_true", help="validate the config only (fields, skill folders, "
+                     "deployment variables) and exit: 0 valid, 2 invalid; loads no model, starts no browser")
     run.set_defaults(func=_cmd_run)
 
     model = sub.add_parser("model", help="models").add_subparsers(dest="model_cmd", required=True)
@@ -172,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # the reader went away (`coevo runs show RUN | head`): not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except _user_errors() as exc:
         if args.verbose:
             raise

@@ -183,6 +183,9 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> RunConfig:
         evolver_errors = _evolver_errors_raw(data.get("evolvers"))
         raise ConfigError(f"invalid run config {source}:\n  " + "\n  ".join(errors + evolver_errors)) from None
     errors = _validate_evolvers(cfg)
+    for spec in cfg.evolvers if not errors else ():  # cross-section checks: an evolver Config's link(name, cfg)
+        if callable(getattr(spec.params, "link", None)):
+            errors += spec.params.link(spec.name, cfg)
     if errors:
         raise ConfigError(f"invalid run config {source}:\n  " + "\n  ".join(errors))
     return cfg

@@ -190,7 +190,9 @@ def test_new_version_from_pooled_trajectories(tmp_path, skills_dir):
     run_dir = tmp_path / "run"
     loop = _run(run_dir, _config(skills_dir), policy)
     v1 = run_dir / "skills" / "form-filling" / "v1" / "form-filling"
-    assert loop.ctx.shared["skill"] == {"name": "form-filling", "version": 1, "path": str(v1)}
+    assert {k: v for k, v in loop.ctx.shared["skill"].items() if k != "source"} == {
+        "name": "form-filling", "version": 1, "path": str(v1)}
+    assert loop.ctx.shared["skill"]["source"].endswith("form-filling")  # the folder version 0 was copied from
     assert (run_dir / "skills" / "form-filling" / "v0" / "form-filling" / "SKILL.md").read_text() == SKILL_MD
     assert validate_skill(v1) == []
     text = (v1 / "SKILL.md").read_text()

@@ -193,12 +193,14 @@ def test_skill_actions_are_routed_to_the_library(env, tmp_path):
     assert traj.reward == 1.0 and len(traj.steps) == 4 and traj.meta["skills_loaded"] == 1
     kinds = [s.meta["kind"] for s in traj.steps]
     assert kinds == ["skill", "skill", "skill", "env"]
-    assert traj.steps[0].tool_result.startswith("Find the button by its label.")
+    assert traj.steps[0].tool_result == "Skill 'click-buttons' loaded (its text is now shown in every prompt of this episode)."
     assert traj.steps[1].tool_result == "Bids are the numbers in brackets.\n"
     assert "failed: KeyError" in traj.steps[2].tool_result and "missing" in traj.steps[2].tool_result
     assert all(s.reward is None for s in traj.steps[:3])  # the browser was not touched
     assert "- click-buttons: Find the button by its label." in policy.conversations[0][0]["content"]
-    assert "# Loaded skill\nFind the button" in policy.conversations[3][1]["content"]
+    for later in policy.conversations[1:4]:  # the body is shown once per prompt, under its heading
+        assert later[1]["content"].count("Find the button by its label.") == 1
+        assert "# Loaded skill: click-buttons\nFind the button" in later[1]["content"]
 
 
 class FailingPolicy(Policy):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,20 @@ from coevo.rollouts.base import build_rollout
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "web"
 CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
+SITE_VARS = ("WA_SHOPPING", "WA_SHOPPING_ADMIN", "WA_REDDIT", "WA_GITLAB", "WA_MAP", "WA_WIKIPEDIA")
+
+
+@pytest.fixture
+def deployment(monkeypatch, tmp_path):
+    """What a WebArena-Lite user provides, minus the sites themselves: the WA_* URLs (nothing is contacted at
+    validation), an OpenAI key variable for the LLM judge, and an NLTK data folder holding punkt_tab (an empty
+    stand-in folder: validation only checks that NLTK finds it; no evaluator runs here)."""
+    for var in SITE_VARS:
+        monkeypatch.setenv(var, f"http://{var.lower()}.example.invalid:7770")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
+    (tmp_path / "nltk" / "tokenizers" / "punkt_tab").mkdir(parents=True)
+    monkeypatch.setenv("NLTK_DATA", str(tmp_path / "nltk"))
+    return monkeypatch
 
 
 def test_all_four_configs_are_shipped():
@@ -18,7 +35,7 @@ def test_all_four_configs_are_shipped():
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
-def test_config_parses_and_its_rollouts_build(path):
+def test_config_parses_and_its_rollouts_build(path, deployment):
     cfg, _ = load_config(path)
     specs = {s.name: s for s in cfg.evolvers}
     es = specs["es"].params
@@ -61,17 +78,60 @@ def test_baselines_differ_from_coevo_in_one_space_only():
                {k: base[k] for k in ("taskset", "tasks", "test_episodes", "max_steps", "skill_dirs", "seed")}
 
 
-def test_webarena_config_follows_the_paper_and_needs_the_deployment(monkeypatch):
-    from coevo.envs.webarena_lite import WebArenaConfigError
-
+def test_webarena_config_follows_the_paper_and_needs_the_deployment(deployment):
     cfg, _ = load_config(CONFIG_DIR / "webarena_lite.yaml")
     es = next(s for s in cfg.evolvers if s.type == "es").params
     assert (es.population_size, es.sigma, es.alpha, es.rollout["episodes_per_member"]) == (8, 1.5e-3, 2.5e-4, 8)
-    rollout = build_rollout(es.rollout, None)
-    for var in ("WA_SHOPPING", "WA_SHOPPING_ADMIN", "WA_REDDIT", "WA_GITLAB", "WA_MAP"):
-        monkeypatch.delenv(var, raising=False)
-    with pytest.raises(WebArenaConfigError, match="WA_SHOPPING"):
-        rollout.envs(1)
+    gate = next(s for s in cfg.evolvers if s.type == "trace2skill").params.gate
+    assert gate.rollout == es.rollout  # the gate inherits es's task selection, held-out split and skills
+
+
+def test_webarena_setup_errors_come_at_validation_in_one_message(deployment, tmp_path):
+    """Issue 14.3/14.4: missing WA_* variables, NLTK data and the judge's key are named when the config is
+    validated (before any model or browser), all at once, with the tasks that need each."""
+    deployment.delenv("WA_SHOPPING")
+    deployment.delenv("OPENAI_API_KEY")
+    deployment.setenv("NLTK_DATA", str(tmp_path / "no-nltk-here"))
+    with pytest.raises(ConfigError) as err:
+        load_config(CONFIG_DIR / "webarena_lite.yaml")
+    msg = str(err.value)
+    assert "WA_SHOPPING (needed by tasks [" in msg and "WA_GITLAB" not in msg
+    assert "NLTK_DATA" in msg and "punkt_tab" in msg and "no-nltk-here" in msg
+    assert "judge_tasks: 40 of the 165 selected WebArena-Lite tasks use an LLM-judged evaluator" in msg
+    assert "OPENAI_API_KEY" in msg
+
+
+def test_webarena_judge_tasks_skip_leaves_them_out_with_a_count(deployment, caplog):
+    from coevo.agents import web_rollout
+    from coevo.envs.webarena_lite import webarena_lite_tasks
+
+    deployment.setattr(web_rollout, "_warned", set())  # the warning is logged once per process
+    deployment.delenv("OPENAI_API_KEY")
+    cfg, _ = load_config(CONFIG_DIR / "webarena_lite.yaml", ["evolvers.es.rollout.judge_tasks=skip"])
+    ro = build_rollout(next(s for s in cfg.evolvers if s.type == "es").params.rollout, None)
+    judged = {str(t.task_id) for t in webarena_lite_tasks() if t.needs_judge}
+    assert len(judged) == 40 and not judged & set(ro.tasks + ro.test_tasks)
+    assert len(ro.tasks) + len(ro.test_tasks) == 125
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "40 of the 165 selected WebArena-Lite tasks" in warned[0]
+    assert "leaving them out (judge_tasks: skip)" in warned[0]
+
+
+def test_webarena_gate_inherits_the_site_subset(deployment):
+    """Issue 14.5: with `sites: [shopping]` only WA_SHOPPING is needed, and the gate draws shopping tasks only."""
+    from coevo.envs.webarena_lite import webarena_lite_tasks
+
+    for var in SITE_VARS[1:]:
+        deployment.delenv(var)
+    cfg, _ = load_config(CONFIG_DIR / "webarena_lite.yaml", ["evolvers.es.rollout.sites=[shopping]"])
+    gate = next(s for s in cfg.evolvers if s.type == "trace2skill").params.gate
+    assert gate.rollout["sites"] == ["shopping"]
+    ro = build_rollout(gate.rollout, None)
+    sites = {str(t.task_id): t.sites for t in webarena_lite_tasks()}
+    assert ro.episodes("test") and all(sites[t] == ("shopping",) for t, _ in ro.episodes("test"))
+    with pytest.raises(ConfigError, match=r"gate\.rollout\.sites: .* differs from evolvers\.es\.rollout\.sites"):
+        load_config(CONFIG_DIR / "webarena_lite.yaml", ["evolvers.es.rollout.sites=[shopping]",
+                                                         "evolvers.skills.gate.rollout={sites: [shopping, reddit]}"])
 
 
 def test_a_broken_web_config_names_the_field(tmp_path):
@@ -80,3 +140,29 @@ def test_a_broken_web_config_names_the_field(tmp_path):
     bad.write_text(text)
     with pytest.raises(ConfigError, match="taskst"):
         load_config(bad)
+
+
+def _coevo(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "coevo.cli", *args], check=False, capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1], **kw)
+
+
+def test_run_check_validates_without_loading_anything(deployment, tmp_path):
+    """`coevo run --check CONFIG`: exit 0 for a valid config, 2 with the named problems; no run folder."""
+    ok = _coevo("run", "--check", str(CONFIG_DIR / "webarena_lite.yaml"), "--set", f"run.out_dir={tmp_path}/runs")
+    assert ok.returncode == 0 and "config OK" in ok.stdout and "es (es), skills (trace2skill)" in ok.stdout
+    env = {k: v for k, v in os.environ.items() if k != "WA_GITLAB"}
+    bad = _coevo("run", "--check", str(CONFIG_DIR / "webarena_lite.yaml"), env=env)
+    assert bad.returncode == 2 and "WA_GITLAB (needed by tasks [" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_runs_show_into_head_prints_no_broken_pipe_error(tmp_path):
+    from coevo.store import TrajectoryStore
+
+    TrajectoryStore(tmp_path / "store.sqlite").close()
+    (tmp_path / "report.md").write_text("# Report\n" + "line of the report\n" * 200_000)
+    cmd = f"{sys.executable} -m coevo.cli runs show {tmp_path} | head -n 2"
+    out = subprocess.run(cmd, check=False, shell=True, capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout == "# Report\nline of the report\n" and out.stderr == ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -43,6 +44,20 @@ def ctx(tmp_path):
     yield RunContext(run_id="run1", run_dir=tmp_path, store=store, budget=Budget(store, "run1"),
                      sampling=SamplingConfig(max_new_tokens=40, temperature=0.0))
     store.close()
+
+
+@pytest.fixture
+def deployment(monkeypatch, tmp_path):
+    """A WebArena-Lite user's settings minus the sites (nothing is contacted): WA_* URLs, the judge's key
+    variable and an NLTK data folder with a (stand-in, empty) punkt_tab that validation finds."""
+    from coevo.envs.webarena_lite import SITE_ENV_VARS
+
+    for var in SITE_ENV_VARS.values():
+        monkeypatch.setenv(var, f"http://{var.lower()}.example.invalid")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
+    (tmp_path / "nltk" / "tokenizers" / "punkt_tab").mkdir(parents=True)
+    monkeypatch.setenv("NLTK_DATA", str(tmp_path / "nltk"))
+    return monkeypatch
 
 
 def published_skill(tmp_path, version: int = 3) -> dict:
@@ -117,7 +132,7 @@ def test_missing_skill_folder_is_named():
         build_rollout({"type": "web", "use_skills": True, "skill_dirs": ["skills/does-not-exist"]}, None)
 
 
-def test_webarena_split_is_disjoint_and_checked():
+def test_webarena_split_is_disjoint_and_checked(deployment):
     ro = build_rollout({"type": "web", "benchmark": "webarena_lite", "sites": ["shopping"], "episodes_per_member": 8,
                         "test_episodes": 5}, None)
     assert len(ro.test_tasks) == 5 and not set(ro.tasks) & set(ro.test_tasks)
@@ -269,8 +284,12 @@ def test_web_report_rates_diffs_and_plots(ctx, tmp_path):
     # as Trace2Skill stores it: version 1, derived from the source folder (version 0, not an artifact)
     write_skill_version(store, "run1", skill, {"changelog": "match whole button names", "round": 0},
                         diff=skill_diff(SHIPPED_SKILLS_DIR / "miniwob-forms", skill), trajectory_ids=[stored[1].id])
+    # ES history: generation 0 changed the weights, generation 1 did not (e.g. sigma 0)
+    store.add_es_history("run1", "es", 0, {"generation": 0, "weight_hash_before": "a", "weight_hash_after": "b"})
+    store.add_es_history("run1", "es", 1, {"generation": 1, "weight_hash_before": "b", "weight_hash_after": "b"})
     md = web_report(tmp_path, store, "run1")
     assert md.startswith("## Web agent")
+    assert "| es | 0 | none | 0 | v0 | 50% (1/2) |" in md and "| es | 2 | 1 | 0 | v1 | 100% (2/2) |" in md
     assert "| es | 0 | 0 | v0 | 25% (1/4, 1 browser failures) | 2 | 0.5 | 0 |" in md
     assert "| es | 1 | 0 | v1 | 75% (3/4) | 2 | 1 | 0.5 |" in md
     assert "| click-test | 0% (0/2, 1 browser failures) | 100% (2/2) | +100 pts |" in md
@@ -280,3 +299,105 @@ def test_web_report_rates_diffs_and_plots(ctx, tmp_path):
     assert f"+- {MARKER}" in md and "```diff" in md and "Diff of `miniwob-forms` v1 (from v0)" in md
     for name in PLOT_NAMES:
         assert (tmp_path / "plots" / name).stat().st_size > 1000 and f"(plots/{name})" in md
+
+
+# -- attaching a user's skill library (issue 14.1, 14.6, 14.7) --------------------------------------------------
+def user_skill(root, name: str = "miniwob-forms", description: str | None = None) -> str:
+    """A user's own skill folder ``root/<name>``: the shipped miniwob-forms text plus the marker line."""
+    dest = root / name
+    shutil.copytree(SHIPPED_SKILLS_DIR / "miniwob-forms", dest)
+    md = dest / "SKILL.md"
+    text = md.read_text().replace("name: miniwob-forms", f"name: {name}", 1)
+    if description is not None:
+        text = re.sub(r"(?m)^description:.*$", f"description: {description!r}", text, count=1)
+    md.write_text(text + f"\n## Mine\n- {MARKER}\n")
+    return str(dest)
+
+
+def coevo_config(skill_dirs: list[str], **trace2skill) -> dict:
+    rollout = {"type": "web", "taskset": "miniwob_smoke", "tasks": ["click-button"], "episodes_per_member": 1,
+               "test_episodes": 1, "max_steps": 1, "n_envs": 1, "actions": ["click"], "use_skills": True,
+               "skill_dirs": skill_dirs, "skill_name": "miniwob-forms"}
+    return {"run": {"name": "t"}, "evolvers": [
+        {"name": "es", "type": "es", "population_size": 2, "total_generations": 1, "rollout": rollout},
+        {"name": "skills", "type": "trace2skill", "skill": "miniwob-forms", "evolvers": ["es"], **trace2skill}]}
+
+
+def test_a_conflict_between_skill_dirs_and_skills_dir_names_both(tmp_path):
+    from coevo.config import ConfigError, parse_config
+
+    mine = user_skill(tmp_path / "mine")
+    with pytest.raises(ConfigError) as err:
+        parse_config(coevo_config([mine], skills_dir=str(SHIPPED_SKILLS_DIR)))
+    msg = str(err.value)
+    assert "evolvers.skills.skills_dir" in msg and "evolvers.es.rollout.skill_dirs" in msg
+    assert str(SHIPPED_SKILLS_DIR / "miniwob-forms") in msg and mine in msg
+    same = parse_config(coevo_config([mine], skills_dir=str(tmp_path / "mine")))  # both name one folder: fine
+    assert same.evolvers[1].params.source_dir() == (tmp_path / "mine" / "miniwob-forms").resolve()
+
+
+def test_skill_settings_are_checked_with_the_skills_validator(tmp_path):
+    with pytest.raises(ValidationError, match="skill_dirs: set but use_skills is false"):
+        build_rollout({"type": "web", "skill_dirs": ["skills/miniwob-forms"]}, None)
+    with pytest.raises(ValidationError, match="skill_name, skill_mode: set but use_skills is false"):
+        build_rollout({"type": "web", "skill_mode": "catalog", "skill_name": "miniwob-forms"}, None)
+    bad = user_skill(tmp_path / "bad", description="")
+    with pytest.raises(ValidationError, match=r"coevo skills validate.*description: must not be empty"):
+        build_rollout({"type": "web", "use_skills": True, "skill_dirs": [bad]}, None)
+    library = tmp_path / "library"  # a folder of skill folders, as `coevo skills validate` takes
+    user_skill(library)
+    user_skill(library, "form-tricks")
+    ro = build_rollout({"type": "web", "use_skills": True, "skill_dirs": [str(library)]}, None)
+    assert [p.name for p in ro.initial_skill_dirs] == ["form-tricks", "miniwob-forms"]
+    (library / "notes").mkdir()  # a subfolder without SKILL.md is reported, as by `coevo skills validate`
+    with pytest.raises(ValidationError, match="notes/SKILL.md: SKILL.md"):
+        build_rollout({"type": "web", "use_skills": True, "skill_dirs": [str(library)]}, None)
+
+
+@pytest.mark.browser
+@browser
+def test_the_users_skill_is_the_one_trace2skill_evolves_and_the_agent_sees(ctx, tmp_path):
+    """14.1: Trace2Skill without skills_dir takes the folder the rollout attaches; version 0 the agent runs under
+    is the user's text (not the shipped skill of the same name), as the stored system prompt shows (14.9)."""
+    from coevo.config import parse_config
+    from coevo.evolvers.trace2skill import Trace2SkillEvolver
+
+    mine = user_skill(tmp_path / "mine")
+    cfg = parse_config(coevo_config([mine]))
+    t2s = Trace2SkillEvolver("skills", cfg.evolvers[1].params, ctx)
+    assert t2s.source == Path(mine).resolve() and MARKER in (t2s.path / "SKILL.md").read_text()
+    ro = build_rollout(cfg.evolvers[0].params.rollout, ctx)
+    try:
+        [traj] = ro.run(ScriptedPolicy(click_button_solver), generation=0, member=None, key_prefix="k", split="test")
+    finally:
+        ro.close()
+    assert traj.reward == 1.0 and traj.context == ContextRef(skill_name="miniwob-forms", skill_version=0)
+    assert MARKER in traj.steps[0].meta["system_prompt"]
+    assert traj.meta["skill_path"] == str(t2s.path) and traj.meta["skill_source"] == str(Path(mine).resolve())
+
+
+@pytest.mark.browser
+@browser
+def test_a_loaded_skill_is_shown_once_and_whole(ctx):
+    """14.7: in catalog mode the loaded skill's body (longer than max_obs_chars) appears once, uncut; with
+    max_skill_chars it is cut with a note naming read_skill_file."""
+    from coevo.skills import SkillLibrary
+
+    body = SkillLibrary([SHIPPED_SKILLS_DIR / "miniwob-forms"]).activate("miniwob-forms").strip()
+    assert len(body) > 1500
+    spec = {"type": "web", "taskset": "miniwob_smoke", "tasks": ["click-button"], "test_episodes": 1, "max_steps": 2,
+            "n_envs": 1, "max_obs_chars": 1500, "use_skills": True, "skill_mode": "catalog",
+            "skill_dirs": ["skills/miniwob-forms"]}
+    for extra, whole in (({}, True), ({"max_skill_chars": 400}, False)):
+        ro = build_rollout({**spec, **extra}, ctx)
+        policy = ScriptedPolicy(['load_skill("miniwob-forms")', click_button_solver])
+        try:
+            [traj] = ro.run(policy, generation=0, member=None, key_prefix="k", split="test")
+        finally:
+            ro.close()
+        second = policy.conversations[1][1]["content"]
+        assert traj.reward == 1.0 and traj.meta["skills_loaded"] == 1
+        assert second.count("# Loaded skill: miniwob-forms") == 1 and second.count(body[:200]) == 1
+        assert (body in second) is whole
+        assert ("read the rest with read_skill_file('miniwob-forms', 'SKILL.md')" in second) is not whole
+        assert body[:200] not in traj.steps[0].tool_result  # the step's feedback only says it was loaded

@@ -6,7 +6,9 @@ call. Calls are parsed with BrowserGym's own high-level action grammar
 (``browsergym.core.action.parsers.highlevel_action_parser``: Python-like calls with literal arguments), so
 what parses here is what the environment executes.
 
-Recognised calls are the browser actions (:data:`coevo.envs.web.WEB_ACTION_NAMES`) and the skill actions
+Recognised calls are the browser actions the environment executes (``actions``, default
+:data:`coevo.envs.web.WEB_ACTION_NAMES`; the agent passes its env's :attr:`~coevo.envs.web.WebEnv.action_names`,
+so prompt, parser, feedback and environment share one action set) and the skill actions
 ``load_skill("name")`` / ``read_skill_file("name", "path")``, which the agent routes to a skill library
 instead of the browser. Anything else raises :class:`ActionParseError` with a message meant to be shown to
 the model as feedback.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,12 +90,22 @@ def _build(name: str, raw_args: list[Any]) -> ParsedAction:
     return ParsedAction(name=name, args=tuple(args), kwargs=kwargs)
 
 
-def parse_action(output: str, *, allow_skills: bool = True) -> ParsedAction:
+def example_action(actions: Sequence[str] | None = None) -> str:
+    """An example call for feedback messages, taken from ``actions`` (``click('13')`` when click is offered)."""
+    names = [a for a in (actions or WEB_ACTION_NAMES) if a != "noop"] or ["noop"]
+    return {"click": "click('13')", "fill": "fill('13', 'text')", "goto": "goto('http://example.com')",
+            "send_msg_to_user": "send_msg_to_user('answer')"}.get(
+        "click" if "click" in names else names[0], f"{names[0]}()")
+
+
+def parse_action(output: str, *, allow_skills: bool = True, actions: Sequence[str] | None = None) -> ParsedAction:
     """Parse the single action in a model output.
 
     Args:
         output: the raw completion text.
         allow_skills: whether ``load_skill`` / ``read_skill_file`` are recognised.
+        actions: the browser action names the environment executes (default :data:`WEB_ACTION_NAMES`); any
+            other name is an unknown action, and the feedback lists only these.
 
     Returns:
         The :class:`ParsedAction`.
@@ -101,9 +114,10 @@ def parse_action(output: str, *, allow_skills: bool = True) -> ParsedAction:
         ActionParseError: empty output, no recognised call, several calls in the source, an unknown action
             name, or malformed skill-action arguments. The message says what to write instead.
     """
+    example = example_action(actions)
     if not isinstance(output, str) or not output.strip():
-        raise ActionParseError("empty output: reply with exactly one action, e.g. ```click('13')```")
-    known = set(WEB_ACTION_NAMES) | (set(SKILL_ACTIONS) if allow_skills else set())
+        raise ActionParseError(f"empty output: reply with exactly one action, e.g. ```{example}```")
+    known = set(WEB_ACTION_NAMES if actions is None else actions) | (set(SKILL_ACTIONS) if allow_skills else set())
     sources = [m.group(1) for m in _FENCE.finditer(output)][::-1] + output.splitlines()[::-1]
     for source in sources:
         calls = [(n, a) for n, a in _calls(source) if n in known]
@@ -117,4 +131,4 @@ def parse_action(output: str, *, allow_skills: bool = True) -> ParsedAction:
     allowed = ", ".join(sorted(known))
     if unknown:
         raise ActionParseError(f"unknown action(s) {', '.join(unknown)}; allowed: {allowed}")
-    raise ActionParseError(f"no action found; write exactly one call of: {allowed}, e.g. ```click('13')```")
+    raise ActionParseError(f"no action found; write exactly one call of: {allowed}, e.g. ```{example}```")

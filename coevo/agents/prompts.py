@@ -7,7 +7,7 @@ so the context stays bounded by ``max_obs_chars`` plus a short action history.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 SYSTEM_TEMPLATE = """\
@@ -21,9 +21,12 @@ Actions refer to elements by that id, as a string: click('13').
 # Output format
 Think briefly if needed, then give exactly ONE action in a code block, for example:
 ```
-click('13')
+{example}
 ```
-Use send_msg_to_user("...") to give an answer the goal asks for; it ends the episode."""
+Only the actions listed above exist.{answer}"""
+
+#: the output-format line about answers, present only when ``send_msg_to_user`` is in the action set
+ANSWER_LINE = ' Use send_msg_to_user("...") to give an answer the goal asks for; it ends the episode.'
 
 SKILLS_TEMPLATE = """
 # Skills
@@ -40,11 +43,21 @@ read_skill_file("name", "path")
 """
 
 
-def system_prompt(action_space: str, skill_catalog: str | None = None) -> str:
+def system_prompt(action_space: str, skill_catalog: str | None = None,
+                  actions: Sequence[str] | None = None) -> str:
     """The system message: action space description (BrowserGym ``HighLevelActionSet.describe``) and, when
-    ``skill_catalog`` is a non-empty string, the skill catalog with the two skill actions."""
+    ``skill_catalog`` is a non-empty string, the skill catalog with the two skill actions.
+
+    ``actions`` are the action names the environment executes (default: all of
+    :data:`coevo.envs.web.WEB_ACTION_NAMES`): the example and the answer line name only those, so the prompt
+    never suggests an action the environment rejects."""
+    from coevo.agents.actions import example_action
+    from coevo.envs.web import WEB_ACTION_NAMES
+
+    names = list(WEB_ACTION_NAMES if actions is None else actions)
     skills = SKILLS_TEMPLATE.format(catalog=skill_catalog.strip()) if skill_catalog and skill_catalog.strip() else ""
-    return SYSTEM_TEMPLATE.format(actions=action_space.strip(), skills=skills)
+    return SYSTEM_TEMPLATE.format(actions=action_space.strip(), skills=skills, example=example_action(names),
+                                  answer=ANSWER_LINE if "send_msg_to_user" in names else "")
 
 
 @dataclass(frozen=True)
@@ -70,7 +83,7 @@ def user_message(
     step: int,
     max_steps: int,
     history: Sequence[HistoryItem] = (),
-    skill_texts: Sequence[str] = (),
+    skill_texts: Mapping[str, str] | None = None,
     max_obs_chars: int = 8000,
     history_len: int = 8,
 ) -> str:
@@ -83,11 +96,12 @@ def user_message(
         feedback: last action error, malformed-output feedback or skill text ("" when none).
         step: 1-based index of the step about to be taken; max_steps: the episode's step limit.
         history: previous steps (the last ``history_len`` are shown).
-        skill_texts: texts of skills loaded so far (kept visible for the rest of the episode).
+        skill_texts: skill name -> text of the skills loaded so far (kept visible for the rest of the
+            episode), each shown once as given (the agent cuts them, with a note, when configured to).
     """
     parts = [f"# Goal\n{goal.strip()}", f"# Current page\nURL: {url}\nStep {step} of at most {max_steps}."]
-    for text in skill_texts:
-        parts.append(f"# Loaded skill\n{_clip(text.strip(), max_obs_chars)}")
+    for name, text in (skill_texts or {}).items():
+        parts.append(f"# Loaded skill: {name}\n{text.strip()}")
     parts.append(f"# Accessibility tree\n{_clip(axtree.rstrip(), max_obs_chars)}")
     if history:
         shown = list(history)[-history_len:]

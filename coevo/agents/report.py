@@ -115,12 +115,21 @@ def _generation_table(train: list[Trajectory]) -> list[str]:
                      rows)]  # fmt: skip
 
 
-def _heldout_table(test: list[Trajectory]) -> list[str]:
+def _updates_applied(store: TrajectoryStore, run_id: str, evolver: str, generation: int) -> str:
+    """Weight updates that changed the weights in the generations before ``generation`` (from the ES history:
+    weight hash before != after); ``"none"`` when the weights stayed frozen (sigma or alpha 0)."""
+    rows = [r for r in store.es_history(run_id, evolver) if r.get("generation", 0) < generation]
+    n = sum(1 for r in rows if r.get("weight_hash_after") != r.get("weight_hash_before"))
+    return str(n) if n else "none"
+
+
+def _heldout_table(test: list[Trajectory], store: TrajectoryStore, run_id: str) -> list[str]:
     groups = _by(test, lambda t: (t.evolver, t.generation))
-    rows = [[ev, gen, min(t.round for t in ts), _versions(ts), str(success_rate(ts))]
-            for (ev, gen), ts in groups.items()]
+    rows = [[ev, gen, _updates_applied(store, run_id, ev, gen), min(t.round for t in ts), _versions(ts),
+             str(success_rate(ts))] for (ev, gen), ts in groups.items()]
     out = ["### Held-out success of the centre", "",
-           md_table(["evolver", "ES updates applied", "round", "skill", "success"], rows)]
+           md_table(["evolver", "after ES generations", "weight updates applied", "round", "skill", "success"],
+                    rows)]
     if len(groups) >= 2:
         (first_key, first), (last_key, last) = _ends(groups)
         out += ["", (f"Held-out before → after: {success_rate(first)} (generation {first_key[1]}, skill "
@@ -265,7 +274,7 @@ def web_report(run_dir: Path | str, store: TrajectoryStore, run_id: str, *, plot
             lines += [*_task_table(f"Train success per task: generation {gens[0]} vs {gens[-1]}", first, last,
                                    (f"generation {gens[0]}", f"generation {gens[-1]}")), ""]  # fmt: skip
     if test:
-        lines += [*_heldout_table(test), ""]
+        lines += [*_heldout_table(test, store, run_id), ""]
         evals = _by(test, lambda t: (t.evolver, t.generation))
         if len(evals) >= 2:
             (k0, t0), (k1, t1) = _ends(evals)

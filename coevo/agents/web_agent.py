@@ -8,14 +8,25 @@ Graph (``langgraph.graph.StateGraph``)::
 ``generate`` call (so several environments share one batched forward pass); ``act`` parses one action per
 output (:func:`coevo.agents.actions.parse_action`) and executes it: browser actions in the episode's
 :class:`~coevo.envs.web.WebEnv`, skill actions (``load_skill`` / ``read_skill_file``) in the skill library.
-An episode ends when the task reports done, after ``send_msg_to_user`` / ``report_infeasible`` (stop), at
-``max_steps`` model calls, or on a model / browser failure.
+An episode ends when the task reports done, after an *accepted* ``send_msg_to_user`` / ``report_infeasible``
+(stop), at ``max_steps`` model calls, or on a model / browser / evaluator failure.
+
+One action set per episode: the system prompt, the parser and the malformed-output feedback use the env's
+:attr:`~coevo.envs.web.WebEnv.action_names`, which are the actions the env executes. An action the env
+rejects (its ``last_action_error`` is set) is fed back and never ends the episode as a stop.
 
 Malformed output never raises: the step is recorded with ``action=None`` and the parse error as
 ``tool_result``, counts against ``max_steps``, and the error is fed back to the model in the next prompt.
 
+Skills: a loaded skill (``load_skill``) is shown once, under ``# Loaded skill`` in every later prompt of the
+episode, whole, or cut at ``max_skill_chars`` with a note naming ``read_skill_file``; the step's feedback
+only says it was loaded. Failures: ``failure="llm_error"`` (model), ``"runtime"`` (browser) and
+``"evaluation"`` (the task's evaluator raised, e.g. an LLM judge without its key:
+:class:`~coevo.envs.web.TaskEvaluationError`); such trajectories are invalid and carry no reward.
+
 Every episode returns a :class:`~coevo.types.Trajectory` (one :class:`~coevo.types.Step` per model call);
-the agent does not write to the store.
+the first step's ``meta["system_prompt"]`` holds the episode's system prompt (action space, skill catalog or
+preloaded skill), so a reader sees what the agent saw. The agent does not write to the store.
 """
 
 from __future__ import annotations
@@ -33,7 +44,7 @@ from coevo.agents.actions import (
 )
 from coevo.agents.prompts import HistoryItem, system_prompt, user_message
 from coevo.backends.base import Completion, Policy, PolicyError, SamplingParams
-from coevo.envs.web import WebEnv, WebEnvError
+from coevo.envs.web import TaskEvaluationError, WebEnv, WebEnvError
 from coevo.types import ContextRef, ESMember, Space, Step, Trajectory
 
 
@@ -73,11 +84,12 @@ class _Episode:
     key: str
     member: ESMember | None
     system: str = ""
+    actions: tuple[str, ...] = ()
     prompt: str = ""
     obs: dict[str, Any] = field(default_factory=dict)
     steps: list[Step] = field(default_factory=list)
     history: list[HistoryItem] = field(default_factory=list)
-    skill_texts: list[str] = field(default_factory=list)
+    skill_texts: dict[str, str] = field(default_factory=dict)  # loaded skill name -> text shown
     reward: float = 0.0
     end: str | None = None
     failure: str | None = None
@@ -109,8 +121,10 @@ class WebAgent:
         max_steps: model calls per episode (>= 1).
         skills: optional skill library (:class:`SkillSource`); enables the two skill actions.
         skill_catalog: catalog text for the system prompt (default ``skills.catalog_prompt()``).
-        max_obs_chars: accessibility tree / skill text clip (characters, >= 200).
+        max_obs_chars: accessibility tree / feedback clip (characters, >= 200).
         history_len: previous actions shown per prompt (>= 0).
+        max_skill_chars: cut a loaded skill's text at this many characters, with a note saying how to read the
+            rest (``None``: show it whole).
 
     Raises:
         TypeError / ValueError: naming the bad argument.
@@ -126,6 +140,7 @@ class WebAgent:
         skill_catalog: str | None = None,
         max_obs_chars: int = 8000,
         history_len: int = 8,
+        max_skill_chars: int | None = None,
     ) -> None:
         if not isinstance(policy, Policy):
             raise TypeError(f"policy must be a coevo Policy, got {type(policy).__name__}")
@@ -137,6 +152,8 @@ class WebAgent:
             raise ValueError(f"max_obs_chars must be >= 200, got {max_obs_chars}")
         if history_len < 0:
             raise ValueError(f"history_len must be >= 0, got {history_len}")
+        if max_skill_chars is not None and max_skill_chars < 200:
+            raise ValueError(f"max_skill_chars must be >= 200 or None, got {max_skill_chars}")
         for method in ("catalog_prompt", "activate", "read_reference") if skills is not None else ():
             if not callable(getattr(skills, method, None)):
                 raise TypeError(f"skills must provide {method}(); got {type(skills).__name__}")
@@ -148,6 +165,7 @@ class WebAgent:
             skills.catalog_prompt() if skills is not None else None)
         self.max_obs_chars = max_obs_chars
         self.history_len = history_len
+        self.max_skill_chars = max_skill_chars
         self.graph = self._build_graph()
 
     # -- graph -----------------------------------------------------------------------------------------
@@ -194,6 +212,8 @@ class WebAgent:
         e.prompt_tokens += c.prompt_tokens
         e.completion_tokens += c.completion_tokens
         meta: dict[str, Any] = {"finish_reason": c.finish_reason}
+        if not e.steps:
+            meta["system_prompt"] = e.system
         if c.finish_reason == "error" or c.error:
             e.steps.append(Step(observation=e.prompt, model_output=c.text, tool_result=f"model error: {c.error}",
                                 meta={**meta, "kind": "llm_error"}))
@@ -202,7 +222,7 @@ class WebAgent:
         action: ParsedAction | None = None
         reward: float | None = None
         try:
-            action = parse_action(c.text, allow_skills=self.skills is not None)
+            action = parse_action(c.text, allow_skills=self.skills is not None, actions=e.actions)
         except ActionParseError as exc:
             feedback, meta["kind"] = f"Malformed output: {exc}", "parse_error"
         else:
@@ -212,17 +232,19 @@ class WebAgent:
                 meta["kind"] = "env"
                 try:
                     e.obs, reward, done, _info = e.env.step(action.text)
-                except WebEnvError as exc:
+                except (WebEnvError, TaskEvaluationError) as exc:
                     e.steps.append(Step(observation=e.prompt, model_output=c.text, action=action.text,
                                         tool_result=str(exc), meta=meta))
-                    e.end, e.failure, e.failure_detail = "env_error", "runtime", str(exc)
+                    evaluation = isinstance(exc, TaskEvaluationError)
+                    e.end = "eval_error" if evaluation else "env_error"
+                    e.failure, e.failure_detail = ("evaluation" if evaluation else "runtime"), str(exc)
                     return
                 e.reward = reward
                 feedback = e.obs["last_action_error"]
                 if done:
                     e.end = "done"
-                elif action.name in STOP_ACTIONS:
-                    e.end = "stop"
+                elif action.name in STOP_ACTIONS and not feedback:
+                    e.end = "stop"  # only an action the env accepted ends the episode
         meta["url"] = e.obs.get("url", "")
         e.steps.append(Step(observation=e.prompt, model_output=c.text, action=action.text if action else None,
                             tool_result=feedback, reward=reward, meta=meta))
@@ -242,9 +264,16 @@ class WebAgent:
                 text = str(self.skills.read_reference(name, action.args[1]))
         except Exception as exc:  # noqa: BLE001 - any library error is shown to the model, never a crash
             return f"{action.text} failed: {type(exc).__name__}: {exc}"
-        if action.name == "load_skill":
-            e.skill_texts.append(text)
-        return text
+        if action.name != "load_skill":
+            return text
+        if name in e.skill_texts:
+            return f"Skill {name!r} is already loaded (its text is shown in every prompt of this episode)."
+        limit = self.max_skill_chars
+        if limit is not None and len(text) > limit:
+            text = (text[:limit] + f"\n[truncated: {len(text) - limit} of {len(text)} characters not shown; read "
+                    f"the rest with read_skill_file({name!r}, 'SKILL.md')]")
+        e.skill_texts[name] = text
+        return f"Skill {name!r} loaded (its text is now shown in every prompt of this episode)."
 
     def _prompt(self, e: _Episode, feedback: str) -> str:
         return user_message(goal=e.obs["goal"], url=e.obs["url"], axtree=e.obs["axtree"], feedback=feedback,
@@ -254,8 +283,9 @@ class WebAgent:
 
     # -- episodes --------------------------------------------------------------------------------------
     def _start(self, e: _Episode) -> None:
+        e.actions = tuple(e.env.action_names)
         e.system = system_prompt(e.env.action_set.describe(with_long_description=False, with_examples=True),
-                                 self.skill_catalog if self.skills is not None else None)
+                                 self.skill_catalog if self.skills is not None else None, actions=e.actions)
         try:
             e.obs = e.env.reset(e.task, e.seed)
         except WebEnvError as exc:

@@ -1,8 +1,9 @@
 """The ``web`` rollout: an ES population member (or the centre) runs the web agent on browser episodes.
 
 Agentic ESOpt (arXiv 2608.17310, field notes §1 step 3) scores member i by the mean task reward over a batch
-of cases; here a case is one web episode ``(task, seed)``: MiniWoB++ (Shi et al. 2017, offline) or
-WebArena-Lite (Liu et al. 2024, the user's deployment; the paper's setting: G=8, 8 tasks per generation).
+of cases; here a case is one web episode ``(task, seed)``: MiniWoB++ (Shi et al. 2017, offline),
+WebArena-Lite (Liu et al. 2024, the user's deployment; the paper's setting: G=8, 8 tasks per generation) or
+any site (``benchmark: openended``: a start URL, a goal and a reward rule, :mod:`coevo.envs.openended`).
 
 * Train episodes are drawn per generation from the train seeds (MiniWoB++ task sets,
   :data:`coevo.envs.miniwob.MINIWOB_TASKSETS`) or the train tasks (WebArena-Lite), deterministically from
@@ -11,20 +12,29 @@ WebArena-Lite (Liu et al. 2024, the user's deployment; the paper's setting: G=8,
   halves of an antithetic pair still share them). Held-out (``split="test"``) episodes are fixed.
 * Reward per episode: 1.0 when the environment's final reward is > 0, else 0.0 (MiniWoB++'s success
   criterion); the raw value is kept in ``meta["raw_reward"]``. :meth:`WebRollout.member_reward` averages
-  over the episodes whose browser worked: an episode that failed because the *browser* failed
-  (``failure == "runtime"``) says nothing about the weights and is left out; a model failure counts 0.
+  over the episodes whose browser and evaluator worked: an episode that failed because the *browser* failed
+  (``failure == "runtime"``) or its *evaluator* failed (``failure == "evaluation"``, e.g. an LLM judge without
+  its key) says nothing about the weights and is left out; a model failure counts 0.
 * Skills (``use_skills``): the agent runs under the CURRENT skill published by a skill evolver on
   ``ctx.shared["skill"] = {"name", "version", "path"}`` (Trace2Skill, :mod:`coevo.evolvers.trace2skill`), or
   under the configured initial skill folders (version 0) when nothing is published. ``skill_mode: preload``
   puts the current skill's body into the system prompt (a small model rarely chooses to load a skill);
   ``catalog`` only lists names and descriptions and lets the agent call ``load_skill`` (progressive
-  disclosure). Each trajectory records ``context=ContextRef(skill_name, skill_version)``.
+  disclosure). Each trajectory records ``context=ContextRef(skill_name, skill_version)``. ``skill_dirs`` entries
+  are skill folders or folders of skill folders, checked with the validator of ``coevo skills validate`` when
+  the config is validated; skill settings without ``use_skills: true`` are errors.
+* Validation (when the run config is read, before any model loads): WebArena-Lite's ``WA_*`` site variables
+  for the selected tasks, NLTK's ``punkt_tab`` (``NLTK_DATA``) and, for tasks with an LLM-judged evaluator,
+  ``OPENAI_API_KEY`` (``judge_tasks: require``) or the tasks are left out with a warning
+  (``judge_tasks: skip``).
 * Browser environments are created lazily, once per rollout object, reused across generations and closed by
   :meth:`WebRollout.close`. All calls must come from one thread (Playwright's sync API).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import random
 import zlib
 from pathlib import Path
@@ -34,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from coevo.agents.web_agent import Provenance, WebAgent
 from coevo.backends.base import SamplingParams
+from coevo.envs.openended import OpenEndedSpec
 from coevo.envs.web import WEB_ACTION_NAMES, WebEnv
 from coevo.resources import shipped_root
 from coevo.rollouts.base import Rollout, RolloutConfig, Split, register_rollout
@@ -47,6 +58,21 @@ if TYPE_CHECKING:
 #: the shipped skills the agent starts from when ``skill_dirs`` is not given (relative to
 #: :func:`coevo.resources.shipped_root`: the repository, or the shipped copy in an installed wheel)
 DEFAULT_SKILL_DIRS = ("skills/web-navigation", "skills/miniwob-forms")
+#: seeds of open-ended episodes (they only label episodes and sampling streams: the page is the user's)
+OPENENDED_TRAIN_SEEDS = tuple(range(64))
+OPENENDED_HELDOUT_SEEDS = tuple(range(10_000, 10_032))
+#: settings that only matter with use_skills: true (an error when given without it)
+SKILL_SETTINGS = ("skill_dirs", "skill_name", "max_skill_chars")
+_warned: set[str] = set()
+
+log = logging.getLogger(__name__)
+
+
+def _warn_once(message: str) -> None:
+    """Log a validation warning once per process (a config is validated more than once)."""
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
 
 
 class WebSampling(BaseModel):
@@ -63,13 +89,19 @@ class WebRolloutConfig(RolloutConfig):
     """Settings of the ``web`` rollout (see the module docstring)."""
 
     type: str = "web"
-    benchmark: Literal["miniwob", "webarena_lite"] = Field("miniwob", description="which BrowserGym benchmark")
+    benchmark: Literal["miniwob", "webarena_lite", "openended"] = Field(
+        "miniwob", description="which BrowserGym benchmark; openended = any site (see `openended`)")
     taskset: str = Field("miniwob_smoke", description="miniwob: a name in coevo.envs.miniwob.MINIWOB_TASKSETS")
     tasks: list[str] | None = Field(None, description="miniwob: keep only these tasks of the task set")
     task_ids: list[int] | None = Field(None, description="webarena_lite: WebArena task ids (default: all 165)")
     sites: list[str] | None = Field(None, description="webarena_lite: keep tasks whose sites are all listed")
     test_task_ids: list[int] | None = Field(
         None, description="webarena_lite: held-out task ids (default: test_episodes tasks drawn from the selection)")
+    judge_tasks: Literal["require", "skip"] = Field(
+        "require", description="webarena_lite: tasks with an LLM-judged evaluator need OPENAI_API_KEY (require) "
+                               "or are left out with a warning (skip)")
+    openended: OpenEndedSpec | None = Field(
+        None, description="openended: {start_url, goal, reward: {answer_contains|url_contains|page_contains|judge}}")
     episodes_per_member: int = Field(4, ge=1, description="train episodes per member and generation")
     test_episodes: int = Field(8, ge=1, description="held-out episodes (fixed)")
     same_episodes_for_all_members: bool = Field(True, description="every member of a generation gets the same episodes")
@@ -81,12 +113,15 @@ class WebRolloutConfig(RolloutConfig):
         None, description=f"browser actions offered to the agent (subset of {list(WEB_ACTION_NAMES)}; None = all)")
     max_obs_chars: int = Field(4000, ge=200, description="accessibility-tree clip per prompt (characters)")
     history_len: int = Field(4, ge=0, description="previous actions shown per prompt")
+    max_skill_chars: int | None = Field(
+        None, ge=200, description="catalog mode: cut a loaded skill at this many characters, with a note (None = whole)")
     timeout_ms: int | None = Field(None, gt=0, description="Playwright timeout per browser action (ms)")
     use_skills: bool = Field(False, description="run the agent under the current skill (ctx.shared['skill'])")
     skill_mode: Literal["preload", "catalog"] = Field(
         "preload", description="preload: current skill's body in the system prompt; catalog: names only")
     skill_dirs: list[str] | None = Field(
-        None, description=f"initial skill folders (version 0; default {list(DEFAULT_SKILL_DIRS)})")
+        None, description=f"initial skill folders or folders of skill folders (version 0; default "
+                          f"{list(DEFAULT_SKILL_DIRS)})")
     skill_name: str | None = Field(
         None, description="the evolving skill recorded in ContextRef (default: the published one, else the last "
                           "initial folder's skill)")
@@ -97,6 +132,15 @@ class WebRolloutConfig(RolloutConfig):
             unknown = sorted(set(self.actions) - set(WEB_ACTION_NAMES))
             if unknown or not self.actions:
                 raise ValueError(f"actions: unknown {unknown}; allowed: {list(WEB_ACTION_NAMES)}")
+        self._check_skills()
+        if (self.benchmark == "openended") != (self.openended is not None):
+            raise ValueError("openended: give `openended: {start_url, goal, reward}` exactly when benchmark is openended")
+        if self.benchmark != "webarena_lite":
+            for name in ("task_ids", "sites", "test_task_ids"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: only used with benchmark webarena_lite")
+        if self.benchmark == "webarena_lite":
+            self.webarena_tasks()
         if self.benchmark == "miniwob":
             from coevo.envs.miniwob import MINIWOB_TASKSETS
 
@@ -106,10 +150,95 @@ class WebRolloutConfig(RolloutConfig):
             bad = [t for t in self.tasks or () if t not in known]
             if bad or self.tasks == []:
                 raise ValueError(f"tasks: {bad or 'empty list'} not in task set {self.taskset!r} {list(known)}")
-            for name in ("task_ids", "sites", "test_task_ids"):
-                if getattr(self, name) is not None:
-                    raise ValueError(f"{name}: only used with benchmark webarena_lite")
+        elif self.tasks is not None:
+            raise ValueError("tasks: only used with benchmark miniwob")
         return self
+
+    def _check_skills(self) -> None:
+        """Skill settings need use_skills; the attached skills must pass the spec validator."""
+        if not self.use_skills:
+            given = [n for n in SKILL_SETTINGS if getattr(self, n) is not None]
+            if self.skill_mode != "preload":
+                given.append("skill_mode")
+            if given:
+                raise ValueError(f"{', '.join(given)}: set but use_skills is false (the agent would ignore "
+                                 f"{'them' if len(given) > 1 else 'it'}); set use_skills: true or drop "
+                                 f"{'them' if len(given) > 1 else 'it'}")
+            return
+        if self.skill_dirs == []:
+            raise ValueError("skill_dirs: empty list; give skill folders or drop skill_dirs for the defaults")
+        self.skill_folders()
+
+    def skill_folders(self) -> dict[str, Path]:
+        """Skill name -> folder of the attached skills (``skill_dirs`` expanded; {} without use_skills).
+
+        Raises:
+            ValueError: a missing folder or a skill violating the spec (see
+                :func:`coevo.skills.validate.attached_skill_dirs`).
+        """
+        from coevo.skills.spec import read_skill_document
+        from coevo.skills.validate import attached_skill_dirs
+
+        if not self.use_skills:
+            return {}
+        dirs = attached_skill_dirs(self.skill_dirs or DEFAULT_SKILL_DIRS, root=shipped_root())
+        return {read_skill_document(d).name: d for d in dirs}
+
+    def webarena_tasks(self) -> tuple[list[int], list[int]]:
+        """WebArena-Lite ``(train ids, held-out ids)`` of this config, after the deployment checks.
+
+        Checks, in order: the selection (``task_ids`` / ``sites`` / ``test_task_ids``); LLM-judged tasks
+        (``judge_tasks``: without ``OPENAI_API_KEY``, ``require`` is an error naming the tasks, ``skip``
+        leaves them out with a warning and a count); the ``WA_*`` variable of every site the remaining tasks
+        visit; NLTK's ``punkt_tab``. No network, no BrowserGym import.
+
+        Raises:
+            ValueError: naming the setting, variable or data that is missing (and the tasks needing it).
+        """
+        from coevo.envs.webarena_lite import (
+            JUDGE_KEY_ENV,
+            WebArenaConfigError,
+            check_nltk_data,
+            check_webarena_config,
+            select_webarena_lite_tasks,
+        )
+
+        try:
+            pool = select_webarena_lite_tasks(self.task_ids, self.sites)
+        except ValueError as exc:
+            raise ValueError(f"task_ids/sites: {exc}") from None
+        problems: list[str] = []
+        judged = [t.task_id for t in pool if t.needs_judge]
+        if judged and not os.environ.get(JUDGE_KEY_ENV, "").strip():
+            what = (f"{len(judged)} of the {len(pool)} selected WebArena-Lite tasks use an LLM-judged evaluator "
+                    f"({JUDGE_KEY_ENV} is not set): {judged[:12]}{' ...' if len(judged) > 12 else ''}")
+            if self.judge_tasks == "require":
+                problems.append(f"judge_tasks: {what}; set {JUDGE_KEY_ENV}, or set judge_tasks: skip to leave them "
+                                "out, or choose task_ids without them")
+            else:
+                _warn_once(f"rollout (web, webarena_lite): {what}; leaving them out (judge_tasks: skip)")
+                pool = [t for t in pool if not t.needs_judge]
+        ids = [t.task_id for t in pool]
+        if self.test_task_ids is not None:
+            unknown = sorted(set(self.test_task_ids) - set(ids))
+            if unknown:
+                raise ValueError(f"test_task_ids: {unknown} are not in the selected tasks")
+            test = list(dict.fromkeys(self.test_task_ids))
+        else:
+            shuffled = sorted(ids)
+            random.Random(_seed_of(self.seed, "webarena-split")).shuffle(shuffled)
+            test = sorted(shuffled[: min(self.test_episodes, len(ids) - 1)])
+        train = [t for t in ids if t not in set(test)]
+        if not train or not test:
+            raise ValueError(f"task_ids/sites: {len(ids)} selected task(s) cannot be split into train and held-out")
+        for check in (lambda: check_webarena_config(pool), check_nltk_data):
+            try:
+                check()
+            except WebArenaConfigError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise ValueError("benchmark webarena_lite is not ready to run:\n" + "\n".join(problems))
+        return train, test
 
 
 def _seed_of(*parts: object) -> int:
@@ -127,6 +256,9 @@ class WebRollout(Rollout):
     """
 
     Config = WebRolloutConfig
+    #: fields that choose the tasks, the held-out split and the skills: a skill gate over this rollout keeps them
+    selection_keys = ("benchmark", "taskset", "tasks", "task_ids", "sites", "test_task_ids", "judge_tasks",
+                      "openended", "test_episodes", "seed", "use_skills", "skill_dirs", "skill_name")
 
     def __init__(self, config: WebRolloutConfig, ctx: RunContext | None):
         super().__init__(config, ctx)
@@ -138,34 +270,18 @@ class WebRollout(Rollout):
             ts = get_taskset(config.taskset)
             self.tasks = list(config.tasks or ts.tasks)
             self.train_seeds, self.heldout_seeds = list(ts.train_seeds), list(ts.heldout_seeds)
+        elif config.benchmark == "openended":
+            from coevo.envs.openended import TASK_NAME
+
+            self.tasks = [TASK_NAME]
+            self.train_seeds, self.heldout_seeds = list(OPENENDED_TRAIN_SEEDS), list(OPENENDED_HELDOUT_SEEDS)
         else:
-            self._split_webarena()
+            train, test = config.webarena_tasks()
+            self.tasks, self.test_tasks = [str(t) for t in train], [str(t) for t in test]
         if config.use_skills:
-            self.initial_skill_dirs = [self._resolve_dir(d) for d in (config.skill_dirs or DEFAULT_SKILL_DIRS)]
+            self.initial_skill_dirs = list(config.skill_folders().values())
 
     # ------------------------------------------------------------------ episodes
-    def _split_webarena(self) -> None:
-        from coevo.envs.webarena_lite import select_webarena_lite_tasks
-
-        cfg = self.config
-        try:
-            pool = [t.task_id for t in select_webarena_lite_tasks(cfg.task_ids, cfg.sites)]
-        except ValueError as exc:
-            raise ValueError(f"rollout (web, webarena_lite): {exc}") from None
-        if cfg.test_task_ids is not None:
-            unknown = sorted(set(cfg.test_task_ids) - set(pool))
-            if unknown:
-                raise ValueError(f"test_task_ids: {unknown} are not in the selected tasks")
-            test = list(dict.fromkeys(cfg.test_task_ids))
-        else:
-            shuffled = sorted(pool)
-            random.Random(_seed_of(cfg.seed, "webarena-split")).shuffle(shuffled)
-            test = sorted(shuffled[: min(cfg.test_episodes, len(pool) - 1)])
-        train = [t for t in pool if t not in set(test)]
-        if not train or not test:
-            raise ValueError(f"task_ids/sites: {len(pool)} selected task(s) cannot be split into train and held-out")
-        self.tasks, self.test_tasks = [str(t) for t in train], [str(t) for t in test]
-
     def episodes(self, split: Split, generation: int = 0, member: ESMember | None = None) -> list[tuple[str, int]]:
         """The ``(task, seed)`` episodes of a call, in order.
 
@@ -218,19 +334,16 @@ class WebRollout(Rollout):
             if cfg.benchmark == "miniwob":
                 from coevo.envs.miniwob import MiniWoBEnv
 
-                env: WebEnv = MiniWoBEnv(timeout_ms=cfg.timeout_ms)
+                env: WebEnv = MiniWoBEnv(timeout_ms=cfg.timeout_ms, actions=cfg.actions)
+            elif cfg.benchmark == "openended":
+                from coevo.envs.openended import OpenEndedEnv
+
+                env = OpenEndedEnv(cfg.openended, timeout_ms=cfg.timeout_ms, actions=cfg.actions)
             else:
                 from coevo.envs.webarena_lite import WebArenaLiteEnv
 
                 ids = [int(t) for t in self.tasks + self.test_tasks]
-                env = WebArenaLiteEnv(task_ids=ids, timeout_ms=cfg.timeout_ms)
-            if cfg.actions is not None:
-                from browsergym.core.action import functions
-                from browsergym.core.action.highlevel import HighLevelActionSet
-
-                custom = [getattr(functions, a) for a in cfg.actions if a != "noop"]
-                env.action_set = HighLevelActionSet(subsets=["custom"], custom_actions=custom, multiaction=False,
-                                                    strict=False)  # fmt: skip
+                env = WebArenaLiteEnv(task_ids=ids, timeout_ms=cfg.timeout_ms, actions=cfg.actions)
             self._envs.append(env)
         return self._envs[:n]
 
@@ -241,18 +354,6 @@ class WebRollout(Rollout):
             env.close()
 
     # ------------------------------------------------------------------ skills
-    @staticmethod
-    def _resolve_dir(path: str) -> Path:
-        """A skill folder path as given, else relative to the shipped folders (:func:`coevo.resources.shipped_root`).
-
-        Raises:
-            ValueError: naming ``skill_dirs`` when the folder has no SKILL.md.
-        """
-        for cand in (Path(path).expanduser(), shipped_root() / path):
-            if (cand / "SKILL.md").is_file():
-                return cand.resolve()
-        raise ValueError(f"skill_dirs: no skill folder (with SKILL.md) at {path!r}")
-
     def skill_context(self) -> tuple[SkillLibrary | None, str | None, ContextRef, dict[str, Any]]:
         """The skills for the next episodes: ``(library, system-prompt skill text, context, meta)``.
 
@@ -268,6 +369,11 @@ class WebRollout(Rollout):
         published = (self.ctx.shared.get("skill") if self.ctx is not None else None) or None
         dirs = {read_skill_document(d).name: d for d in self.initial_skill_dirs}
         if published:
+            source = published.get("source")
+            mine = dirs.get(published["name"])
+            if source and mine is not None and Path(source).resolve() != mine:
+                raise ValueError(f"skill {published['name']!r}: the skill evolver evolves {source} but this rollout's "
+                                 f"skill_dirs names {mine}; give one folder (the rollout's skill_dirs is enough)")
             dirs[published["name"]] = Path(published["path"])
         name = cfg.skill_name or (published["name"] if published else list(dirs)[-1])
         version = int(published["version"]) if published and published["name"] == name else 0
@@ -280,8 +386,10 @@ class WebRollout(Rollout):
         text = library.catalog_prompt()
         if cfg.skill_mode == "preload":
             text += f"\n\n## Skill {name} (already loaded)\n{library.activate(name).strip()}"
-        return library, text, ContextRef(skill_name=name, skill_version=version), {
-            "skill_path": str(dirs[name]), "skill_mode": cfg.skill_mode}
+        meta = {"skill_path": str(dirs[name]), "skill_mode": cfg.skill_mode}
+        if published and published["name"] == name and published.get("source"):
+            meta["skill_source"] = str(published["source"])
+        return library, text, ContextRef(skill_name=name, skill_version=version), meta
 
     # ------------------------------------------------------------------ rollout API
     def sampling_params(self, split: Split, generation: int) -> SamplingParams:
@@ -317,7 +425,7 @@ class WebRollout(Rollout):
         library, skill_text, context, skill_meta = self.skill_context()
         agent = WebAgent(policy, sampling=self.sampling_params(split, generation), max_steps=cfg.max_steps,
                          skills=library, skill_catalog=skill_text, max_obs_chars=cfg.max_obs_chars,
-                         history_len=cfg.history_len)  # fmt: skip
+                         history_len=cfg.history_len, max_skill_chars=cfg.max_skill_chars)  # fmt: skip
         run_id = self.ctx.run_id if self.ctx is not None else ""
         space = None
         if self.ctx is not None and evolver in self.ctx.evolvers:
@@ -335,9 +443,10 @@ class WebRollout(Rollout):
         return trajs
 
     def member_reward(self, trajectories: list[Trajectory]) -> float:
-        """Mean success over the member's episodes, leaving out browser failures (``failure == "runtime"``);
-        model failures count 0.0. 0.0 when no episode ran."""
-        ran = [t for t in trajectories if t.failure != "runtime"]
+        """Mean success over the member's episodes, leaving out browser and evaluator failures (``failure`` in
+        ``runtime``, ``evaluation``: they say nothing about the policy); model failures count 0.0. 0.0 when no
+        episode ran."""
+        ran = [t for t in trajectories if t.failure not in ("runtime", "evaluation")]
         if not ran:
             return 0.0
         return sum(t.reward if t.valid and t.reward is not None else 0.0 for t in ran) / len(ran)

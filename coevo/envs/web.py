@@ -19,6 +19,7 @@ thread that created the env (Playwright's sync API).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -47,17 +48,39 @@ class WebEnvError(RuntimeError):
     """The browser or the task failed outside of an action (launch, navigation, task set-up, crash)."""
 
 
-def web_action_set() -> Any:
-    """The BrowserGym ``HighLevelActionSet`` of :data:`WEB_ACTION_NAMES`, one action per step.
+class TaskEvaluationError(RuntimeError):
+    """The task's evaluator failed (e.g. an LLM judge without an API key): the episode has no reward.
+
+    Raised by :meth:`WebEnv.step` when BrowserGym's ``task.validate`` raises; the cause is chained. The
+    browser itself is fine, so this is not a :class:`WebEnvError`.
+    """
+
+
+def web_action_set(names: Sequence[str] | None = None) -> Any:
+    """The BrowserGym ``HighLevelActionSet`` of ``names`` (default :data:`WEB_ACTION_NAMES`), one action per
+    step; BrowserGym always adds ``noop``.
 
     Its ``describe()`` gives the signatures, descriptions and examples used in the agent's system prompt;
-    its ``to_python_code`` is the env's action mapping.
+    its ``to_python_code`` is the env's action mapping, which rejects any other action name (the error
+    lands in ``last_action_error``).
+
+    Raises:
+        ValueError: an empty list or a name not in :data:`WEB_ACTION_NAMES` (named).
     """
     from browsergym.core.action import functions
     from browsergym.core.action.highlevel import HighLevelActionSet
 
-    custom = [getattr(functions, name) for name in WEB_ACTION_NAMES if name != "noop"]
+    chosen = list(WEB_ACTION_NAMES if names is None else names)
+    unknown = sorted(set(chosen) - set(WEB_ACTION_NAMES))
+    if unknown or not chosen:
+        raise ValueError(f"actions: unknown {unknown or 'empty list'}; allowed: {list(WEB_ACTION_NAMES)}")
+    custom = [getattr(functions, name) for name in dict.fromkeys(chosen) if name != "noop"]
     return HighLevelActionSet(subsets=["custom"], custom_actions=custom, multiaction=False, strict=False)
+
+
+def action_names(action_set: Any) -> tuple[str, ...]:
+    """The action names of a BrowserGym ``HighLevelActionSet`` (``noop`` first), in its order."""
+    return tuple(action_set.action_set)
 
 
 def goal_text(raw_obs: dict[str, Any]) -> str:
@@ -75,9 +98,11 @@ class WebEnv:
         headless: run Chromium headless (BrowserGym warns that headful mode changes task difficulty).
         timeout_ms: Playwright timeout per action (ms); ``None`` keeps the task's default.
         gym_kwargs: extra keyword arguments for ``gym.make`` (e.g. ``task_kwargs``).
+        actions: the browser actions offered (subset of :data:`WEB_ACTION_NAMES`; default all). The same set
+            is the env's action mapping, the agent's prompt and the agent's parser (:attr:`action_names`).
 
     Raises:
-        ValueError: for an empty ``benchmark`` or a non-positive ``timeout_ms``.
+        ValueError: for an empty ``benchmark``, a non-positive ``timeout_ms`` or an unknown action.
     """
 
     def __init__(
@@ -87,6 +112,7 @@ class WebEnv:
         headless: bool = True,
         timeout_ms: int | None = None,
         gym_kwargs: dict[str, Any] | None = None,
+        actions: Sequence[str] | None = None,
     ) -> None:
         if not benchmark or not isinstance(benchmark, str):
             raise ValueError(f"benchmark must be a non-empty string, got {benchmark!r}")
@@ -97,10 +123,15 @@ class WebEnv:
         self.timeout_ms = timeout_ms
         self.gym_kwargs = dict(gym_kwargs or {})
         self.ignored_roles = [*IGNORED_ROLES]
-        self.action_set = web_action_set()
+        self.action_set = web_action_set(actions)
         self._env: Any = None
         self._env_task: str | None = None
         self.task_id: str | None = None
+
+    @property
+    def action_names(self) -> tuple[str, ...]:
+        """Names of the actions this env executes (``noop`` included)."""
+        return action_names(self.action_set)
 
     # -- hooks for subclasses -------------------------------------------------------------------------
     def check_task(self, task: str) -> None:
@@ -163,7 +194,25 @@ class WebEnv:
         except (playwright.sync_api.Error, TimeoutError, AssertionError) as exc:
             self.close()
             raise WebEnvError(f"{self.gym_id(task)} reset(seed={seed}) failed: {type(exc).__name__}: {exc}") from exc
+        self._guard_evaluator()
         return self._observation(raw)
+
+    def _guard_evaluator(self) -> None:
+        """Wrap the new task's ``validate`` so that an evaluator failure surfaces as TaskEvaluationError."""
+        task = getattr(self._env.unwrapped, "task", None)
+        validate = getattr(task, "validate", None)
+        if validate is None or getattr(validate, "_coevo_guarded", False):
+            return
+
+        def guarded(page: Any, chat_messages: Any) -> Any:
+            try:
+                return validate(page, chat_messages)
+            except Exception as exc:  # any evaluator error: the episode gets no reward
+                raise TaskEvaluationError(f"{self.task_id}: the task's evaluator failed: "
+                                          f"{type(exc).__name__}: {exc}") from exc
+
+        guarded._coevo_guarded = True  # type: ignore[attr-defined]
+        task.validate = guarded
 
     def step(self, action: str) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
         """Execute one high-level action string.
@@ -175,7 +224,9 @@ class WebEnv:
 
         Raises:
             RuntimeError: when called before :meth:`reset`.
-            WebEnvError: the browser itself failed (crash, closed page, validation error).
+            WebEnvError: the browser itself failed (crash, closed page).
+            TaskEvaluationError: the task's evaluator raised (e.g. an LLM judge without its API key); the
+                episode has no reward.
         """
         if self._env is None:
             raise RuntimeError("WebEnv.step() called before reset()")
@@ -183,6 +234,8 @@ class WebEnv:
 
         try:
             raw, reward, terminated, truncated, info = self._env.step(action)
+        except TaskEvaluationError:
+            raise
         except (playwright.sync_api.Error, TimeoutError) as exc:
             raise WebEnvError(f"{self.task_id}: step({action!r}) failed: {type(exc).__name__}: {exc}") from exc
         return self._observation(raw), float(reward), bool(terminated or truncated), dict(info)

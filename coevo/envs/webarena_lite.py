@@ -12,6 +12,16 @@ launched and names each missing one. BrowserGym itself asserts that all seven ar
 chosen tasks visits, when unset, are given an unresolvable RFC 2606 host ``http://<site>.unconfigured.invalid``
 so that a user who deploys, say, only the shopping site can run the shopping tasks.
 
+LLM-judged tasks: 40 of the 165 tasks may call an OpenAI chat model as judge (``fuzzy_match`` in their
+``eval``: ``llm_fuzzy_match`` / ``llm_ua_match`` of ``browsergym.webarenalite.helper_functions``, which need
+``OPENAI_API_KEY``): 35 score the answer, 4 (528, 641, 645, 657) a page element, and task 491 (reference
+``N/A``) calls it when the answer is not exactly ``N/A``. :attr:`WebArenaLiteTask.needs_judge` marks them,
+read from the task configs shipped in the package (no import, no network).
+
+NLTK: the evaluators tokenize with NLTK's ``punkt_tab``, and importing ``browsergym.webarenalite`` *downloads*
+it when missing. :func:`check_nltk_data` looks for it on NLTK's search path (``NLTK_DATA`` first) and coevo
+imports the package only after it is found, so a run never downloads or waits on the network.
+
 Task ids are WebArena's original ids (``old_task_id`` in the Lite file, the number in the gym id
 ``browsergym/webarenalite.<id>``).
 """
@@ -56,6 +66,7 @@ class WebArenaLiteTask:
         sites: sites the task visits (keys of :data:`SITE_ENV_VARS`).
         intent: the goal text with ``__SITE__`` URL placeholders unresolved.
         require_login: whether BrowserGym logs in before the task starts.
+        needs_judge: whether an evaluator may call the LLM judge (``fuzzy_match`` in ``eval``).
     """
 
     task_id: int
@@ -63,6 +74,18 @@ class WebArenaLiteTask:
     sites: tuple[str, ...]
     intent: str
     require_login: bool
+    needs_judge: bool = False
+
+
+#: the environment variable the WebArena LLM judge reads (``webarena.llms.providers.openai_utils``)
+JUDGE_KEY_ENV = "OPENAI_API_KEY"
+
+
+def _needs_judge(evaluation: dict[str, Any]) -> bool:
+    """Whether a WebArena ``eval`` block uses ``fuzzy_match`` (reference answers or program_html contents)."""
+    if "fuzzy_match" in (evaluation.get("reference_answers") or {}):
+        return True
+    return any("fuzzy_match" in (t.get("required_contents") or {}) for t in evaluation.get("program_html") or ())
 
 
 def _lite_json_path() -> Path:
@@ -86,6 +109,7 @@ def webarena_lite_tasks() -> tuple[WebArenaLiteTask, ...]:
             sites=tuple(r["sites"]),
             intent=str(r["intent"]),
             require_login=bool(r.get("require_login", False)),
+            needs_judge=_needs_judge(r.get("eval") or {}),
         )
         for r in rows
     )
@@ -157,17 +181,48 @@ def check_webarena_config(
     return {var: env[var].strip() for var in needed}
 
 
-def _require_nltk_punkt() -> None:
-    """BrowserGym's WebArena-Lite evaluators need NLTK's ``punkt_tab``; refuse to let it download at run time."""
+def nltk_search_path(environ: Mapping[str, str] | None = None) -> list[str]:
+    """NLTK's data folders: ``NLTK_DATA`` entries (``os.pathsep``-separated) first, then NLTK's defaults."""
     import nltk
 
+    env = os.environ if environ is None else environ
+    extra = [os.path.expanduser(p) for p in env.get("NLTK_DATA", "").split(os.pathsep) if p]
+    # nltk.data.path also holds the NLTK_DATA entries read when nltk was imported: the current value wins
+    stale = {os.path.expanduser(p) for p in getattr(nltk.data, "_paths_from_env", ()) if p}
+    return list(dict.fromkeys(extra + [p for p in nltk.data.path if p not in stale]))
+
+
+def check_nltk_data(environ: Mapping[str, str] | None = None) -> str:
+    """Find NLTK's ``punkt_tab`` (needed by the WebArena-Lite evaluators) without downloading anything.
+
+    Returns:
+        Where it was found.
+
+    Raises:
+        WebArenaConfigError: not on the search path (:func:`nltk_search_path`); the message says how to
+            provide it offline.
+    """
+    import nltk
+
+    paths = nltk_search_path(environ)
     try:
-        nltk.data.find("tokenizers/punkt_tab")
+        return str(nltk.data.find("tokenizers/punkt_tab", paths=paths))
     except LookupError:
         raise WebArenaConfigError(
-            "NLTK data 'punkt_tab' is missing (the WebArena-Lite evaluators need it); install it once with "
-            "`python -m nltk.downloader punkt_tab`"
+            "NLTK data 'punkt_tab' (needed by the WebArena-Lite evaluators) is not installed; coevo never "
+            "downloads it at run time. Install it with `python -m nltk.downloader -d DIR punkt_tab` (on a "
+            "machine with network access, then copy DIR) and set NLTK_DATA=DIR. Searched: " + ", ".join(paths)
         ) from None
+
+
+def _require_nltk_punkt() -> None:
+    """Point NLTK at the found ``punkt_tab`` so that BrowserGym's import-time check finds it (no download)."""
+    import nltk
+
+    check_nltk_data()
+    for path in reversed(nltk_search_path()):
+        if path not in nltk.data.path:
+            nltk.data.path.insert(0, path)
 
 
 class WebArenaLiteEnv(WebEnv):

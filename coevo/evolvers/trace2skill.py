@@ -22,7 +22,12 @@ Trace2Skill (arXiv 2603.25158; field notes §3), one step:
    folder must be named after the skill) and published as
    ``ctx.shared["skill"] = {"name", "version": k, "path"}`` for the next ES generation / web agent.
 
-Version 0 is the source folder ``skills_dir/<skill>``, copied to ``run_dir/skills/<name>/v0/<name>/`` (it is not
+One skill library per run: version 0 is the folder the analysed evolvers' rollouts attach for ``skill`` (their
+``skill_dirs``), else ``skills_dir/<skill>`` (default: the repository's ``skills/``). When both name a folder
+and they differ, the run config is invalid (:meth:`Trace2SkillConfig.link`, called by
+:func:`coevo.config.parse_config`, names both). The gate's rollout is the analysed evolver's rollout (same task
+selection, held-out split and skills) with the gate's own fields on top; a gate field that would change the
+task selection is an error. Version 0 is copied to ``run_dir/skills/<name>/v0/<name>/`` (it is not
 a store artifact: store versions start at 1). Every LLM call is a trajectory of this evolver (space "context",
 ``llm_calls=1``, one step holding prompt and output, ``valid=False`` with a failure kind when unusable) with a
 deterministic key, so a re-run step after a crash re-uses its calls and is not charged twice.
@@ -39,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from coevo.backends.base import Completion, Policy
 from coevo.config import ModelConfig
@@ -72,7 +77,9 @@ class GateConfig(BaseModel):
     """Held-out gate: keep a candidate only if its score is not lower than the current version's."""
 
     model_config = ConfigDict(extra="forbid")
-    rollout: dict[str, Any] = Field(description="rollout spec ({type: web, ...}); it reads ctx.shared['skill']")
+    rollout: dict[str, Any] | None = Field(
+        None, description="overrides of the gated evolver's rollout spec (default: that rollout as is); it reads "
+                          "ctx.shared['skill']; fields that select tasks must not differ")
     split: Literal["train", "test"] = Field("test", description="cases the gate scores on")
     min_delta: float = Field(0.0, description="keep iff score(candidate) - score(current) >= min_delta")
 
@@ -101,12 +108,86 @@ class Trace2SkillConfig(EvolverConfig):
     max_step_chars: int = Field(1200, ge=100, description="characters per observation/output in analyst input")
     max_skill_chars: int = Field(12000, ge=500, description="characters of SKILL.md shown in prompts")
 
+    _source: Path | None = PrivateAttr(None)
+
     @field_validator("skill")
     @classmethod
     def _name(cls, v: str) -> str:
         if not NAME_PATTERN.match(v):
             raise ValueError(f"{v!r} is not a skill name (lowercase a-z, 0-9, single hyphens)")
         return v
+
+    def source_dir(self) -> Path:
+        """The folder version 0 is copied from: the one the rollouts attach (set by :meth:`link`), else
+        ``skills_dir/<skill>`` (default the shipped ``skills/``)."""
+        return self._source or Path(self.skills_dir or SHIPPED_SKILLS_DIR) / self.skill
+
+    def link(self, name: str, run_config: Any) -> list[str]:
+        """Cross-section checks against the run config (called by ``coevo.config.parse_config``).
+
+        * the skill library: the analysed evolvers' rollouts that attach a folder for ``skill`` (their
+          ``skill_folders()``) must agree with each other and with ``skills_dir``; that folder becomes version 0;
+        * the gate: when the first analysed rollout's class declares ``selection_keys`` (the ``web`` rollout) and
+          the gate's rollout is of the same type (or omitted), the gate's rollout becomes that rollout updated
+          with the gate's fields; a gate field among ``selection_keys`` that differs is an error.
+
+        Returns:
+            Field-named error messages (empty when consistent). Mutates ``_source`` and ``gate.rollout``.
+        """
+        errors: list[str] = []
+        rollouts = []  # (where, spec dict, rollout Config)
+        for spec in run_config.evolvers:
+            if spec.name == name or (self.evolvers is not None and spec.name not in self.evolvers):
+                continue
+            ro = getattr(spec.params, "rollout", None)
+            if isinstance(ro, dict) and ro.get("type"):
+                rcls = resolve_rollout(str(ro["type"]))
+                rollouts.append((f"evolvers.{spec.name}.rollout", ro, rcls, rcls.Config.model_validate(ro)))
+        found: dict[Path, str] = {}
+        for where, _ro, _rcls, rcfg in rollouts:
+            folders = rcfg.skill_folders() if callable(getattr(rcfg, "skill_folders", None)) else {}
+            if self.skill in folders:
+                found.setdefault(folders[self.skill], f"{where}.skill_dirs")
+        if len(found) > 1:
+            errors.append(f"evolvers.{name}.skill: skill {self.skill!r} comes from two folders: "
+                          + " and ".join(f"{p} ({w})" for p, w in found.items()) + "; attach one")
+        elif found:
+            folder, where = next(iter(found.items()))
+            if self.skills_dir is not None and (Path(self.skills_dir) / self.skill).resolve() != folder:
+                errors.append(f"evolvers.{name}.skills_dir: {Path(self.skills_dir) / self.skill} differs from the "
+                              f"folder {folder} that {where} attaches for skill {self.skill!r}; give one of them "
+                              f"(the rollout's skill_dirs is enough)")
+            self._source = folder
+        if self.gate is not None and rollouts:
+            errors += self._link_gate(name, *rollouts[0][:3])
+        return errors
+
+    def _link_gate(self, name: str, where: str, base: dict[str, Any], rcls: Any) -> list[str]:
+        own = dict(self.gate.rollout or {})
+        if own.get("type", base["type"]) != base["type"] or not hasattr(rcls, "selection_keys"):
+            return []  # another rollout type, or one that declares no task selection: the gate is the user's own
+        def merged_spec() -> dict[str, Any]:
+            return rcls.Config.model_validate({**base, **own}).model_dump()
+
+        where_gate = f"evolvers.{name}.gate.rollout"
+        diff = [k for k in getattr(rcls, "selection_keys", ()) if k in own and own[k] != base.get(k)]
+        if diff:  # a raw difference may vanish once defaults are filled in (e.g. a nested mapping)
+            try:
+                merged = merged_spec()
+                diff = [k for k in diff if merged.get(k) != base.get(k)]
+            except (ValidationError, ValueError):
+                pass
+        errors = [f"{where_gate}.{k}: {own[k]!r} differs from {where}.{k} {base.get(k)!r}; the gate scores the "
+                  f"held-out tasks of the rollout it gates (one task selection): drop {k} from the gate" for k in diff]
+        if errors:
+            return errors
+        try:
+            merged = merged_spec()
+        except ValidationError as exc:
+            return [f"{'.'.join([where_gate, *map(str, e['loc'])])}: {e['msg']}" for e in exc.errors()]
+        if not errors:
+            self.gate.rollout = merged
+        return errors
 
 
 @dataclass
@@ -142,12 +223,15 @@ class Trace2SkillEvolver(Evolver):
 
     def __init__(self, name: str, config: Trace2SkillConfig, ctx: RunContext):
         super().__init__(name, config, ctx)
-        source = Path(config.skills_dir or SHIPPED_SKILLS_DIR) / config.skill
+        source = config.source_dir()
         if not (source / "SKILL.md").is_file():
             raise ValueError(f"evolvers.{name}.skill: no skill folder {source} (SKILL.md missing)")
         problems = validate_skill(source)
         if problems:
             raise ValueError(f"evolvers.{name}.skill: {source} violates the spec: " + "; ".join(map(str, problems)))
+        if config.gate is not None and config.gate.rollout is None:
+            raise ValueError(f"evolvers.{name}.gate.rollout: required when the run config does not link the gate to "
+                             "the rollout it gates (construct the run with coevo.config.parse_config)")
         if config.gate is not None:  # fail at start-up, not at the first gate
             try:
                 resolve_rollout(str(config.gate.rollout.get("type", ""))).Config.model_validate(config.gate.rollout)
@@ -170,7 +254,8 @@ class Trace2SkillEvolver(Evolver):
         ctx.shared.setdefault("skill", self._published())
 
     def _published(self) -> dict[str, Any]:
-        return {"name": self.config.skill, "version": self.version, "path": str(self.path)}
+        return {"name": self.config.skill, "version": self.version, "path": str(self.path),
+                "source": str(self.source.resolve())}
 
     # ------------------------------------------------------------------ LLM calls
     @property
@@ -426,7 +511,7 @@ class Trace2SkillEvolver(Evolver):
         if self.ctx.budget.allow(need) < need:
             return None
         previous = self.ctx.shared.get("skill")
-        self.ctx.shared["skill"] = {"name": self.config.skill, "version": version, "path": str(path)}
+        self.ctx.shared["skill"] = {**self._published(), "version": version, "path": str(path)}
         try:
             trajs = rollout.run(self.ctx.policy, generation=self.steps_done, member=None, split=split,
                                 key_prefix=self.ctx.traj_key(self.name, "gate", label), evolver=self.name,

@@ -222,3 +222,41 @@ def validate_paths(paths: Iterable[Path | str] | Path | str,
     is reported as a ``SKILL.md`` violation. Returns folder -> violations, in order.
     """
     return {d: validate_skill(d, tokenizer) for d in _skill_candidates(paths)}
+
+
+def attached_skill_dirs(paths: Iterable[Path | str], root: Path | str | None = None) -> list[Path]:
+    """The skill folders a user attaches to an agent, checked as ``coevo skills validate`` checks them.
+
+    Args:
+        paths: each a skill folder or a folder of skill folders (a library), as given (relative to the
+            current folder) or, failing that, relative to ``root``.
+        root: second place to look (the repository root for the shipped ``skills/...`` paths).
+
+    Returns:
+        The skill folders (absolute), in order, libraries expanded.
+
+    Raises:
+        ValueError: a path that is no folder, a folder holding no skill, a skill violating the specification
+            (each violation listed, as :func:`validate_paths` reports it), or two folders with one skill name.
+    """
+    out: list[Path] = []
+    problems: list[str] = []
+    for raw in paths:
+        cands = [Path(raw).expanduser()] + ([Path(root) / raw] if root is not None else [])
+        base = next((c for c in cands if c.is_dir()), None)
+        if base is None or not (is_skill_dir(base) or any(is_skill_dir(c) for c in base.iterdir() if c.is_dir())):
+            raise ValueError(f"skill_dirs: no skill folder (with SKILL.md) or folder of skill folders at {str(raw)!r}")
+        for folder, violations in validate_paths(base).items():
+            problems += [str(v) for v in violations]
+            if is_skill_dir(folder):
+                out.append(folder.resolve())
+    if problems:
+        raise ValueError("skill_dirs: the attached skills violate the Agent Skills specification (as `coevo skills "
+                         "validate` reports): " + "; ".join(problems))
+    names: dict[str, Path] = {}
+    for folder in out:
+        name = read_skill_document(folder).name
+        if name in names and names[name] != folder:
+            raise ValueError(f"skill_dirs: skill {name!r} is given twice: {names[name]} and {folder}")
+        names[name] = folder
+    return list(dict.fromkeys(out))
