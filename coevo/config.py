@@ -341,8 +341,9 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> tuple[R
     """
     path = Path(path)
     if path.is_dir():
-        found = sorted(str(p.relative_to(path)) for p in path.rglob("*.yaml"))
-        hint = f"; configs in it: {', '.join(found[:6])}{', ...' if len(found) > 6 else ''}" if found else ""
+        found = sorted((p.relative_to(path) for p in path.rglob("*.yaml")), key=lambda p: (len(p.parts), str(p)))
+        more = f" and {len(found) - 8} more" if len(found) > 8 else ""
+        hint = f"; configs in it: {', '.join(map(str, found[:8]))}{more}" if found else ""
         raise ConfigError(f"{path} is a folder, not a run config file (give a .yaml file{hint})")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
