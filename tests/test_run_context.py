@@ -75,3 +75,14 @@ def test_no_model_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="no model configured"):
         _ = c.policy
     store.close()
+
+
+def test_a_policy_shared_by_two_run_contexts_answers_to_the_newest(ctx, tmp_path):
+    policy = ctx.policy
+    ctx.budget.max_wall_s = 1e-9  # the first context's budget is spent
+    store = TrajectoryStore(tmp_path / "other.sqlite")
+    other = RunContext(run_id="o", run_dir=tmp_path, store=store, budget=Budget(store, "o"),
+                       policy_factory=lambda: policy)  # fmt: skip
+    assert other.policy is policy
+    assert len(policy.logprob(CONVS[:1], ["Hi"])) == 1  # only the new context's (unlimited) budget applies
+    store.close()

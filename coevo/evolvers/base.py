@@ -134,13 +134,16 @@ class RunContext:
         """Make ``policy`` call :meth:`sample_boundary` before, and :meth:`report_progress` after, each
         ``generate(conversations, ...)`` and ``logprob(conversations, ...)`` call (one sample per
         conversation). The methods are wrapped on the instance, so ``isinstance`` checks and every other
-        attribute are unchanged; observing twice is a no-op. Returns ``policy``."""
+        attribute are unchanged; observing twice is a no-op, and a policy observed by another (earlier) run
+        context is re-wrapped from its original methods, never wrapped twice. Returns ``policy``."""
         if getattr(policy, "_observed_by", None) is self:
             return policy
-        for name in ("generate", "logprob"):
-            inner = getattr(policy, name, None)
-            if callable(inner):
-                setattr(policy, name, self._observed(inner))
+        originals = policy.__dict__.get("_unobserved")  # a policy shared with an earlier run context
+        if originals is None:
+            originals = {n: getattr(policy, n) for n in ("generate", "logprob") if callable(getattr(policy, n, None))}
+            policy._unobserved = originals  # type: ignore[attr-defined]
+        for name, inner in originals.items():
+            setattr(policy, name, self._observed(inner))
         policy._observed_by = self  # type: ignore[attr-defined]
         return policy
 
