@@ -10,48 +10,91 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from coevo import __version__
-from coevo.errors import RunFolderError, UsageError, UserError
+from coevo.errors import RunFolderError, RunInterrupted, UsageError, UserError
 
 #: modules that contribute sub-commands with ``add_parser(subparsers)``
 _DOMAIN_CLIS = ("coevo.es.cli", "coevo.ahd.cli", "coevo.skills.cli")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from coevo.config import load_config
-    from coevo.loop import CoEvolutionLoop, load_run_config, new_run_dir
-
     if args.progress_interval <= 0:
         raise UsageError(f"--progress-interval must be > 0 seconds, got {args.progress_interval}")
-    opts = {"progress": "off" if args.no_progress else "auto", "quiet": args.quiet,
-            "progress_interval_s": args.progress_interval, "log_file": args.log_file}  # fmt: skip
     if args.log_file:
         _check_log_file(Path(args.log_file))
-    if args.resume:
-        if args.config or args.set or args.out:
-            raise UsageError("--resume takes the config and folder saved in the run folder; drop CONFIG/--set/--out")
-        run_dir = Path(args.resume)
-        cfg = load_run_config(run_dir)
-        loop = CoEvolutionLoop(cfg, run_dir, resume=True, **opts)
-    else:
-        if not args.config:
-            raise UsageError("give a CONFIG file, or --resume RUN_DIR")
-        cfg, raw = load_config(args.config, args.set)
-        out = Path(args.out) if args.out else None
-        if out and out.exists() and not (out / "store.sqlite").exists() and (not out.is_dir() or any(out.iterdir())):
-            raise RunFolderError(f"--out {out} exists and is not an empty folder; give a new folder")
-        run_dir = new_run_dir(cfg, args.out)
-        loop = CoEvolutionLoop(cfg, run_dir, raw_config=raw, **opts)
-    print(f"run folder: {run_dir}", flush=True)
-    summary = loop.run(handle_signals=True)
+    with _setup_signals():  # until the loop installs its own: a signal while opening the run stops it cleanly
+        try:
+            loop = _open_run(args)
+        except RunInterrupted as stop:
+            where = f"; resume with: {resume_command(stop.run_dir)}" if getattr(stop, "run_dir", None) else ""
+            print(f"coevo run: {stop.reason} while opening the run (no step ran){where}", file=sys.stderr)
+            return 128 + stop.signum
+        summary = loop.run(handle_signals=True)
     if summary.interrupted is not None:
         print(f"coevo run: {summary.stop_reason}", file=sys.stderr, flush=True)
         return 128 + summary.interrupted
     print(f"report: {summary.run_dir / 'report.md'}")
     return 0
+
+
+def _open_run(args: argparse.Namespace):
+    """The CoEvolutionLoop for ``coevo run``; prints the run folder as soon as it is known.
+
+    Raises:
+        RunInterrupted: a signal arrived while opening (``run_dir`` is set on it once the folder holds a run).
+    """
+    from coevo.config import load_config
+    from coevo.loop import CoEvolutionLoop, check_runnable, load_run_config, new_run_dir
+
+    opts = {"progress": "off" if args.no_progress else "auto", "quiet": args.quiet,
+            "progress_interval_s": args.progress_interval, "log_file": args.log_file}  # fmt: skip
+    if args.resume:
+        if args.config or args.set or args.out:
+            raise UsageError("--resume takes the config and folder saved in the run folder; drop CONFIG/--set/--out")
+        run_dir, raw = Path(args.resume), None
+        cfg = load_run_config(run_dir)
+    else:
+        if not args.config:
+            raise UsageError("give a CONFIG file, or --resume RUN_DIR")
+        cfg, raw = load_config(args.config, args.set)
+        check_runnable(cfg)
+        out = Path(args.out) if args.out else None
+        if out and out.exists() and not (out / "store.sqlite").exists() and (not out.is_dir() or any(out.iterdir())):
+            raise RunFolderError(f"--out {out} exists and is not an empty folder; give a new folder")
+        run_dir = new_run_dir(cfg, args.out)
+    print(f"run folder: {run_dir}", flush=True)
+    try:
+        return CoEvolutionLoop(cfg, run_dir, raw_config=raw, resume=bool(args.resume), **opts)
+    except RunInterrupted as stop:
+        if (run_dir / "config.yaml").is_file():
+            stop.run_dir = run_dir  # type: ignore[attr-defined]
+        raise
+
+
+@contextmanager
+def _setup_signals():
+    """SIGINT / SIGTERM raise RunInterrupted (restored to the previous handlers after)."""
+
+    def handler(signum, _frame):
+        raise RunInterrupted(f"interrupted by {signal.Signals(signum).name}", signum)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def resume_command(run_dir: Path) -> str:
+    from coevo.loop import resume_command as cmd
+
+    return cmd(run_dir)
 
 
 def _check_log_file(path: Path) -> None:

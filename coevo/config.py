@@ -7,8 +7,9 @@ and every error names the field (``evolvers.eoh.population_size``) and, for choi
 Beyond each section's own fields, :func:`parse_config` rejects combinations that cannot work, naming the
 fields involved, before any model is loaded or any API called (:func:`check_combinations`):
 
-* a parameter-space evolver (``space = "parameter"``, e.g. ``type: es``) without a ``model``, or on a backend
-  without weights (``model.backend: openai``);
+* a parameter-space evolver (``space = "parameter"``, e.g. ``type: es``) on a backend without weights
+  (``model.backend: openai``); without any model, ``coevo run`` refuses it (:func:`coevo.loop.check_runnable`;
+  in code a policy may be passed to the loop instead);
 * a field named ``evolver`` or ``evolvers`` (in an evolver's params or its nested ``rollout`` / ``gate``
   specs: the convention for references to other evolvers of the run) naming an evolver the config does not
   have, or the evolver itself;
@@ -210,16 +211,16 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> RunConfig:
 _CONTEXT_FIELDS = ("evolver", "evolvers", "use_skills")
 
 
-def _evolver_refs(node: Any, path: str) -> list[tuple[str, str]]:
-    """``(field path, evolver name)`` for every ``evolver: NAME`` / ``evolvers: [NAME, ...]`` under ``node``."""
-    out: list[tuple[str, str]] = []
+def _evolver_refs(node: Any, path: str) -> list[tuple[str, str | list[str]]]:
+    """``(field path, NAME or [NAME, ...])`` for every ``evolver: NAME`` / ``evolvers: [NAME, ...]`` under ``node``."""
+    out: list[tuple[str, str | list[str]]] = []
     if isinstance(node, dict):
         for key, value in node.items():
             where = f"{path}.{key}"
             if key == "evolver" and isinstance(value, str):
                 out.append((where, value))
             elif key == "evolvers" and isinstance(value, list):
-                out.extend((where, v) for v in value if isinstance(v, str))
+                out.append((where, [v for v in value if isinstance(v, str)]))
             else:
                 out.extend(_evolver_refs(value, where))
     elif isinstance(node, list):
@@ -240,19 +241,18 @@ def check_combinations(cfg: RunConfig) -> list[str]:
         where = f"evolvers.{spec.name}"
         cls = resolve_evolver(spec.type)
         params = spec.params.model_dump()
-        if cls.space == "parameter":
-            if cfg.model is None:
-                errors.append(f"{where}.type: {spec.type!r} evolves the model's weights (parameter space), but the "
-                              f"config has no `model` section; add one with backend {' or '.join(BACKENDS_WITH_WEIGHTS)}")
-            elif backend not in BACKENDS_WITH_WEIGHTS:
-                errors.append(f"{where}.type / model.backend: {spec.type!r} evolves the model's weights (parameter "
-                              f"space), but backend {backend!r} has none; use model.backend "
-                              f"{' or '.join(BACKENDS_WITH_WEIGHTS)}, or a context-space evolver")
-        for field_path, ref in _evolver_refs(params, where):
-            if ref not in names:
-                errors.append(f"{field_path}: no evolver named {ref!r} in this config; evolvers are {names}")
-            elif ref == spec.name:
-                errors.append(f"{field_path}: {ref!r} refers to the evolver itself; name another evolver")
+        # (no model at all: the loop checks, as a policy may be passed to it in code)
+        if cls.space == "parameter" and cfg.model is not None and backend not in BACKENDS_WITH_WEIGHTS:
+            errors.append(f"{where}.type / model.backend: {spec.type!r} evolves the model's weights (parameter "
+                          f"space), but backend {backend!r} has none; use model.backend "
+                          f"{' or '.join(BACKENDS_WITH_WEIGHTS)}, or a context-space evolver")
+        for field_path, refs in _evolver_refs(params, where):
+            unknown = [r for r in refs if r not in names] if isinstance(refs, list) else refs not in names
+            if unknown:
+                shown = unknown if isinstance(refs, list) else repr(refs)
+                errors.append(f"{field_path}: unknown {shown}; the evolvers of this config are {names}")
+            elif spec.name in (refs if isinstance(refs, list) else [refs]):
+                errors.append(f"{field_path}: {spec.name!r} refers to the evolver itself; name another evolver")
         workers = params.get("workers")
         if isinstance(workers, int) and workers >= 1:
             rollout = params.get("rollout") if isinstance(params.get("rollout"), dict) else {}

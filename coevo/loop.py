@@ -123,6 +123,20 @@ def load_run_config(run_dir: Path) -> RunConfig:
     return parse_config(data, str(path))
 
 
+def check_runnable(config: RunConfig, policy_factory=None) -> None:
+    """What :func:`~coevo.config.parse_config` cannot check alone: a parameter-space evolver needs a policy,
+    from the config's ``model`` or passed in code.
+
+    Raises:
+        ConfigError: a parameter-space evolver, no ``model`` section and no ``policy_factory``.
+    """
+    if policy_factory is None and config.model is None:
+        weightful = [s.name for s in config.evolvers if resolve_evolver(s.type).space == "parameter"]
+        if weightful:
+            raise ConfigError(f"evolvers.{weightful[0]}.type: a parameter-space evolver evolves the model's "
+                              "weights, but the config has no `model` section; add one (backend hf or vllm)")
+
+
 def resume_command(run_dir: Path) -> str:
     """The shell command that resumes ``run_dir``."""
     import shlex
@@ -187,15 +201,16 @@ class CoEvolutionLoop:
             raise
 
     def _open(self, config: RunConfig, raw_config, resume: bool, policy_factory) -> None:
-        if not resume and (self.run_dir / "store.sqlite").exists():  # checked again under the lock
-            raise RunFolderError(f"{self.run_dir} already holds a run; use --resume {self.run_dir} to continue it")
-        if not resume and raw_config is not None:
-            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(raw_config, sort_keys=False))
         self.run_id = self.run_dir.name
         try:
             self.store = TrajectoryStore(self.run_dir / "store.sqlite")
         except sqlite3.DatabaseError as exc:
             raise RunFolderError(f"{self.run_dir / 'store.sqlite'} is not a readable trajectory store ({exc})") from None
+        # checked again under the lock: another process may have run here since the caller looked
+        if not resume and (self.store.count() or (self.run_dir / "checkpoints" / "LATEST").exists()):
+            raise RunFolderError(f"{self.run_dir} already holds a run; use --resume {self.run_dir} to continue it")
+        if not resume and raw_config is not None:
+            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(raw_config, sort_keys=False))
         self.checkpoints = CheckpointDir(self.run_dir / "checkpoints")
         b = config.budget
         self.budget = Budget(self.store, self.run_id, b.max_samples, b.max_rounds, b.max_wall_s)
@@ -203,6 +218,7 @@ class CoEvolutionLoop:
             from coevo.backends.factory import make_policy_factory
 
             policy_factory = make_policy_factory(config.model)
+
         self.ctx = RunContext(
             run_id=self.run_id,
             run_dir=self.run_dir,
