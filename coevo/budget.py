@@ -4,6 +4,10 @@ The sample count is never kept in a separate counter: it is the sum of ``llm_cal
 trajectories in the store. Every LLM call, valid or failed or unparsable, is recorded as (part of) a
 trajectory, so the count is exact after a crash and a resume cannot reset it (the failure kind in
 field-notes §2 where a budget ignoring failed samples let a run make 75k calls).
+
+The wall clock is checked by the loop before every step and, through the run context
+(:meth:`coevo.evolvers.base.RunContext.sample_boundary`), before every LLM call inside a step, so a long
+step cannot overrun ``max_wall_s`` by more than one batch of samples.
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ class Budget:
         """Wall seconds used by the run so far, over all sessions."""
         return self.wall_used_s + (time.monotonic() - self._session_start)
 
+    def wall_exhausted(self) -> str | None:
+        """The reason the wall-clock budget stops the run, or None (unlimited or time left)."""
+        if self.max_wall_s is not None and self.wall_elapsed() >= self.max_wall_s:
+            return f"wall-clock budget reached ({self.wall_elapsed():.0f}/{self.max_wall_s:.0f} s)"
+        return None
+
     def exhausted(self, next_round: int | None = None) -> str | None:
         """The reason the run must stop, or None.
 
@@ -62,8 +72,9 @@ class Budget:
         """
         if self.max_samples is not None and self.samples_used() >= self.max_samples:
             return f"sample budget reached ({self.samples_used()}/{self.max_samples} LLM samples)"
-        if self.max_wall_s is not None and self.wall_elapsed() >= self.max_wall_s:
-            return f"wall-clock budget reached ({self.wall_elapsed():.0f}/{self.max_wall_s:.0f} s)"
+        wall = self.wall_exhausted()
+        if wall:
+            return wall
         if next_round is not None and self.max_rounds is not None and next_round >= self.max_rounds:
             return f"round budget reached ({self.max_rounds} rounds)"
         return None

@@ -10,55 +10,119 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from coevo import __version__
+from coevo.errors import RunFolderError, RunInterrupted, UsageError, UserError
 
 #: modules that contribute sub-commands with ``add_parser(subparsers)``
 _DOMAIN_CLIS = ("coevo.es.cli", "coevo.ahd.cli", "coevo.skills.cli")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from coevo.config import ConfigError, load_config
-    from coevo.loop import CoEvolutionLoop, load_run_config, new_run_dir
-
-    try:
-        if args.resume:
-            if args.config or args.set:
-                print("coevo run: --resume takes the config saved in the run folder; drop CONFIG/--set", file=sys.stderr)
-                return 2
-            run_dir = Path(args.resume)
-            if not (run_dir / "config.yaml").exists():
-                print(f"coevo run: {run_dir} holds no run (config.yaml missing)", file=sys.stderr)
-                return 2
-            cfg = load_run_config(run_dir)
-            if args.check:
-                print(f"config OK: {run_dir / 'config.yaml'} ({len(cfg.evolvers)} evolver(s))")
-                return 0
-            loop = CoEvolutionLoop(cfg, run_dir, resume=True, progress=not args.no_progress)
-        else:
-            if not args.config:
-                print("coevo run: give a CONFIG file, or --resume RUN_DIR", file=sys.stderr)
-                return 2
-            cfg, raw = load_config(args.config, args.set)
-            if args.check:
-                names = ", ".join(f"{e.name} ({e.type})" for e in cfg.evolvers)
-                print(f"config OK: {args.config} ({names}); nothing was loaded or started")
-                return 0
-            out = Path(args.out) if args.out else None
-            if out and out.exists() and not (out / "store.sqlite").exists() and (not out.is_dir() or any(out.iterdir())):
-                print(f"coevo run: --out {out} exists and is not an empty folder; give a new folder", file=sys.stderr)
-                return 2
-            run_dir = new_run_dir(cfg, args.out)
-            loop = CoEvolutionLoop(cfg, run_dir, raw_config=raw, progress=not args.no_progress)
-    except (ConfigError, FileExistsError, FileNotFoundError) as exc:
-        print(f"coevo run: {exc}", file=sys.stderr)
-        return 2
-    summary = loop.run()
-    print(f"run folder: {summary.run_dir}")
+    if args.check:
+        return _check_only(args)
+    if args.progress_interval <= 0:
+        raise UsageError(f"--progress-interval must be > 0 seconds, got {args.progress_interval}")
+    if args.log_file:
+        _check_log_file(Path(args.log_file))
+    with _setup_signals():  # until the loop installs its own: a signal while opening the run stops it cleanly
+        try:
+            loop = _open_run(args)
+        except RunInterrupted as stop:
+            where = f"; resume with: {resume_command(stop.run_dir)}" if getattr(stop, "run_dir", None) else ""
+            print(f"coevo run: {stop.reason} while opening the run (no step ran){where}", file=sys.stderr)
+            return 128 + stop.signum
+        summary = loop.run(handle_signals=True)
+    if summary.interrupted is not None:
+        print(f"coevo run: {summary.stop_reason}", file=sys.stderr, flush=True)
+        return 128 + summary.interrupted
     print(f"report: {summary.run_dir / 'report.md'}")
     return 0
+
+
+def _check_only(args: argparse.Namespace) -> int:
+    """``coevo run --check``: validate the config (or a run folder's saved config); nothing is loaded or started."""
+    from coevo.config import load_config
+    from coevo.loop import check_runnable, load_run_config
+
+    if args.resume:
+        cfg = load_run_config(Path(args.resume))
+        source = Path(args.resume) / "config.yaml"
+    else:
+        if not args.config:
+            raise UsageError("give a CONFIG file, or --resume RUN_DIR")
+        cfg, _ = load_config(args.config, args.set)
+        source = args.config
+    check_runnable(cfg)
+    names = ", ".join(f"{e.name} ({e.type})" for e in cfg.evolvers)
+    print(f"config OK: {source} ({names}); nothing was loaded or started")
+    return 0
+
+
+def _open_run(args: argparse.Namespace):
+    """The CoEvolutionLoop for ``coevo run``; prints the run folder as soon as it is known.
+
+    Raises:
+        RunInterrupted: a signal arrived while opening (``run_dir`` is set on it once the folder holds a run).
+    """
+    from coevo.config import load_config
+    from coevo.loop import CoEvolutionLoop, check_runnable, load_run_config, new_run_dir
+
+    opts = {"progress": "off" if args.no_progress else "auto", "quiet": args.quiet,
+            "progress_interval_s": args.progress_interval, "log_file": args.log_file}  # fmt: skip
+    if args.resume:
+        if args.config or args.set or args.out:
+            raise UsageError("--resume takes the config and folder saved in the run folder; drop CONFIG/--set/--out")
+        run_dir, raw = Path(args.resume), None
+        cfg = load_run_config(run_dir)
+    else:
+        if not args.config:
+            raise UsageError("give a CONFIG file, or --resume RUN_DIR")
+        cfg, raw = load_config(args.config, args.set)
+        check_runnable(cfg)
+        out = Path(args.out) if args.out else None
+        if out and out.exists() and not (out / "store.sqlite").exists() and (not out.is_dir() or any(out.iterdir())):
+            raise RunFolderError(f"--out {out} exists and is not an empty folder; give a new folder")
+        run_dir = new_run_dir(cfg, args.out)
+    print(f"run folder: {run_dir}", flush=True)
+    try:
+        return CoEvolutionLoop(cfg, run_dir, raw_config=raw, resume=bool(args.resume), **opts)
+    except RunInterrupted as stop:
+        if (run_dir / "config.yaml").is_file():
+            stop.run_dir = run_dir  # type: ignore[attr-defined]
+        raise
+
+
+@contextmanager
+def _setup_signals():
+    """SIGINT / SIGTERM raise RunInterrupted (restored to the previous handlers after)."""
+
+    def handler(signum, _frame):
+        raise RunInterrupted(f"interrupted by {signal.Signals(signum).name}", signum)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def resume_command(run_dir: Path) -> str:
+    from coevo.loop import resume_command as cmd
+
+    return cmd(run_dir)
+
+
+def _check_log_file(path: Path) -> None:
+    if path.is_dir():
+        raise UsageError(f"--log-file {path} is a folder; give a file path")
+    if not path.parent.is_dir():
+        raise UsageError(f"--log-file: folder {path.parent} does not exist")
 
 
 def _cmd_model_prepare(args: argparse.Namespace) -> int:
@@ -81,18 +145,28 @@ def _cmd_model_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open_store(db: Path, readonly: bool = False):
+    """Open a run's store; a file that is not a SQLite store is a user error (the folder is damaged)."""
+    import sqlite3
+
+    from coevo.store import TrajectoryStore
+
+    try:
+        return TrajectoryStore(db, readonly=readonly)
+    except sqlite3.DatabaseError as exc:
+        raise RunFolderError(f"{db} is not a readable trajectory store ({exc})") from None
+
+
 def _cmd_runs_show(args: argparse.Namespace) -> int:
     from coevo.report import write_report
-    from coevo.store import TrajectoryStore
 
     run_dir = Path(args.run_dir)
     db = run_dir / "store.sqlite"
     if not db.is_file():
-        print(f"coevo runs show: {run_dir} holds no run (store.sqlite missing)", file=sys.stderr)
-        return 2
+        raise RunFolderError(f"{run_dir} holds no run (store.sqlite missing)")
     report = run_dir / "report.md"
     if args.report or not report.exists():
-        with TrajectoryStore(db) as store:
+        with _open_store(db) as store:
             ids = store.run_ids()
             run_id = run_dir.name if run_dir.name in ids or not ids else ids[0]
             write_report(run_dir, store, run_id)
@@ -101,19 +175,14 @@ def _cmd_runs_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs_export(args: argparse.Namespace) -> int:
-    from coevo.store import TrajectoryStore
-
     db, out = Path(args.run_dir) / "store.sqlite", Path(args.out)
     if not db.is_file():
-        print(f"coevo runs export: {args.run_dir} holds no run (store.sqlite missing)", file=sys.stderr)
-        return 2
+        raise RunFolderError(f"{args.run_dir} holds no run (store.sqlite missing)")
     if out.is_symlink() or (out.exists() and not out.is_file()):
-        print(f"coevo runs export: {out} exists and is not a regular file; give a new .jsonl path", file=sys.stderr)
-        return 2
+        raise UsageError(f"{out} exists and is not a regular file; give a new .jsonl path")
     if not out.parent.is_dir():
-        print(f"coevo runs export: folder {out.parent} does not exist", file=sys.stderr)
-        return 2
-    with TrajectoryStore(db, readonly=True) as store:
+        raise UsageError(f"folder {out.parent} does not exist")
+    with _open_store(db, readonly=True) as store:
         n = store.export_jsonl(args.out)
     print(f"wrote {n} trajectories to {args.out}")
     return 0
@@ -130,7 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="A.B=VALUE", help="override a config field")
     run.add_argument("--out", help="run folder (default: <run.out_dir>/<run.name>-<time>)")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
-    run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.add_argument("--no-progress", action="store_true", help="no progress bars or lines")
+    run.add_argument("-q", "--quiet", action="store_true",
+                     help="print only the run folder, the report path, warnings and errors")
+    run.add_argument("--log-file", metavar="PATH",
+                     help="also append the run's log (as in RUN_DIR/run.log) to PATH")
+    run.add_argument("--progress-interval", type=float, default=10.0, metavar="S",
+                     help="seconds between progress lines when stderr is not a terminal (default 10)")
     run.add_argument("--check", action="store_true", help="validate the config only (fields, skill folders, "
                      "deployment variables) and exit: 0 valid, 2 invalid; loads no model, starts no browser")
     run.set_defaults(func=_cmd_run)
@@ -159,26 +234,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that mean bad user input (config, file, model name): printed without a traceback."""
-    import sqlite3
-
-    import yaml
-
-    from coevo.backends.base import PolicyError
-    from coevo.backends.models import ModelPrepareError
-    from coevo.config import ConfigError
-    from coevo.store import SchemaError
-
-    return (ConfigError, ValueError, OSError, PolicyError, ModelPrepareError, SchemaError, sqlite3.DatabaseError,
-            yaml.YAMLError)  # fmt: skip
-
-
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns its exit status.
+
+    Exit status 2 and one message for a :class:`~coevo.errors.UserError` (bad config, file, folder, model name
+    or arguments; ``-v`` re-raises it for the traceback); 130 on Ctrl-C outside a run (``coevo run`` handles
+    SIGINT / SIGTERM itself, see :mod:`coevo.loop`). Any other exception is a bug: it propagates, Python prints
+    the traceback and exits with status 1.
+    """
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    level = logging.INFO if args.verbose else logging.WARNING
+    logging.getLogger().setLevel(level)
+    for handler in logging.getLogger().handlers:  # the run's file log may enable INFO on `coevo` loggers
+        handler.setLevel(level)
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # the reader went away (`coevo runs show RUN | head`): not an error
@@ -186,11 +255,15 @@ def main(argv: list[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
-    except _user_errors() as exc:
+    except UserError as exc:
         if args.verbose:
             raise
-        print(f"coevo {args.command}: error: {exc} (run with -v for the traceback)", file=sys.stderr)
+        hint = "" if isinstance(exc, UsageError) else " (run with -v for the traceback)"
+        print(f"coevo {args.command}: error: {exc}{hint}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"coevo {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

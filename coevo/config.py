@@ -4,6 +4,19 @@ A run config names the model, decoding settings, budgets, the evolvers (each val
 class of its registered type) and the schedule the loop runs them in. Unknown keys are errors everywhere,
 and every error names the field (``evolvers.eoh.population_size``) and, for choices, the allowed values.
 
+Beyond each section's own fields, :func:`parse_config` rejects combinations that cannot work, naming the
+fields involved, before any model is loaded or any API called (:func:`check_combinations`):
+
+* a parameter-space evolver (``space = "parameter"``, e.g. ``type: es``) on a backend without weights
+  (``model.backend: openai``); without any model, ``coevo run`` refuses it (:func:`coevo.loop.check_runnable`;
+  in code a policy may be passed to the loop instead);
+* a field named ``evolver`` or ``evolvers`` (in an evolver's params or its nested ``rollout`` / ``gate``
+  specs: the convention for references to other evolvers of the run) naming an evolver the config does not
+  have, or the evolver itself;
+* ``workers >= 1`` (members rolled out on Ray actors, which have no run context) with a rollout that needs
+  the run context: one that references another evolver (``rollout.evolver``, e.g. ``eoh_children``) or reads
+  the published skill (``rollout.use_skills: true``); and ``workers >= 1`` on a backend other than ``hf``.
+
 Example::
 
     run: {name: tsp_eoh, seed: 2024}
@@ -25,11 +38,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from coevo.errors import ConfigError
 from coevo.evolvers.base import EvolverConfig, resolve_evolver
 
+__all__ = ["ConfigError", "RunConfig", "apply_overrides", "check_combinations", "load_config", "parse_config"]
 
-class ConfigError(ValueError):
-    """A run config is invalid; the message names every offending field."""
+#: model backends whose policies have weights ES can perturb (``Policy.has_parameters``; a test checks
+#: that this agrees with the backend classes, which are not imported here because they load torch)
+BACKENDS_WITH_WEIGHTS = ("hf", "vllm")
 
 
 class _Strict(BaseModel):
@@ -186,9 +202,72 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> RunConfig:
     for spec in cfg.evolvers if not errors else ():  # cross-section checks: an evolver Config's link(name, cfg)
         if callable(getattr(spec.params, "link", None)):
             errors += spec.params.link(spec.name, cfg)
+    if not errors:
+        errors = check_combinations(cfg)
     if errors:
         raise ConfigError(f"invalid run config {source}:\n  " + "\n  ".join(errors))
     return cfg
+
+
+#: rollout fields whose (truthy) value means the rollout needs the run context (``ctx``), which Ray actors
+#: (``workers >= 1``) do not have: references to other evolvers, and reading the published skill
+_CONTEXT_FIELDS = ("evolver", "evolvers", "use_skills")
+
+
+def _evolver_refs(node: Any, path: str) -> list[tuple[str, str | list[str]]]:
+    """``(field path, NAME or [NAME, ...])`` for every ``evolver: NAME`` / ``evolvers: [NAME, ...]`` under ``node``."""
+    out: list[tuple[str, str | list[str]]] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            where = f"{path}.{key}"
+            if key == "evolver" and isinstance(value, str):
+                out.append((where, value))
+            elif key == "evolvers" and isinstance(value, list):
+                out.append((where, [v for v in value if isinstance(v, str)]))
+            else:
+                out.extend(_evolver_refs(value, where))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            out.extend(_evolver_refs(value, f"{path}.{i}"))
+    return out
+
+
+def check_combinations(cfg: RunConfig) -> list[str]:
+    """Errors for combinations of sections that cannot work (module docstring), each naming its fields.
+
+    ``cfg`` must have validated evolver params (as :func:`parse_config` leaves it); returns [] when fine.
+    """
+    errors: list[str] = []
+    names = [e.name for e in cfg.evolvers]
+    backend = cfg.model.backend if cfg.model is not None else None
+    for spec in cfg.evolvers:
+        where = f"evolvers.{spec.name}"
+        cls = resolve_evolver(spec.type)
+        params = spec.params.model_dump()
+        # (no model at all: the loop checks, as a policy may be passed to it in code)
+        if cls.space == "parameter" and cfg.model is not None and backend not in BACKENDS_WITH_WEIGHTS:
+            errors.append(f"{where}.type / model.backend: {spec.type!r} evolves the model's weights (parameter "
+                          f"space), but backend {backend!r} has none; use model.backend "
+                          f"{' or '.join(BACKENDS_WITH_WEIGHTS)}, or a context-space evolver")
+        for field_path, refs in _evolver_refs(params, where):
+            unknown = [r for r in refs if r not in names] if isinstance(refs, list) else refs not in names
+            if unknown:
+                shown = unknown if isinstance(refs, list) else repr(refs)
+                errors.append(f"{field_path}: unknown {shown}; the evolvers of this config are {names}")
+            elif spec.name in (refs if isinstance(refs, list) else [refs]):
+                errors.append(f"{field_path}: {spec.name!r} refers to the evolver itself; name another evolver")
+        workers = params.get("workers")
+        if isinstance(workers, int) and workers >= 1:
+            rollout = params.get("rollout") if isinstance(params.get("rollout"), dict) else {}
+            needs = [k for k in _CONTEXT_FIELDS if rollout.get(k)]
+            if needs:
+                errors.append(f"{where}.workers / {where}.rollout.{needs[0]}: rollout {rollout.get('type')!r} with "
+                              f"{needs[0]}={rollout[needs[0]]!r} needs the run context, which the Ray actors of "
+                              f"workers={workers} do not have; set workers: 0")
+            if backend is not None and backend != "hf":
+                errors.append(f"{where}.workers / model.backend: workers={workers} builds HF replicas on Ray actors "
+                              f"and needs model.backend hf, not {backend!r}; set workers: 0")
+    return errors
 
 
 def _evolver_errors_raw(evolvers: Any) -> list[str]:
@@ -264,11 +343,18 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> tuple[R
         ConfigError: missing file, YAML syntax error, or invalid fields.
     """
     path = Path(path)
+    if path.is_dir():
+        found = sorted((p.relative_to(path) for p in path.rglob("*.yaml")), key=lambda p: (len(p.parts), str(p)))
+        more = f" and {len(found) - 8} more" if len(found) > 8 else ""
+        hint = f"; configs in it: {', '.join(map(str, found[:8]))}{more}" if found else ""
+        raise ConfigError(f"{path} is a folder, not a run config file (give a .yaml file{hint})")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the config file ({exc})") from None
     data = apply_overrides(data, overrides or [])
     return parse_config(data, str(path)), data

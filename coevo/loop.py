@@ -7,38 +7,64 @@ trajectories). After every evolver step the loop writes a checkpoint (:mod:`coev
 at any moment resumes from the last completed step with ``--resume RUN_DIR``; the interrupted step is re-run
 and finds its already stored trajectories by their deterministic keys, so nothing is lost or duplicated.
 
-Budgets (:class:`~coevo.budget.Budget`) are checked before every step: LLM samples (failed ones included),
-rounds and wall clock.
+Budgets (:class:`~coevo.budget.Budget`) are checked before every step (LLM samples, failed ones included;
+rounds; wall clock) and the wall clock also before every LLM call inside a step (the run context's sample
+boundary, :meth:`~coevo.evolvers.base.RunContext.sample_boundary`): a step cut short by the wall-clock budget
+keeps the samples it finished in the store and is re-run, finding them, when the run is resumed.
+
+Run lifecycle (:meth:`CoEvolutionLoop.run`):
+
+* **one owner**: the loop holds an exclusive lock on the run folder (:class:`~coevo.lock.RunLock`) from
+  construction to the end of the run; a second process gets :class:`~coevo.errors.RunLockedError`;
+* **interrupts** (``run(handle_signals=True)``, as ``coevo run`` does): the first SIGINT / SIGTERM asks the
+  run to stop; it stops before the next step or, inside a step, before its next LLM call (the step is
+  dropped, not checkpointed, and re-run on resume); a second signal aborts the current step at once. The
+  summary then says what was saved (:attr:`RunSummary.interrupted`), nothing else is written;
+* **progress** per batch of LLM samples and per recorded trajectory (:class:`~coevo.progress.RunProgress`),
+  and the run folder's ``run.log`` (progress lines, step results, warnings of every ``coevo`` logger).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import sqlite3
+import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from coevo.budget import Budget
 from coevo.checkpoint import CheckpointDir
 from coevo.config import RunConfig, parse_config
+from coevo.errors import BudgetExhausted, ConfigError, RunFolderError, RunInterrupted
 from coevo.evolvers.base import Evolver, RunContext, StepReport, resolve_evolver
+from coevo.lock import RunLock
+from coevo.progress import RunProgress
 from coevo.report.writer import STEP_KIND
 from coevo.store import TrajectoryStore
 
 log = logging.getLogger(__name__)
 
-
+#: the run folder's own log (appended to by every session of the run)
+RUN_LOG = "run.log"
 
 
 @dataclass
 class RunSummary:
-    """What a finished (or stopped) run did."""
+    """What a finished (or stopped) run did.
+
+    Attributes:
+        interrupted: the signal number when the session was interrupted (SIGINT 2, SIGTERM 15), else None;
+            ``stop_reason`` then says what was saved and how to resume, and nothing but checkpoints and
+            trajectories was written (no summary.json, no report).
+    """
 
     run_dir: Path
     rounds_completed: int
@@ -46,29 +72,76 @@ class RunSummary:
     samples: int
     stop_reason: str
     best_reward: dict[str, float | None] = field(default_factory=dict)
+    interrupted: int | None = None
 
 
 def new_run_dir(cfg: RunConfig, out: str | Path | None = None) -> Path:
-    """A fresh run folder: ``out`` if given (must not hold a run), else ``<out_dir>/<name>-<UTC time>``."""
-    if out is not None:
-        path = Path(out)
-        if (path / "store.sqlite").exists():
-            raise FileExistsError(f"{path} already holds a run; use --resume {path} to continue it")
-    else:
+    """A fresh run folder: ``out`` if given (must not hold a run), else ``<out_dir>/<name>-<UTC time>``.
+
+    Raises:
+        RunFolderError: ``out`` already holds a run, or the folder cannot be created.
+    """
+    try:
+        if out is not None:
+            path = Path(out)
+            if (path / "store.sqlite").exists():
+                raise RunFolderError(f"{path} already holds a run; use --resume {path} to continue it")
+            path.mkdir(parents=True, exist_ok=True)
+            return path
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        path = Path(cfg.run.out_dir) / f"{cfg.run.name}-{stamp}"
+        root = Path(cfg.run.out_dir)
+        root.mkdir(parents=True, exist_ok=True)
         n = 1
-        while path.exists():
-            n += 1
-            path = Path(cfg.run.out_dir) / f"{cfg.run.name}-{stamp}-{n}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+        while True:  # mkdir without exist_ok: two runs started in the same second get different folders
+            path = root / (f"{cfg.run.name}-{stamp}" + (f"-{n}" if n > 1 else ""))
+            try:
+                path.mkdir()
+                return path
+            except FileExistsError:
+                n += 1
+    except RunFolderError:
+        raise
+    except OSError as exc:
+        raise RunFolderError(f"cannot create the run folder: {exc}") from None
 
 
 def load_run_config(run_dir: Path) -> RunConfig:
-    """The validated config saved in a run folder."""
-    data = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
-    return parse_config(data, str(Path(run_dir) / "config.yaml"))
+    """The validated config saved in a run folder.
+
+    Raises:
+        RunFolderError: no ``config.yaml`` in ``run_dir``. ConfigError: it is not valid YAML or not valid.
+    """
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise RunFolderError(f"{run_dir} holds no run (config.yaml missing)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the config ({exc})") from None
+    return parse_config(data, str(path))
+
+
+def check_runnable(config: RunConfig, policy_factory=None) -> None:
+    """What :func:`~coevo.config.parse_config` cannot check alone: a parameter-space evolver needs a policy,
+    from the config's ``model`` or passed in code.
+
+    Raises:
+        ConfigError: a parameter-space evolver, no ``model`` section and no ``policy_factory``.
+    """
+    if policy_factory is None and config.model is None:
+        weightful = [s.name for s in config.evolvers if resolve_evolver(s.type).space == "parameter"]
+        if weightful:
+            raise ConfigError(f"evolvers.{weightful[0]}.type: a parameter-space evolver evolves the model's "
+                              "weights, but the config has no `model` section; add one (backend hf or vllm)")
+
+
+def resume_command(run_dir: Path) -> str:
+    """The shell command that resumes ``run_dir``."""
+    import shlex
+
+    return f"coevo run --resume {shlex.quote(str(run_dir))}"
 
 
 class CoEvolutionLoop:
@@ -79,11 +152,19 @@ class CoEvolutionLoop:
         run_dir: the run folder (created by :func:`new_run_dir`, or an existing one to resume).
         raw_config: the config mapping to save as ``config.yaml`` (new runs only).
         resume: continue from the newest checkpoint in ``run_dir``.
-        progress: show rich progress bars.
+        progress: ``True`` / "auto" (a bar on a terminal, timestamped lines otherwise), "bar", "lines", or
+            ``False`` / "off" (see :class:`~coevo.progress.RunProgress`).
         policy_factory: overrides how the policy is built (tests); default from ``config.model``.
+        progress_interval_s: minimum seconds between two progress lines (lines mode and ``run.log``).
+        quiet: print nothing but warnings (progress off, no "resumed" / "stopped" lines).
+        log_file: a file that gets the same lines as ``run.log`` (appended).
+
+    The loop owns the run folder from construction on (exclusive lock, :mod:`coevo.lock`) until
+    :meth:`run` returns or :meth:`close` is called.
 
     Raises:
-        FileNotFoundError: ``resume`` without a run in ``run_dir``.
+        RunFolderError: ``resume`` without a run in ``run_dir``, a new run in a folder that holds one, or an
+            unreadable store. RunLockedError: another process owns the folder.
     """
 
     def __init__(
@@ -93,21 +174,43 @@ class CoEvolutionLoop:
         *,
         raw_config: dict[str, Any] | None = None,
         resume: bool = False,
-        progress: bool = True,
+        progress: bool | str = True,
         policy_factory=None,
+        progress_interval_s: float = 10.0,
+        quiet: bool = False,
+        log_file: str | Path | None = None,
     ):
         self.config = config
         self.run_dir = Path(run_dir)
-        self.console = Console(stderr=True)
-        self.show_progress = progress
+        self.quiet = quiet
+        self.progress_mode = "off" if quiet or progress is False else ("auto" if progress is True else str(progress))
+        self.progress_interval_s = progress_interval_s
+        self.log_file = Path(log_file) if log_file is not None else None
         if resume and not (self.run_dir / "config.yaml").exists():
-            raise FileNotFoundError(f"no run to resume in {self.run_dir} (config.yaml missing)")
+            raise RunFolderError(f"no run to resume in {self.run_dir} (config.yaml missing)")
         if not resume:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise RunFolderError(f"cannot create the run folder {self.run_dir}: {exc}") from None
+        self.lock = RunLock(self.run_dir).acquire()
+        try:
+            self._open(config, raw_config, resume, policy_factory)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, config: RunConfig, raw_config, resume: bool, policy_factory) -> None:
+        self.run_id = self.run_dir.name
+        try:
+            self.store = TrajectoryStore(self.run_dir / "store.sqlite")
+        except sqlite3.DatabaseError as exc:
+            raise RunFolderError(f"{self.run_dir / 'store.sqlite'} is not a readable trajectory store ({exc})") from None
+        # checked again under the lock: another process may have run here since the caller looked
+        if not resume and (self.store.count() or (self.run_dir / "checkpoints" / "LATEST").exists()):
+            raise RunFolderError(f"{self.run_dir} already holds a run; use --resume {self.run_dir} to continue it")
         if not resume and raw_config is not None:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(raw_config, sort_keys=False))
-        self.run_id = self.run_dir.name
-        self.store = TrajectoryStore(self.run_dir / "store.sqlite")
         self.checkpoints = CheckpointDir(self.run_dir / "checkpoints")
         b = config.budget
         self.budget = Budget(self.store, self.run_id, b.max_samples, b.max_rounds, b.max_wall_s)
@@ -115,6 +218,7 @@ class CoEvolutionLoop:
             from coevo.backends.factory import make_policy_factory
 
             policy_factory = make_policy_factory(config.model)
+
         self.ctx = RunContext(
             run_id=self.run_id,
             run_dir=self.run_dir,
@@ -133,16 +237,34 @@ class CoEvolutionLoop:
         self.round = 0
         self.slot = 0
         self.steps_done = 0
+        self.resumed: str | None = None
+        self.checkpoint_note: str | None = None
+        self.last_checkpoint: str | None = None
+        self._stopping = False
         if resume:
             self._restore()
+
+    def close(self) -> None:
+        """Release the policy, the store and the run folder's lock (idempotent; :meth:`run` calls it)."""
+        ctx = getattr(self, "ctx", None)
+        if ctx is not None:
+            ctx.close_policy()
+        store = getattr(self, "store", None)
+        if store is not None:
+            store.close()
+        self.lock.release()
 
     # ------------------------------------------------------------------ checkpointing
     def _restore(self) -> None:
         loaded = self.checkpoints.load()
+        self.checkpoint_note = self.checkpoints.note
+        if self.checkpoint_note:
+            log.warning("%s", self.checkpoint_note)
         if loaded is None:
             log.info("no checkpoint in %s: starting the run from its first step", self.run_dir)
+            self.resumed = f"resumed {self.run_dir} from its first step ({self.budget.samples_used()} samples already used)"
             return
-        path, state = loaded
+        path, state, _note = loaded
         self.round, self.slot, self.steps_done = state["round"], state["slot"], state["steps_done"]
         self.budget.wall_used_s = state["wall_used_s"]
         self.ctx.shared.update(state["shared"])
@@ -151,10 +273,9 @@ class CoEvolutionLoop:
             sub = path / name
             if sub.exists():
                 ev.load_checkpoint(sub)
-        self.console.print(
-            f"[bold]resumed[/] {self.run_dir} at round {self.round}, slot {self.slot} "
-            f"({self.budget.samples_used()} samples already used)"
-        )
+        self.last_checkpoint = path.name
+        self.resumed = (f"resumed {self.run_dir} at round {self.round}, slot {self.slot} "
+                        f"({self.budget.samples_used()} samples already used)")  # fmt: skip
 
     def _checkpoint(self) -> None:
         path = self.checkpoints.begin()
@@ -171,6 +292,7 @@ class CoEvolutionLoop:
             "evolvers": {name: ev.state_dict() for name, ev in self.evolvers.items()},
         }
         self.checkpoints.commit(path, state)
+        self.last_checkpoint = path.name
 
     # ------------------------------------------------------------------ running
     def _due(self, round_index: int) -> list[str]:
@@ -189,64 +311,147 @@ class CoEvolutionLoop:
             self.run_id, STEP_KIND, name, content, key=f"{self.run_id}/step/{self.round}/{self.slot}/{name}"
         )
 
-    def run(self) -> RunSummary:
-        """Run until a budget is reached or an evolver asks to stop; then write the report."""
-        stop_reason: str | None = None
-        max_samples = self.config.budget.max_samples
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=self.console,
-            disable=not self.show_progress,
-            transient=False,
-        ) as progress:
-            rounds_bar = progress.add_task("rounds", total=self.config.budget.max_rounds, info="", completed=self.round)
-            samples_bar = progress.add_task(
-                "LLM samples", total=max_samples, info="", completed=self.budget.samples_used()
-            )
-            best: dict[str, float | None] = {}
-            while True:
-                due = self._due(self.round)
-                stop_reason = self.budget.exhausted(next_round=self.round if self.slot == 0 else None)
-                if stop_reason:
-                    break
-                if self.slot >= len(due):
-                    self.round, self.slot = self.round + 1, 0
-                    progress.update(rounds_bar, completed=self.round)
-                    continue
-                name = due[self.slot]
-                evolver = self.evolvers[name]
-                self.ctx.round = self.round
-                progress.update(rounds_bar, info=f"round {self.round} · {name} ({evolver.space})")
-                started = time.time()
-                report = evolver.step(self.round)
-                self._record_step(name, report, started)
-                if report.best_reward is not None:
-                    prev = best.get(name)
-                    best[name] = report.best_reward if prev is None else max(prev, report.best_reward)
-                self.slot += 1
-                self.steps_done += 1
-                self._checkpoint()
-                info = " ".join(f"{k}={v:.4g}" for k, v in best.items() if v is not None)
-                progress.update(samples_bar, completed=self.budget.samples_used(), info=f"best {info}")
-                log.info("round %d %s: %s", self.round, name, report)
-                if report.stop:
-                    stop_reason = f"{name} stopped the run: {report.stop_reason}"
-                    break
-        self.console.print(f"[bold]stopped:[/] {stop_reason}")
-        summary = RunSummary(
-            run_dir=self.run_dir,
-            rounds_completed=self.round,
-            steps=self.steps_done,
-            samples=self.budget.samples_used(),
-            stop_reason=stop_reason,
-            best_reward={n: self.store_best(n) for n in self.evolvers},
-        )
-        self._finish(summary)
-        return summary
+    @contextmanager
+    def _signals(self, enabled: bool):
+        """SIGINT / SIGTERM: the first asks the run to stop at the next safe point, a second aborts the step."""
+        if not enabled:
+            yield
+            return
+
+        def handler(signum, _frame):
+            if self._stopping:  # already cleaning up: let it finish
+                return
+            name = signal.Signals(signum).name
+            if self.ctx.stop_requested is None:
+                self.ctx.request_stop(f"interrupted by {name}", signum)
+            else:
+                raise RunInterrupted(f"interrupted by {name} (second signal: step aborted)", signum)
+
+        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, h in old.items():
+                signal.signal(sig, h)
+
+    @contextmanager
+    def _run_log(self):
+        """Append the ``coevo`` loggers' INFO+ records to ``run.log`` (and ``log_file``) during the run."""
+        logger = logging.getLogger("coevo")
+        fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S")
+        handlers = []
+        for path in (self.run_dir / RUN_LOG, self.log_file):
+            if path is not None:
+                h = logging.FileHandler(path, mode="a", encoding="utf-8")
+                h.setLevel(logging.INFO)
+                h.setFormatter(fmt)
+                logger.addHandler(h)
+                handlers.append(h)
+        old_level = logger.level
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
+        try:
+            yield
+        finally:
+            logger.setLevel(old_level)
+            for h in handlers:
+                logger.removeHandler(h)
+                h.close()
+
+    def run(self, *, handle_signals: bool = False) -> RunSummary:
+        """Run until a budget is reached, an evolver asks to stop, or (with ``handle_signals``) a SIGINT /
+        SIGTERM arrives; then write the report (not after an interrupt) and release the run folder.
+
+        Args:
+            handle_signals: install SIGINT / SIGTERM handlers for the run (main thread only), see the
+                module docstring; without them a Ctrl-C raises KeyboardInterrupt as usual.
+        """
+        self.progress = RunProgress(self.progress_mode, interval_s=self.progress_interval_s,
+                                    max_rounds=self.config.budget.max_rounds,
+                                    max_samples=self.config.budget.max_samples, quiet=self.quiet)  # fmt: skip
+        self.ctx.progress = self.progress.event
+        self._current: tuple[int, str] | None = None
+        try:
+            with self._run_log(), self._signals(handle_signals):
+                log.info("session start: pid %d, %s, argv %s", os.getpid(),
+                         "resume" if self.resumed else "new run", " ".join(sys.argv))  # fmt: skip
+                self.progress.start(self.round, self.budget.samples_used())
+                if self.resumed:
+                    self.progress.note(self.resumed)
+                try:
+                    stop_reason = self._rounds()
+                except BudgetExhausted as stop:
+                    r, name = self._current or (self.round, "?")
+                    stop_reason = (f"{stop.reason} inside round {r}, step {name}: the samples it finished are "
+                                   "stored, the step re-runs on resume")  # fmt: skip
+                except RunInterrupted as stop:
+                    self._stopping = True
+                    return self._interrupted(stop)
+                self._stopping = True
+                self.progress.close()
+                self.progress.note(f"stopped: {stop_reason}")
+                summary = RunSummary(
+                    run_dir=self.run_dir,
+                    rounds_completed=self.round,
+                    steps=self.steps_done,
+                    samples=self.budget.samples_used(),
+                    stop_reason=stop_reason,
+                    best_reward={n: self.store_best(n) for n in self.evolvers},
+                )
+                self._finish(summary)
+                return summary
+        finally:
+            self.progress.close()
+            self.ctx.progress = None
+            self.close()
+
+    def _rounds(self) -> str:
+        """The round loop; returns the stop reason (raises RunStop from inside a step)."""
+        best: dict[str, float | None] = {}
+        while True:
+            if self.ctx.stop_requested is not None:  # a safe point: the last step is checkpointed
+                raise RunInterrupted(*self.ctx.stop_requested)
+            due = self._due(self.round)
+            stop_reason = self.budget.exhausted(next_round=self.round if self.slot == 0 else None)
+            if stop_reason:
+                return stop_reason
+            if self.slot >= len(due):
+                self.round, self.slot = self.round + 1, 0
+                self.progress.round_changed(self.round)
+                continue
+            name = due[self.slot]
+            evolver = self.evolvers[name]
+            self.ctx.round = self.round
+            self._current = (self.round, name)
+            self.progress.step_started(self.round, name, evolver.space, self.budget.samples_used())
+            started = time.time()
+            report = evolver.step(self.round)
+            self._record_step(name, report, started)
+            if report.best_reward is not None:
+                prev = best.get(name)
+                best[name] = report.best_reward if prev is None else max(prev, report.best_reward)
+            self.slot += 1
+            self.steps_done += 1
+            self._checkpoint()
+            self._current = None
+            self.progress.step_finished(self.budget.samples_used(), best)
+            log.info("round %d %s: %s", self.round, name, report)
+            if report.stop:
+                return f"{name} stopped the run: {report.stop_reason}"
+
+    def _interrupted(self, stop: RunInterrupted) -> RunSummary:
+        """Summary of an interrupted session: what is saved and how to resume (nothing else is written)."""
+        self.progress.close()
+        n_traj = self.store.count(run_id=self.run_id)
+        where = (f"during round {self._current[0]}, step {self._current[1]} (dropped; it re-runs on resume)"
+                 if self._current else "between steps")  # fmt: skip
+        saved = (f"checkpoint {self.last_checkpoint} (round {self.round}, slot {self.slot})" if self.last_checkpoint
+                 else "no checkpoint yet")  # fmt: skip
+        reason = (f"{stop.reason} {where}; saved: {saved}, {n_traj} trajectories and {self.budget.samples_used()} LLM samples in "
+                  f"{self.run_dir / 'store.sqlite'}; resume with: {resume_command(self.run_dir)}")  # fmt: skip
+        log.info("%s", reason)
+        return RunSummary(run_dir=self.run_dir, rounds_completed=self.round, steps=self.steps_done,
+                          samples=self.budget.samples_used(), stop_reason=reason, interrupted=stop.signum)  # fmt: skip
 
     def store_best(self, evolver: str) -> float | None:
         top = self.store.top_k(1, run_id=self.run_id, evolver=evolver)
@@ -261,6 +466,3 @@ class CoEvolutionLoop:
         write_report(self.run_dir, self.store, self.run_id, self.evolvers, plots=self.config.report.plots)
         for ev in self.evolvers.values():
             ev.close()
-        if self.ctx._policy is not None:
-            self.ctx._policy.close()
-        self.store.close()

@@ -28,3 +28,19 @@ def shared_data() -> Path:
     """The folder of benchmark instance files vendored in ``tests/data`` (``tsp/``, ``bpp_online/``,
     ``tsplib/``), copied from the public benchmark sets named in ``tests/data/README.md``."""
     return DATA_DIR
+
+
+SITE_VARS = ("WA_SHOPPING", "WA_SHOPPING_ADMIN", "WA_REDDIT", "WA_GITLAB", "WA_MAP", "WA_WIKIPEDIA")
+
+
+@pytest.fixture
+def deployment(monkeypatch, tmp_path):
+    """What a WebArena-Lite user provides, minus the sites themselves: the WA_* URLs (nothing is contacted at
+    validation), an OpenAI key variable for the LLM judge, and an NLTK data folder holding punkt_tab (an empty
+    stand-in folder: validation only checks that NLTK finds it; no evaluator runs here)."""
+    for var in SITE_VARS:
+        monkeypatch.setenv(var, f"http://{var.lower()}.example.invalid:7770")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
+    (tmp_path / "nltk" / "tokenizers" / "punkt_tab").mkdir(parents=True)
+    monkeypatch.setenv("NLTK_DATA", str(tmp_path / "nltk"))
+    return monkeypatch

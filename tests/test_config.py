@@ -101,3 +101,83 @@ def test_missing_and_malformed_files(tmp_path):
     lst.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="must be a YAML mapping"):
         load_config(lst)
+
+
+# ------------------------------------------------------------------ combinations that cannot work
+def _es(**over):
+    es = {"name": "es", "type": "es", "population_size": 2, "total_generations": 2, "rollout": {"type": "target_logprob"}}
+    return {**es, **over}
+
+
+def _combo(model, *evolvers, schedule=None):
+    data = {"run": {"name": "c"}, "budget": {"max_rounds": 2}, "evolvers": list(evolvers)}
+    if model is not None:
+        data["model"] = model
+    if schedule:
+        data["schedule"] = schedule
+    return data
+
+
+OPENAI = {"name": "gpt-x", "backend": "openai", "base_url": "http://127.0.0.1:9/v1"}
+TINY = {"name": "tiny:micro", "backend": "hf", "dtype": "float32"}
+EOH = {"name": "eoh", "type": "eoh", "problem": "tsp_construct", "population_size": 2}
+
+
+def _errors(data) -> str:
+    with pytest.raises(ConfigError) as exc:
+        parse_config(data)
+    return str(exc.value)
+
+
+def test_parameter_space_evolver_needs_a_backend_with_weights():
+    msg = _errors(_combo(OPENAI, _es()))
+    assert "evolvers.es.type / model.backend: 'es' evolves the model's weights" in msg and "'openai' has none" in msg
+    parse_config(_combo(TINY, _es()))  # fine with weights
+    parse_config(_combo(OPENAI, EOH))  # context evolution on an API model is fine
+
+
+def test_references_to_missing_evolvers_are_named():
+    ref = _es(rollout={"type": "eoh_children", "evolver": "eho"})
+    msg = _errors(_combo(TINY, EOH, ref))
+    assert "evolvers.es.rollout.evolver: unknown 'eho'; the evolvers of this config are ['eoh', 'es']" in msg
+    self_ref = _es(rollout={"type": "eoh_children", "evolver": "es"})
+    assert "evolvers.es.rollout.evolver: 'es' refers to the evolver itself" in _errors(_combo(TINY, EOH, self_ref))
+    t2s = {"name": "t2s", "type": "trace2skill", "skill": "web-navigation", "evolvers": ["es", "nope"]}
+    assert "evolvers.t2s.evolvers: unknown ['nope']" in _errors(_combo(TINY, _es(), t2s))
+
+
+def test_workers_with_a_rollout_that_needs_the_run_context_or_a_non_hf_backend():
+    es = _es(workers=2, rollout={"type": "eoh_children", "evolver": "eoh"})
+    msg = _errors(_combo(TINY, EOH, es))
+    assert "evolvers.es.workers / evolvers.es.rollout.evolver: rollout 'eoh_children' with evolver='eoh' needs the " \
+           "run context, which the Ray actors of workers=2 do not have; set workers: 0" in msg
+    vllm = {"name": "tiny:micro", "backend": "vllm"}
+    assert "workers=1 builds HF replicas on Ray actors and needs model.backend hf, not 'vllm'" in _errors(
+        _combo(vllm, _es(workers=1)))
+    parse_config(_combo(TINY, _es(workers=1)))  # a rollout without the run context is fine on actors
+
+
+def test_shipped_configs_pass_the_combination_checks(deployment):  # WebArena-Lite needs its WA_* set-up
+    from pathlib import Path
+
+    root = Path(__file__).parents[1] / "configs"
+    paths = sorted(root.rglob("*.yaml"))
+    assert len(paths) > 20
+    for path in paths:
+        load_config(path)
+
+
+def test_backends_with_weights_match_the_policy_classes():
+    from coevo.backends.hf import HFPolicy
+    from coevo.backends.openai_api import OpenAIPolicy
+    from coevo.backends.vllm_engine import VLLMPolicy
+    from coevo.config import BACKENDS_WITH_WEIGHTS
+
+    classes = {"hf": HFPolicy, "openai": OpenAIPolicy, "vllm": VLLMPolicy}
+    assert {b for b, cls in classes.items() if cls.has_parameters} == set(BACKENDS_WITH_WEIGHTS)
+
+
+def test_a_config_folder_is_named_as_a_folder(tmp_path):
+    (tmp_path / "x.yaml").write_text("run: {}\n")
+    with pytest.raises(ConfigError, match=r"is a folder, not a run config file \(give a .yaml file; configs in it: x.yaml\)"):
+        load_config(tmp_path)

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from coevo.config import parse_config
+from coevo.errors import RunFolderError
 from coevo.loop import CoEvolutionLoop
 from coevo.report.writer import step_records
 from coevo.store import SchemaError, TrajectoryStore
@@ -23,6 +24,8 @@ TESTS = Path(__file__).parent
 def _cfg(**budget):
     return {
         "run": {"name": "t", "seed": 7},
+        # ParamCounter is a parameter-space evolver, which needs a model with weights; it never loads it
+        "model": {"name": "tiny:micro", "backend": "hf", "dtype": "float32"},
         "budget": {"max_rounds": 4, **budget},
         "evolvers": [
             {"name": "es", "type": "toy_evolvers:ParamCounter", "samples_per_step": 2},
@@ -144,5 +147,18 @@ def test_resume_after_kill_9_loses_and_duplicates_nothing(tmp_path):
 
 
 def test_resume_requires_a_run(tmp_path):
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(RunFolderError, match="no run to resume"):
         CoEvolutionLoop(parse_config(_cfg()), tmp_path, resume=True, progress=False)
+
+
+def test_coevo_run_refuses_a_parameter_space_evolver_without_a_model(tmp_path, capsys):
+    from coevo.cli import main
+
+    data = _cfg()
+    del data["model"]
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(data))
+    assert main(["run", str(cfg_path), "--out", str(tmp_path / "run")]) == 2
+    assert "evolvers.es.type: a parameter-space evolver evolves the model's weights, but the config has no " \
+           "`model` section" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

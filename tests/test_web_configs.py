@@ -14,20 +14,7 @@ from coevo.rollouts.base import build_rollout
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "web"
 CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
-SITE_VARS = ("WA_SHOPPING", "WA_SHOPPING_ADMIN", "WA_REDDIT", "WA_GITLAB", "WA_MAP", "WA_WIKIPEDIA")
-
-
-@pytest.fixture
-def deployment(monkeypatch, tmp_path):
-    """What a WebArena-Lite user provides, minus the sites themselves: the WA_* URLs (nothing is contacted at
-    validation), an OpenAI key variable for the LLM judge, and an NLTK data folder holding punkt_tab (an empty
-    stand-in folder: validation only checks that NLTK finds it; no evaluator runs here)."""
-    for var in SITE_VARS:
-        monkeypatch.setenv(var, f"http://{var.lower()}.example.invalid:7770")
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")
-    (tmp_path / "nltk" / "tokenizers" / "punkt_tab").mkdir(parents=True)
-    monkeypatch.setenv("NLTK_DATA", str(tmp_path / "nltk"))
-    return monkeypatch
+from conftest import SITE_VARS  # noqa: E402,F401  (the deployment fixture lives in conftest)
 
 
 def test_all_four_configs_are_shipped():

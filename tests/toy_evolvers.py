@@ -19,7 +19,9 @@ class Counter(Evolver):
     """Writes ``samples_per_step`` deterministic trajectories per step; reward = a function of the position.
 
     Keeps a running sum of rewards in its state so that a resumed run can be compared with an uninterrupted
-    one. Sleeps ``sleep_s`` per new sample so that a test can kill it mid-step.
+    one. Sleeps ``sleep_s`` per new sample so that a test can kill it mid-step. Each new sample is preceded by
+    ``ctx.sample_boundary(1)``, as a real LLM call through ``ctx.policy`` is, so budgets and interrupts can end
+    a step between two samples.
     """
 
     space = "context"
@@ -40,6 +42,7 @@ class Counter(Evolver):
             key = self.ctx.traj_key(self.name, round_index, i)
             traj = self.ctx.cached(key)
             if traj is None:
+                self.ctx.sample_boundary(1)
                 if cfg.sleep_s:
                     time.sleep(cfg.sleep_s)
                 invalid = cfg.invalid_every and (round_index * cfg.samples_per_step + i) % cfg.invalid_every == 0
@@ -74,3 +77,18 @@ class Counter(Evolver):
 
 class ParamCounter(Counter):
     space = "parameter"
+
+
+class BuggyConfig(EvolverConfig):
+    fail_at_round: int = 1
+
+
+class Buggy(Counter):
+    """A Counter whose step raises a plain ValueError at ``fail_at_round``: a bug, not bad input."""
+
+    Config = BuggyConfig
+
+    def step(self, round_index: int) -> StepReport:
+        if round_index >= self.config.fail_at_round:
+            raise ValueError("internal inconsistency in Buggy.step")
+        return StepReport()

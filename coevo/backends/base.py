@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from coevo.errors import UserError
+
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
 
 
@@ -60,7 +62,7 @@ class Completion:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-class PolicyError(RuntimeError):
+class PolicyError(UserError, RuntimeError):
     """A backend could not produce completions (endpoint down, model missing, ...)."""
 
 

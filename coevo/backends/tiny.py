@@ -16,6 +16,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from coevo.umask import honour_umask
+
 #: ChatML template (the format of Qwen2.5 chat models, without the default system prompt and tool support)
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -251,6 +253,7 @@ def build_tiny_from_spec(spec: str, root: str | Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".tiny-{key}.", dir=root))
     try:
         build_tiny_qwen2(tmp, **kwargs)
+        honour_umask(tmp)  # mkdtemp / safetensors give 0700 / 0600 whatever the umask
         os.replace(tmp, out)
     except OSError:
         if not (out / "config.json").is_file():  # not a lost race with another builder

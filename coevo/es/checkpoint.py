@@ -33,6 +33,7 @@ from safetensors.torch import save_file
 
 from coevo.es.history import GenerationRecord, ReplayMismatchError
 from coevo.es.params import ESParams
+from coevo.umask import honour_umask
 
 #: folder of a run holding the weight snapshots
 WEIGHTS_DIR = "weights"
@@ -95,6 +96,7 @@ def save_snapshot(path: str | Path, params: ESParams, meta: dict[str, Any] | Non
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     save_file(tensors, str(tmp), metadata=metadata)
+    honour_umask(tmp)  # safetensors writes 0600 whatever the umask
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -243,4 +245,5 @@ def export_hf(model: torch.nn.Module, tokenizer: Any, out_dir: str | Path, info:
     tokenizer.save_pretrained(out)
     if info is not None:
         (out / "coevo-es.json").write_text(json.dumps(info, indent=1, sort_keys=True))
+    honour_umask(out)  # safetensors writes model.safetensors 0600 whatever the umask
     return out

@@ -15,6 +15,7 @@ the budget.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import random
 from abc import ABC, abstractmethod
@@ -78,6 +79,15 @@ class RunContext:
         round: the current round (set by the loop).
         sampling: the run's default decoding settings (``coevo.config.SamplingConfig``), see
             :meth:`sampling_params`.
+        progress: called as ``progress(kind, n)`` on progress inside a step (set by the loop, may be None):
+            ``"sampling"`` (n LLM samples about to be drawn), ``"samples"`` (n drawn) and ``"trajectories"``
+            (n new trajectories recorded, e.g. evaluated candidates). See :meth:`report_progress`.
+        stop_requested: why the run should stop at the next sample boundary (set by :meth:`request_stop`,
+            e.g. on SIGINT), or None.
+
+    Sample boundaries: the policy returned by :attr:`policy` (and any policy passed through
+    :meth:`observe`) calls :meth:`sample_boundary` before each ``generate`` / ``logprob`` call and reports
+    the samples it drew; evolvers that draw samples another way call :meth:`sample_boundary` themselves.
     """
 
     run_id: str
@@ -90,20 +100,92 @@ class RunContext:
     seed: int = 0
     round: int = 0
     sampling: Any = None
+    progress: Callable[[str, int], None] | None = None
+    stop_requested: tuple[str, int] | None = None
     _policy: Policy | None = None
 
     @property
     def policy(self) -> Policy:
-        """The run's policy, created on first use.
+        """The run's policy, created on first use and observed (:meth:`observe`).
 
         Raises:
-            RuntimeError: when the run config has no model.
+            ConfigError: when the run config has no model.
         """
         if self._policy is None:
             if self.policy_factory is None:
-                raise RuntimeError("this run has no model configured (config field `model`)")
-            self._policy = self.policy_factory()
+                from coevo.errors import ConfigError
+
+                raise ConfigError("this run has no model configured (config field `model`)")
+            self._policy = self.observe(self.policy_factory())
         return self._policy
+
+    @property
+    def policy_loaded(self) -> bool:
+        """Whether the run's policy has been created (first use of :attr:`policy`)."""
+        return self._policy is not None
+
+    def close_policy(self) -> None:
+        """Release the run's policy if it was created (engines, clients); a later use creates it again."""
+        if self._policy is not None:
+            policy, self._policy = self._policy, None
+            policy.close()
+
+    def observe(self, policy: Policy) -> Policy:
+        """Make ``policy`` call :meth:`sample_boundary` before, and :meth:`report_progress` after, each
+        ``generate(conversations, ...)`` and ``logprob(conversations, ...)`` call (one sample per
+        conversation). The methods are wrapped on the instance, so ``isinstance`` checks and every other
+        attribute are unchanged; observing twice is a no-op, and a policy observed by another (earlier) run
+        context is re-wrapped from its original methods, never wrapped twice. Returns ``policy``."""
+        if getattr(policy, "_observed_by", None) is self:
+            return policy
+        originals = policy.__dict__.get("_unobserved")  # a policy shared with an earlier run context
+        if originals is None:
+            originals = {n: getattr(policy, n) for n in ("generate", "logprob") if callable(getattr(policy, n, None))}
+            policy._unobserved = originals  # type: ignore[attr-defined]
+        for name, inner in originals.items():
+            setattr(policy, name, self._observed(inner))
+        policy._observed_by = self  # type: ignore[attr-defined]
+        return policy
+
+    def _observed(self, inner: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(inner)
+        def call(conversations, *args: Any, **kwargs: Any):
+            n = len(conversations)
+            self.sample_boundary(n)
+            out = inner(conversations, *args, **kwargs)
+            self.report_progress("samples", n)
+            return out
+
+        return call
+
+    def request_stop(self, reason: str, signum: int = 0) -> None:
+        """Ask the run to stop: the next :meth:`sample_boundary` raises :class:`~coevo.errors.RunInterrupted`,
+        and the loop stops before the next step (e.g. from a SIGINT handler)."""
+        if self.stop_requested is None:
+            self.stop_requested = (reason, signum)
+
+    def sample_boundary(self, n: int = 1) -> None:
+        """Called before drawing ``n`` LLM samples inside a step: a safe point to end the step.
+
+        Raises:
+            RunInterrupted: a stop was requested (:meth:`request_stop`).
+            BudgetExhausted: the wall-clock budget is spent (the sample budget is enforced by
+                ``budget.allow`` instead, which evolvers call before sampling).
+        """
+        from coevo.errors import BudgetExhausted, RunInterrupted
+
+        if self.stop_requested is not None:
+            raise RunInterrupted(*self.stop_requested)
+        wall = self.budget.wall_exhausted()
+        if wall:
+            raise BudgetExhausted(wall)
+        self.report_progress("sampling", n)
+
+    def report_progress(self, kind: str, n: int = 1) -> None:
+        """Tell the progress display that ``n`` things of ``kind`` happened ("sampling", "samples",
+        "trajectories"); a no-op without a display."""
+        if self.progress is not None and n:
+            self.progress(kind, n)
 
     def sampling_params(self, **overrides: Any):
         """The run's decoding settings as :class:`~coevo.backends.base.SamplingParams`, with overrides."""
@@ -124,7 +206,9 @@ class RunContext:
 
         Returns the stored trajectory (the earlier copy if the key already existed).
         """
-        stored, _inserted = self.store.add_trajectory(trajectory)
+        stored, inserted = self.store.add_trajectory(trajectory)
+        if inserted:
+            self.report_progress("trajectories", 1)
         return stored
 
     def traj_key(self, evolver: str, *parts: object) -> str:

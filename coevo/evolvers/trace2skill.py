@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from coevo.backends.base import Completion, Policy
 from coevo.config import ModelConfig
+from coevo.errors import ConfigError
 from coevo.evolvers.base import Evolver, EvolverConfig, RunContext, StepReport, register_evolver
 from coevo.report.writer import md_table
 from coevo.rollouts.base import build_rollout, resolve_rollout
@@ -225,22 +226,22 @@ class Trace2SkillEvolver(Evolver):
         super().__init__(name, config, ctx)
         source = config.source_dir()
         if not (source / "SKILL.md").is_file():
-            raise ValueError(f"evolvers.{name}.skill: no skill folder {source} (SKILL.md missing)")
+            raise ConfigError(f"evolvers.{name}.skill: no skill folder {source} (SKILL.md missing)")
         problems = validate_skill(source)
         if problems:
-            raise ValueError(f"evolvers.{name}.skill: {source} violates the spec: " + "; ".join(map(str, problems)))
+            raise ConfigError(f"evolvers.{name}.skill: {source} violates the spec: " + "; ".join(map(str, problems)))
         if config.gate is not None and config.gate.rollout is None:
-            raise ValueError(f"evolvers.{name}.gate.rollout: required when the run config does not link the gate to "
-                             "the rollout it gates (construct the run with coevo.config.parse_config)")
+            raise ConfigError(f"evolvers.{name}.gate.rollout: required when the run config does not link the gate to "
+                              "the rollout it gates (construct the run with coevo.config.parse_config)")
         if config.gate is not None:  # fail at start-up, not at the first gate
             try:
                 resolve_rollout(str(config.gate.rollout.get("type", ""))).Config.model_validate(config.gate.rollout)
             except ValidationError as exc:
                 where = f"evolvers.{name}.gate.rollout"
-                raise ValueError("; ".join(f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                raise ConfigError("; ".join(f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}"
                                            for e in exc.errors())) from None
             except ValueError as exc:
-                raise ValueError(f"evolvers.{name}.gate.rollout.type: {exc}") from None
+                raise ConfigError(f"evolvers.{name}.gate.rollout.type: {exc}") from None
         self.source = source
         self.root = ctx.run_dir / "skills" / config.skill
         self.version, self.path = 0, self.root / "v0" / config.skill

@@ -24,6 +24,8 @@ import sqlite3
 import time
 from collections.abc import Callable, Mapping
 
+from coevo.errors import UserError
+
 #: Schema version written by this code.
 SCHEMA_VERSION = 1
 
@@ -115,7 +117,7 @@ CREATE TABLE IF NOT EXISTS es_history (
 """
 
 
-class SchemaError(RuntimeError):
+class SchemaError(UserError, RuntimeError):
     """The file's schema cannot be used by this code (newer version, missing migration, read-only and old)."""
 
 

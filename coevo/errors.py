@@ -1,0 +1,80 @@
+"""The project's declared exception types: user errors and run stops.
+
+**User errors** (:class:`UserError` and its subclasses) are raised at the boundaries where a person's input
+enters the program: config parsing, file and instance loading, model-name resolution, run folders and
+command-line argument checks. The ``coevo`` command prints their message as one line and exits with status
+2 (``-v`` shows the traceback). Every other exception escaping a command is a bug: Python prints its
+traceback and the command exits with status 1. So a ``ValueError`` deep inside the code never masquerades as
+bad input.
+
+**Run stops** (:class:`RunStop`) are control flow, not errors: the run context raises them at a sample
+boundary inside an evolver step (before the next LLM call) to end the step now, when the wall-clock budget
+is spent (:class:`BudgetExhausted`) or a stop was requested by SIGINT / SIGTERM (:class:`RunInterrupted`).
+They derive from :class:`BaseException`, like :class:`KeyboardInterrupt`, so that evolver code which
+catches ``Exception`` to record a failed sample does not swallow them. The loop catches them; the samples
+the step finished are already in the store, and a resumed run re-runs the step and finds them by key.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input from the user; the CLI prints the message (one line) and exits with status 2."""
+
+
+class UsageError(UserError):
+    """A command-line argument (or a combination of them) cannot be used."""
+
+
+class ConfigError(UserError, ValueError):
+    """A run config is invalid; the message names every offending field."""
+
+
+class ModelNameError(UserError, ValueError):
+    """A model reference is neither a known name, a local folder nor a ``tiny:`` spec."""
+
+
+class InputFileError(UserError, ValueError):
+    """A file or folder given by the user cannot be used (missing, wrong kind, unreadable, malformed)."""
+
+
+class RunFolderError(UserError):
+    """A run folder cannot be used for this command (holds no run, already holds one, unreadable store)."""
+
+
+class RunLockedError(RunFolderError):
+    """Another live process owns the run folder (its exclusive lock is held).
+
+    Attributes:
+        path: the lock file. pid: the holder's process id when it could be read, else None.
+    """
+
+    def __init__(self, message: str, path: str, pid: int | None):
+        super().__init__(message)
+        self.path = path
+        self.pid = pid
+
+
+class RunStop(BaseException):
+    """End the current evolver step now (raised at a sample boundary); ``reason`` says why."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class BudgetExhausted(RunStop):
+    """The run's wall-clock budget is spent; the step stops before its next LLM call."""
+
+
+class RunInterrupted(RunStop):
+    """A stop was requested by a signal (SIGINT / SIGTERM).
+
+    Attributes:
+        signum: the signal number (``signal.SIGINT`` = 2, ``signal.SIGTERM`` = 15); the CLI exits with
+            status ``128 + signum`` (130, 143), as a shell reports a process killed by that signal.
+    """
+
+    def __init__(self, reason: str, signum: int):
+        super().__init__(reason)
+        self.signum = signum

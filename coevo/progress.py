@@ -1,0 +1,196 @@
+"""Live progress of a run for the person watching it: a bar on a terminal, timestamped lines otherwise.
+
+:class:`RunProgress` is fed by the loop (rounds, steps) and, through the run context's ``progress``
+callback (:meth:`coevo.evolvers.base.RunContext.report_progress`), from inside a step: ``"sampling"`` before
+a batch of LLM samples, ``"samples"`` when the batch is drawn, ``"trajectories"`` when a trajectory (an
+evaluated candidate, a member's case) is recorded. So the counters move per batch of samples and per
+candidate, not once per evolver step.
+
+Modes:
+
+* ``bar``: rich progress bars (rounds, LLM samples, the current step) on the stream, for a terminal;
+* ``lines``: plain lines ``YYYY-mm-dd HH:MM:SS round 2/11 es (parameter): ...`` at most one per
+  ``interval_s`` seconds, plus a heartbeat line when nothing happened for ``interval_s`` (model loading, a
+  long batch), for logs, CI and ``nohup``;
+* ``off``: nothing on the stream.
+
+``auto`` picks ``bar`` when the stream is a terminal, else ``lines``. In every mode the same bounded-rate
+lines are also logged (logger ``coevo.progress``, INFO), which the loop writes to the run folder's
+``run.log``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from typing import TextIO
+
+log = logging.getLogger("coevo.progress")
+
+
+def _hms(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+class RunProgress:
+    """Progress display of one run session (module docstring).
+
+    Args:
+        mode: "auto", "bar", "lines" or "off".
+        stream: where bars / lines go (default ``sys.stderr``).
+        interval_s: minimum seconds between two progress lines (lines mode and the log), > 0.
+        max_rounds, max_samples: budget totals shown beside the counters (None = unknown).
+        quiet: :meth:`note` only logs (in every mode, including "off", notes are printed otherwise).
+    """
+
+    def __init__(self, mode: str = "auto", *, stream: TextIO | None = None, interval_s: float = 10.0,
+                 max_rounds: int | None = None, max_samples: int | None = None, quiet: bool = False) -> None:  # fmt: skip
+        if mode not in ("auto", "bar", "lines", "off"):
+            raise ValueError(f"progress mode must be auto, bar, lines or off, got {mode!r}")
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+        self.stream = stream or sys.stderr
+        if mode == "auto":
+            mode = "bar" if getattr(self.stream, "isatty", lambda: False)() else "lines"
+        self.mode = mode
+        self.quiet = quiet
+        self.interval_s = float(interval_s)
+        self.max_rounds, self.max_samples = max_rounds, max_samples
+        self.round = 0
+        self.step: tuple[str, str] | None = None  # (evolver, space)
+        self.samples_base = 0  # samples in the store when the step started
+        self.step_samples = 0  # drawn in the current step (reported by the policy hook)
+        self.step_trajectories = 0
+        self.pending = 0  # samples being drawn right now
+        self.best: dict[str, float] = {}
+        self.started = time.monotonic()
+        self._last_line = float("-inf")
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._bar = None
+        self._tasks: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, round_index: int, samples_used: int) -> None:
+        """Begin showing progress (a run at ``round_index`` with ``samples_used`` samples in the store)."""
+        self.round, self.samples_base = round_index, samples_used
+        if self.mode == "bar":
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                                 console=Console(file=self.stream), transient=False)  # fmt: skip
+            self._bar.start()
+            self._tasks["rounds"] = self._bar.add_task("rounds", total=self.max_rounds, completed=round_index, info="")
+            self._tasks["samples"] = self._bar.add_task("LLM samples", total=self.max_samples, completed=samples_used,
+                                                        info="")  # fmt: skip
+        self._thread = threading.Thread(target=self._heartbeat, name="coevo-progress", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the bar and the heartbeat (idempotent)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        with self._lock:
+            if self._bar is not None:
+                self._bar.stop()
+                self._bar = None
+
+    # ------------------------------------------------------------------ feeding
+    def step_started(self, round_index: int, evolver: str, space: str, samples_used: int) -> None:
+        with self._lock:
+            self.round, self.step, self.samples_base = round_index, (evolver, space), samples_used
+            self.step_samples = self.step_trajectories = self.pending = 0
+            self._refresh()
+            self._line()
+
+    def event(self, kind: str, n: int = 1) -> None:
+        """The run context's ``progress`` callback: ``kind`` is "sampling", "samples" or "trajectories"."""
+        with self._lock:
+            if kind == "sampling":
+                self.pending = n
+            elif kind == "samples":
+                self.step_samples += n
+                self.pending = 0
+            elif kind == "trajectories":
+                self.step_trajectories += n
+            self._refresh()
+            self._line()
+
+    def step_finished(self, samples_used: int, best: dict[str, float | None]) -> None:
+        with self._lock:
+            self.best = {k: v for k, v in best.items() if v is not None}
+            self.samples_base, self.step_samples, self.pending = samples_used, 0, 0
+            self._refresh()
+            self._line()
+
+    def round_changed(self, round_index: int) -> None:
+        with self._lock:
+            self.round = round_index
+            self._refresh()
+
+    def note(self, text: str) -> None:
+        """A one-off message (resumed, stopped): logged, and printed at once unless ``quiet``."""
+        log.info(text)
+        if self.quiet:
+            return
+        with self._lock:
+            if self._bar is not None:
+                self._bar.console.print(text, markup=False, highlight=False)
+            else:
+                print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", file=self.stream, flush=True)
+
+    # ------------------------------------------------------------------ output
+    def status(self) -> str:
+        """The current state in one line (no timestamp)."""
+        rounds = f"{self.round}/{self.max_rounds}" if self.max_rounds else str(self.round)
+        total = self.samples_base + self.step_samples
+        samples = f"{total}/{self.max_samples}" if self.max_samples else str(total)
+        parts = [f"round {rounds}"]
+        if self.step is not None:
+            parts.append(f"{self.step[0]} ({self.step[1]})")
+        parts.append(f"LLM samples {samples}")
+        if self.step is not None:
+            step = f"this step: {self.step_samples} samples, {self.step_trajectories} trajectories"
+            if self.pending:
+                step += f", drawing {self.pending}"
+            parts.append(step)
+        if self.best:
+            parts.append("best " + " ".join(f"{k}={v:.4g}" for k, v in self.best.items()))
+        parts.append(f"elapsed {_hms(time.monotonic() - self.started)}")
+        return " · ".join(parts)
+
+    def _refresh(self) -> None:
+        if self._bar is None:
+            return
+        self._bar.update(self._tasks["rounds"], completed=self.round,
+                         info=f"round {self.round} · {self.step[0]} ({self.step[1]})" if self.step else "")  # fmt: skip
+        step = f"step: {self.step_samples} samples, {self.step_trajectories} trajectories" if self.step else ""
+        if self.pending:
+            step += f", drawing {self.pending}"
+        best = " ".join(f"{k}={v:.4g}" for k, v in self.best.items())
+        self._bar.update(self._tasks["samples"], completed=self.samples_base + self.step_samples,
+                         info=" · ".join(p for p in (step, f"best {best}" if best else "") if p))  # fmt: skip
+
+    def _line(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_line < self.interval_s:
+            return
+        self._last_line = now
+        text = self.status()
+        log.info(text)
+        if self.mode == "lines":
+            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", file=self.stream, flush=True)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(min(1.0, self.interval_s / 2)):
+            with self._lock:
+                if time.monotonic() - self._last_line >= self.interval_s:
+                    self._line()
