@@ -26,6 +26,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from coevo.evolvers.base import EvolverConfig, resolve_evolver
+from coevo.tracking import TrackingConfig
 
 
 class ConfigError(ValueError):
@@ -123,6 +124,7 @@ class RunConfig(_Strict):
         None, description="order and cadence of evolver steps in a round; default: every evolver, every round"
     )
     report: ReportConfig = Field(default_factory=ReportConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="mirror metrics to trackers (off)")
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

@@ -30,6 +30,7 @@ from coevo.config import RunConfig, parse_config
 from coevo.evolvers.base import Evolver, RunContext, StepReport, resolve_evolver
 from coevo.report.writer import STEP_KIND
 from coevo.store import TrajectoryStore
+from coevo.tracking import RunTracker
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,8 @@ class CoEvolutionLoop:
         self.steps_done = 0
         if resume:
             self._restore()
+        self.tracker = RunTracker(config.tracking, self.run_dir, self.run_id, config.run.name,
+                                  config.model_dump(mode="json", exclude_none=True), self.store)
 
     # ------------------------------------------------------------------ checkpointing
     def _restore(self) -> None:
@@ -188,6 +191,7 @@ class CoEvolutionLoop:
         self.store.put_artifact(
             self.run_id, STEP_KIND, name, content, key=f"{self.run_id}/step/{self.round}/{self.slot}/{name}"
         )
+        self.tracker.on_step(content, self.steps_done)
 
     def run(self) -> RunSummary:
         """Run until a budget is reached or an evolver asks to stop; then write the report."""
@@ -259,6 +263,7 @@ class CoEvolutionLoop:
             json.dumps({**asdict(summary), "run_dir": str(summary.run_dir)}, indent=1)
         )
         write_report(self.run_dir, self.store, self.run_id, self.evolvers, plots=self.config.report.plots)
+        self.tracker.close({"stop_reason": summary.stop_reason, "samples": summary.samples})
         for ev in self.evolvers.values():
             ev.close()
         if self.ctx._policy is not None:
