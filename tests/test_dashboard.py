@@ -28,6 +28,8 @@ import pytest
 from coevo.dashboard.reader import DashboardError, heuristic_id, is_heuristic, open_run
 from coevo.store import TrajectoryStore
 
+pytestmark = pytest.mark.slow  # two real tiny-model runs per module (about 40 s of CPU)
+
 ROOT = Path(__file__).resolve().parents[1]
 AHD_SETS = [
     "model.name=tiny:micro", "model.dtype=float32", "sampling.max_new_tokens=4", "report.plots=false",
