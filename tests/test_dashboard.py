@@ -245,6 +245,11 @@ def test_pages_of_an_ahd_run_in_chromium(runs, browser, tmp_path):
         page.click(f"#lineage-table tr[data-id='{child}'] a")
         page.wait_for_function(f"document.querySelector('h3 code') && document.querySelector('h3 code').innerText == '{child}'")
         assert "invalid (parse)" in page.inner_text("#heur-detail")
+        # a click on a marker of the lineage graph opens that heuristic (invalid trace: every row but the seed)
+        box = page.locator("#lineage-graph .scatterlayer .trace").nth(2).locator(".point").nth(3).bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.wait_for_function(f"document.querySelector('h3 code')?.innerText == '{expected[4]}'")
         assert "seed objective" in page.inner_text("#h-heldout")
         page.screenshot(path=str(tmp_path / "heuristics.png"), full_page=True)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sqlite3
 import time
 from typing import Any
@@ -115,6 +116,12 @@ def _busy_guard(render):
     return wrapper
 
 
+def _no_images(markdown: str) -> str:
+    """Markdown with image syntax escaped: report sections quote model output, and an image link in it
+    would make the browser fetch from the internet (raw HTML is never rendered by ``dcc.Markdown``)."""
+    return re.sub(r"!\[", r"\\![", markdown)
+
+
 def _search_param(search: str | None, name: str) -> str | None:
     values = parse_qs((search or "").lstrip("?")).get(name)
     return values[0] if values else None
@@ -173,7 +180,7 @@ def heuristics_panel(reader: RunReader, selected: str | None) -> tuple[list[Any]
     heldout: list[Any] = []
     for name in sorted({r["evolver"] for r in rows if r["space"] == "context"}):  # the AHD evolvers, not ES
         if name in sections:
-            heldout += [html.H4(name), dcc.Markdown(sections[name], className="md")]
+            heldout += [html.H4(name), dcc.Markdown(_no_images(sections[name]), className="md")]
     if not heldout:
         heldout = [html.P("The held-out comparison (seed vs best on the test sizes) is written when the run ends.",
                           className="muted")]  # fmt: skip
