@@ -190,6 +190,7 @@ def browser():
     missing = _chromium_missing()
     if missing:
         pytest.skip(missing)
+    pytest.importorskip("dash", reason="the dashboard needs the dash extra (pip install 'coevo[dash]')")
     from playwright.sync_api import sync_playwright
 
     from coevo.envs.browser import build_playwright_shim
