@@ -1,6 +1,6 @@
 """The coevo command line.
 
-Sub-commands: ``run``, ``model prepare|list``, ``runs show|export``, ``es replay|export``,
+Sub-commands: ``run``, ``model prepare|list``, ``runs show|export|serve``, ``es replay|export``,
 ``heuristics eval``, ``skills validate``. Each domain module registers its own sub-parser through an
 ``add_parser(subparsers)`` function, so this file only wires them.
 """
@@ -228,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("run_dir")
     exp.add_argument("out")
     exp.set_defaults(func=_cmd_runs_export)
+    importlib.import_module("coevo.dashboard.cli").add_parser(runs)  # runs serve: the web dashboard
 
     for mod in _DOMAIN_CLIS:
         importlib.import_module(mod).add_parser(sub)

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from coevo.errors import ConfigError
 from coevo.evolvers.base import EvolverConfig, resolve_evolver
+from coevo.tracking import TrackingConfig
 
 __all__ = ["ConfigError", "RunConfig", "apply_overrides", "check_combinations", "load_config", "parse_config"]
 
@@ -139,6 +140,7 @@ class RunConfig(_Strict):
         None, description="order and cadence of evolver steps in a round; default: every evolver, every round"
     )
     report: ReportConfig = Field(default_factory=ReportConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="mirror metrics to trackers (off)")
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

@@ -49,6 +49,7 @@ from coevo.lock import RunLock
 from coevo.progress import RunProgress
 from coevo.report.writer import STEP_KIND
 from coevo.store import TrajectoryStore
+from coevo.tracking import RunTracker
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +244,8 @@ class CoEvolutionLoop:
         self._stopping = False
         if resume:
             self._restore()
+        self.tracker = RunTracker(config.tracking, self.run_dir, self.run_id, config.run.name,
+                                  config.model_dump(mode="json", exclude_none=True), self.store)
 
     def close(self) -> None:
         """Release the policy, the store and the run folder's lock (idempotent; :meth:`run` calls it)."""
@@ -310,6 +313,7 @@ class CoEvolutionLoop:
         self.store.put_artifact(
             self.run_id, STEP_KIND, name, content, key=f"{self.run_id}/step/{self.round}/{self.slot}/{name}"
         )
+        self.tracker.on_step(content, self.steps_done)
 
     @contextmanager
     def _signals(self, enabled: bool):
@@ -464,5 +468,6 @@ class CoEvolutionLoop:
             json.dumps({**asdict(summary), "run_dir": str(summary.run_dir)}, indent=1)
         )
         write_report(self.run_dir, self.store, self.run_id, self.evolvers, plots=self.config.report.plots)
+        self.tracker.close({"stop_reason": summary.stop_reason, "samples": summary.samples})
         for ev in self.evolvers.values():
             ev.close()
