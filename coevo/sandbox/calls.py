@@ -23,14 +23,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-
 from coevo.sandbox.errors import CandidateFailure
 
 
 def fresh(value: Any) -> Any:
-    """A writable deep copy of an argument (numpy arrays copied with ``np.array(copy=True)``)."""
-    if isinstance(value, np.ndarray):
+    """A writable deep copy of an argument (numpy arrays copied with ``np.array(copy=True)``; numpy is not
+    imported unless an array is passed)."""
+    if type(value).__name__ == "ndarray" and type(value).__module__ == "numpy":
+        import numpy as np
+
         return np.array(value, copy=True)
     if isinstance(value, (list, tuple, dict, set)):
         return copy.deepcopy(value)

@@ -20,6 +20,7 @@ from coevo.sandbox.isolation import (
     THREAD_VARS,
     child_pythonpath,
     interpreter_command,
+    project_root,
     worker_script,
 )
 from coevo.sandbox.process import ProcessOutcome
@@ -51,8 +52,10 @@ def evaluate_plain(code: str, function_name: str, target: str, payload: dict[str
             cmd = interpreter_command(python or sys.executable, fd, mode="local")
             env = {**os.environ, **{var: "1" for var in THREAD_VARS},
                    "PYTHONPATH": os.pathsep.join(child_pythonpath())}
-        else:
-            cmd, env = [python or sys.executable, str(worker_script()), "local", str(fd)], None
+        else:  # the inherited environment, with this checkout importable (targets import coevo)
+            cmd = [python or sys.executable, str(worker_script()), "local", str(fd)]
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                [str(project_root()), *filter(None, [os.environ.get("PYTHONPATH")])])}
         try:
             done = subprocess.run(cmd, input=request, capture_output=True, timeout=timeout_s, pass_fds=(fd,),
                                   env=env, check=False)

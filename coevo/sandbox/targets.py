@@ -14,8 +14,6 @@ import operator
 import random
 from typing import Any
 
-import numpy as np
-
 from coevo.sandbox.calls import heuristic_call
 from coevo.sandbox.errors import InfeasibleSolution, InvalidReturn
 
@@ -89,6 +87,8 @@ def greedy_route(fn: Any, payload: dict[str, Any]) -> dict[str, Any]:
     for field, value, low in (("n", n, 2), ("instances", count, 1), ("seed", seed, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"payload.{field} must be an int >= {low}, got {value!r}")
+    import numpy as np
+
     fn = heuristic_call(fn)
     lengths = []
     for k in range(count):
