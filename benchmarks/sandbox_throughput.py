@@ -1,10 +1,13 @@
 """Evaluations per second: the sandbox vs a plain process-per-program evaluator, on the same candidates.
 
-Both evaluators start one fresh interpreter per candidate running the same worker and the same CPU-bound
-target (``coevo.sandbox.targets:greedy_route``: closed routes over uniform points, EoH's TSP constructive
-interface, default 8 instances of 50 nodes), driven by the same thread pool. The sandbox adds bubblewrap,
-rlimits, a cleared environment and the process-group kill; it saves start-up time by not importing ``site``
-(``-S``, import path passed explicitly) and by pinning BLAS thread pools to one thread. The candidates mix
+Both evaluators start one fresh interpreter per candidate and evaluate it on the same instances with the
+real AHD target (``coevo.ahd.problem:run_target``, tsp_construct, EoH's interface, default 8 instances of
+50 nodes, as EoH trains), driven by the same thread pool. The plain evaluator runs the target IN the
+candidate's process, as the reference frameworks do (so a candidate can forge its score there). The
+sandbox runs the target on the trusted side: the candidate's process, unprivileged and seeing only the
+interpreter and its libraries, returns each instance's tour, which is checked and measured here; it saves
+start-up time by not importing ``site`` or coevo in the candidate's process (``-S``, import path passed
+explicitly) and by pinning BLAS thread pools to one thread. The candidates mix
 pure-Python and numpy heuristics with a few failing ones (runtime error, infeasible choice, syntax error),
 as a population of LLM samples does. Rounds alternate the order of the evaluators; medians are reported.
 Two more rows separate the effects: "plain (lean start-up)" has the sandbox's start-up without isolation,
@@ -28,11 +31,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from coevo.ahd import load_problem
+from coevo.ahd.evaluate import TARGET, instances_file
 from coevo.sandbox.plain import PlainEvaluator
 from coevo.sandbox.pool import Job, evaluate_many
 from coevo.sandbox.runner import Sandbox, SandboxLimits
 
-TARGET = "coevo.sandbox.targets:greedy_route"
 FN = "select_next_node"
 CANDIDATES = [
     # nearest neighbour, pure Python
@@ -119,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("evals", "rounds", "workers", "n", "instances"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
-    payload = {"n": args.n, "instances": args.instances, "seed": 2024}
+    tsp = load_problem("tsp_construct")
+    payload = {"problem": str(tsp.root),
+               "instances_path": str(instances_file(tsp.generate(args.n, args.instances, seed=2024)))}
     jobs = [Job(CANDIDATES[i % len(CANDIDATES)], FN, TARGET, payload) for i in range(args.evals)]
     limits = SandboxLimits(timeout_s=30.0)
     evaluators = {"sandbox": Sandbox(limits), "plain": PlainEvaluator(timeout_s=30.0),

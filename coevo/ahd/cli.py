@@ -1,12 +1,16 @@
 """``coevo heuristics ...``: evaluate a heuristic file on a problem's instances from the command line.
 
     coevo heuristics list
-    coevo heuristics eval PROBLEM FILE.py [--size N --count K --seed S | --instances PATH] [--json]
+    coevo heuristics eval PROBLEM FILE.py [--size N --count K --seed S | --instances PATH] [--timeout S] [--json]
 
 ``eval`` runs the file through the sandbox on every instance (going on after failures, to count them) and
 prints the mean objective, the gap and what it is measured against, and the number of invalid instances.
+``--timeout S`` is the wall-clock limit of EACH instance (default :data:`DEFAULT_INSTANCE_TIMEOUT_S`): an
+instance that runs out of time is invalid (kind ``timeout``) and the next one starts in a fresh process, so
+a heuristic that is valid but slow on large instances is reported per instance, not invalid as a whole.
 With ``--json`` it prints one object with keys mean_objective, gap_percent, reference, n_instances,
-n_invalid, invalid_reasons (plus problem, direction, objective_name, valid, error_kind); non-finite numbers
+n_invalid, invalid_reasons, instance_timeout_s and ``instances`` (per instance: name, objective, valid,
+time_s, error_kind, error), plus problem, direction, objective_name, valid, error_kind; non-finite numbers
 are printed as null. Bad files or options (a folder or binary FILE, an invalid instance file, --size/--seed
 with --instances, a too large --size/--count) print one error naming the file or field and exit 2, before
 any heuristic runs.
@@ -23,6 +27,9 @@ from typing import Any
 
 from coevo.ahd.evaluate import evaluate_heuristic
 from coevo.ahd.problem import available_problems, heuristics_root, load_problem
+
+#: Default wall-clock limit per instance of ``coevo heuristics eval`` (s).
+DEFAULT_INSTANCE_TIMEOUT_S = 60.0
 
 
 def eval_report(args: argparse.Namespace) -> dict[str, Any]:
@@ -44,7 +51,11 @@ def eval_report(args: argparse.Namespace) -> dict[str, Any]:
         instances = problem.generate(args.size if args.size is not None else problem.default_size,
                                      args.count if args.count is not None else problem.default_count,
                                      args.seed if args.seed is not None else 0)
-    res = evaluate_heuristic(problem, code, instances, keep_going=True, with_reference=not args.no_reference)
+    per_instance_s = args.timeout if args.timeout is not None else DEFAULT_INSTANCE_TIMEOUT_S
+    if not (per_instance_s > 0 and math.isfinite(per_instance_s)):
+        raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout!r}")
+    res = evaluate_heuristic(problem, code, instances, keep_going=True, with_reference=not args.no_reference,
+                             instance_timeout_s=per_instance_s)
     m = res.metrics
     n_invalid = m.get("n_invalid", len(instances))  # absent: the whole candidate failed before any instance
     reasons = m.get("invalid_reasons") or ({f"{res.error_kind}: {res.error}": len(instances)} if not res.valid
@@ -63,6 +74,10 @@ def eval_report(args: argparse.Namespace) -> dict[str, Any]:
         "valid": res.valid,
         "error_kind": res.error_kind,
         "instances_source": instances.source,
+        "instance_timeout_s": per_instance_s,
+        "instances": m.get("per_instance") or [
+            {"name": name, "objective": None, "valid": False, "time_s": None, "error_kind": res.error_kind,
+             "error": res.error} for name in instances.names],
     }
 
 
@@ -115,6 +130,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     print(f"mean {out['objective_name']}: {mean}" + (" (valid instances only)" if out["n_invalid"] else ""))
     if out["gap_percent"] is not None:
         print(f"gap: {out['gap_percent']:.4f}% vs {out['reference']} (mean {out['reference_mean']:.6f})")
+    times = [x["time_s"] for x in out["instances"] if x["time_s"] is not None]
+    if times:
+        print(f"time per instance: mean {sum(times) / len(times):.3f} s, max {max(times):.3f} s "
+              f"(limit {out['instance_timeout_s']:g} s)")
     print(f"invalid: {out['n_invalid']} of {out['n_instances']}")
     for reason, count in out["invalid_reasons"].items():
         print(f"  {count} x {reason}")
@@ -148,6 +167,8 @@ def add_parser(subparsers: Any) -> None:
     ev.add_argument("--seed", type=int, default=None, help="generator seed (default 0; not with --instances)")
     ev.add_argument("--instances", default=None,
                     help="instance file or folder (.npz, TSPLIB .tsp, BPP .json, CVRPLIB .vrp)")
+    ev.add_argument("--timeout", type=float, default=None,
+                    help=f"wall-clock limit per instance in seconds (default {DEFAULT_INSTANCE_TIMEOUT_S:g})")
     ev.add_argument("--no-reference", action="store_true", help="skip the reference solver (no gap)")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.set_defaults(func=_cmd_eval)

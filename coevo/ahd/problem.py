@@ -18,9 +18,18 @@ Failure conventions while building a solution (raised from :meth:`HeuristicProbl
   constraint: a TSP node already visited, a knapsack item that does not fit or is already taken, a CVRP
   customer whose demand exceeds the remaining load.
 
-Input protection: every instance gets fresh read-only copies of its arrays (``setflags(write=False)``), and
-objectives are always computed from the evaluator's own private arrays, so a heuristic that writes into
-(or un-protects and writes into) ``distance_matrix`` affects neither the score nor later instances.
+Trust: :meth:`HeuristicProblem.run_heuristic` is the sandbox's target and runs on the TRUSTED side
+(:mod:`coevo.sandbox.runner`): the candidate's process only answers each step's question (which node, item,
+bin priorities), every answer is checked here against the evaluator's own copy of the instance, and the
+objective is computed here. Inputs: every call gets fresh writable copies of its arguments
+(:mod:`coevo.sandbox.calls`, as ReEvo's ``distance_matrix.copy()`` and FunSearch's ``bins[valid]``), so a
+heuristic may edit them in place; neither the score nor later steps or instances can change. Arrays the
+problem passes read-only are the instance's unchanging data (sent to the candidate once per process).
+
+Time: per-instance wall time is measured and returned (``times_s``); ``instance_timeout_s`` bounds each
+instance separately, so a heuristic that is valid but slow on large instances fails only where it runs out
+of time. :meth:`HeuristicProblem.work` (size ** ``time_exponent`` summed over instances) scales a time limit
+set for one instance set to another (:func:`coevo.ahd.evaluate.scaled_timeout`).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import importlib.util
 import operator
 import os
 import sys
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
@@ -39,7 +49,8 @@ import numpy as np
 from coevo.ahd.instances import InstanceSet, NotAnInstanceSetError, load_eoh_tsp_npz
 from coevo.ahd.references import cached_reference
 from coevo.resources import shipped_dir
-from coevo.sandbox.errors import InvalidReturn
+from coevo.sandbox.calls import heuristic_call
+from coevo.sandbox.errors import CandidateFailure, InvalidReturn, failure_kind
 
 _REGISTRY: dict[str, type[HeuristicProblem]] = {}
 _LOADED: dict[str, HeuristicProblem] = {}
@@ -126,8 +137,31 @@ def as_index(value: Any, what: str, upper: int) -> int:
     return idx
 
 
+def int_sequence(solution: Any, what: str, upper: int, max_len: int) -> list[int]:
+    """An untrusted solution as a list of ints in [0, upper) of length <= max_len (JSON ints or an integer
+    array; bools, floats and anything else refused).
+
+    Raises:
+        InfeasibleSolution: naming ``what`` and the problem.
+    """
+    from coevo.sandbox.errors import InfeasibleSolution
+
+    if isinstance(solution, np.ndarray):
+        if solution.ndim != 1 or solution.dtype.kind not in "iu":
+            raise InfeasibleSolution(f"{what}: expected a 1-d integer array, got {solution.dtype} {solution.shape}")
+        solution = solution.tolist()
+    if not isinstance(solution, list) or len(solution) > max_len:
+        raise InfeasibleSolution(f"{what}: expected a list of at most {max_len} indices, got "
+                                 f"{type(solution).__name__}")
+    if not all(type(v) is int and 0 <= v < upper for v in solution):
+        bad = next(v for v in solution if not (type(v) is int and 0 <= v < upper))
+        raise InfeasibleSolution(f"{what}: {bad!r:.40} is not an index in [0, {upper})")
+    return solution
+
+
 def read_only(arr: np.ndarray, dtype: Any = None) -> np.ndarray:
-    """A fresh copy of ``arr`` (optionally cast) with ``WRITEABLE`` cleared."""
+    """A fresh copy of ``arr`` (optionally cast) with ``WRITEABLE`` cleared: the mark of an argument that
+    stays the same for a whole instance (the heuristic still receives writable copies of it)."""
     out = np.array(arr, dtype=dtype, copy=True)
     out.setflags(write=False)
     return out
@@ -166,6 +200,10 @@ class HeuristicProblem(ABC):
     instance_fields: ClassVar[tuple[str, ...]] = ()
     max_count: ClassVar[int] = 100_000
     max_cells: ClassVar[int] = 100_000_000  # array entries over all generated instances (800 MB as float64)
+    #: How the work of one instance grows with its size (used to scale time limits): a constructive
+    #: heuristic makes n steps, each O(n) to O(n^2) for the published ones (ReEvo's TSP heuristic looks
+    #: at all pairs of unvisited nodes per step), so 3 by default.
+    time_exponent: ClassVar[float] = 3.0
 
     def __init__(self, root: str | os.PathLike | None = None) -> None:
         self.root = Path(root) if root is not None else heuristics_root() / self.name
@@ -175,13 +213,70 @@ class HeuristicProblem(ABC):
     def generate(self, size: int, count: int, seed: int) -> InstanceSet:
         """``count`` random instances of ``size`` from ``seed`` (deterministic). ValueError on bad input."""
 
-    @abstractmethod
-    def solve_instance(self, fn: Any, arrays: dict[str, np.ndarray]) -> float:
-        """Build one solution by calling ``fn`` step by step; return its objective.
+    #: File in the problem folder holding the candidate-side construction loop ``construct(fn, *args,
+    #: name=...)`` (numpy + stdlib only): set it for problems whose heuristic sees the whole instance
+    #: anyway (TSP, CVRP, KP), so the loop runs in the candidate's process in one request per instance
+    #: and only its whole solution comes back, to :meth:`score_solution`. None: override
+    #: :meth:`solve_instance` and drive the steps from here (online problems, whose future stays hidden).
+    construct_file: ClassVar[str | None] = None
 
-        ``arrays`` are the evaluator's private arrays (never handed to ``fn`` directly).
-        Raises InvalidReturn / InfeasibleSolution as described in the module docstring.
+    def solve_instance(self, fn: Any, arrays: dict[str, np.ndarray]) -> float:
+        """Build one solution with ``fn`` and return its objective, computed here.
+
+        Default: ``construct(fn, *construct_args(arrays))`` (in the candidate's process when ``fn`` is
+        remote), then :meth:`score_solution` checks the solution against ``arrays`` (the evaluator's own)
+        and scores it. Raises InvalidReturn / InfeasibleSolution as described in the module docstring.
         """
+        if self.construct_file is None:
+            raise NotImplementedError(f"{type(self).__name__} sets no construct_file and does not override "
+                                      "solve_instance")
+        args = self.construct_args(arrays)
+        if getattr(fn, "is_remote_function", False):
+            solution = fn.construct(self.construct_source(), *args)
+        else:
+            solution = self.construct_module().construct(fn, *args, name=self.function_name)
+        return float(self.score_solution(arrays, solution))
+
+    def construct_args(self, arrays: dict[str, np.ndarray]) -> tuple:
+        """The arguments of the construction loop: only what the heuristic's interface shows (read-only
+        arrays: sent once, copied for every call)."""
+        raise NotImplementedError
+
+    def score_solution(self, arrays: dict[str, np.ndarray], solution: Any) -> float:
+        """Check an untrusted solution against the evaluator's own instance and return its objective.
+
+        Raises:
+            InfeasibleSolution: a solution that breaks a constraint or is malformed (wrong type, length,
+                indices out of range, repeated or missing nodes / items).
+        """
+        raise NotImplementedError
+
+    def construct_path(self) -> Path:
+        """:attr:`construct_file` in the folder of the class that set it (so a subclass in another folder
+        reuses its base problem's loop)."""
+        owner = next(c for c in type(self).__mro__ if "construct_file" in c.__dict__)
+        module = sys.modules.get(owner.__module__)
+        folder = Path(module.__file__).resolve().parent if module and getattr(module, "__file__", None) else self.root
+        return folder / self.construct_file
+
+    def construct_source(self) -> str:
+        """Source text of :attr:`construct_file` (read once)."""
+        cached = getattr(self, "_construct_source", None)
+        if cached is None:
+            cached = self.construct_path().read_text()
+            self._construct_source = cached
+        return cached
+
+    def construct_module(self) -> Any:
+        """:attr:`construct_file` imported in this process (for local callables)."""
+        cached = getattr(self, "_construct_module", None)
+        if cached is None:
+            spec = importlib.util.spec_from_file_location(f"coevo_heuristics.{self.name}_construct",
+                                                          self.construct_path())
+            cached = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(cached)
+            self._construct_module = cached
+        return cached
 
     @abstractmethod
     def reference_one(self, arrays: dict[str, np.ndarray]) -> float:
@@ -190,6 +285,14 @@ class HeuristicProblem(ABC):
     def reference_solver_id(self) -> str:
         """Cache key part naming the reference solver and its settings."""
         return self.reference_name.lower().replace(" ", "-")
+
+    def instance_size(self, arrays: dict[str, np.ndarray]) -> int:
+        """The size of one instance (nodes, items): the length of its first ``instance_fields`` array."""
+        return int(np.asarray(arrays[self.instance_fields[0]]).shape[0])
+
+    def work(self, instances: InstanceSet) -> float:
+        """Relative evaluation work of a set: sum over instances of ``size ** time_exponent``."""
+        return float(sum(float(self.instance_size(a)) ** self.time_exponent for a in instances))
 
     # --- shared machinery -----------------------------------------------------------------------------
     def check_args(self, size: int, count: int, seed: int, min_size: int = 1,
@@ -228,40 +331,54 @@ class HeuristicProblem(ABC):
                                  f"(a {self.name} instance needs {list(self.instance_fields)})")
         return instances.validate()
 
-    def run_heuristic(self, fn: Any, instances: InstanceSet, keep_going: bool = False) -> dict[str, Any]:
-        """Run ``fn`` on every instance (this is what the sandbox target calls).
+    def run_heuristic(self, fn: Any, instances: InstanceSet, keep_going: bool = False,
+                      instance_timeout_s: float | None = None) -> dict[str, Any]:
+        """Run ``fn`` on every instance (this is what the sandbox target calls, on the trusted side).
 
         Args:
-            fn: the candidate heuristic.
-            instances: the instances.
+            fn: the candidate heuristic: a :class:`~coevo.sandbox.session.RemoteFunction` (sandbox) or a
+                plain callable (wrapped by :func:`coevo.sandbox.calls.heuristic_call`).
+            instances: the instances (the evaluator's own copy).
             keep_going: False (search): stop at the first failing instance by raising. True (diagnosis,
                 e.g. the CLI): record each instance's failure and go on.
+            instance_timeout_s: wall-clock limit of each instance (s); None = only the evaluation's limit.
 
         Returns:
-            ``{"objectives": [float per instance], "names": [str]}``; with ``keep_going`` also
-            ``"failures": [None or {"kind": failure kind, "error": detail}]`` and ``None`` objectives for
-            failed instances.
+            ``{"objectives": [float per instance], "names": [str], "times_s": [wall s per instance]}``; with
+            ``keep_going`` also ``"failures": [None or {"kind": failure kind, "error": detail}]`` and
+            ``None`` objectives for failed instances (instances not reached after the evaluation's own
+            limit count as failed, kind ``timeout``).
 
         Raises:
-            InvalidReturn, InfeasibleSolution: (not keep_going) on the first instance where ``fn``
-            misbehaves; any exception ``fn`` raises propagates (a runtime failure).
+            InvalidReturn, InfeasibleSolution, CandidateFailure: (not keep_going) on the first instance where
+            ``fn`` misbehaves; any exception ``fn`` raises propagates (a runtime failure).
         """
         if not callable(fn):
             raise InvalidReturn(f"{self.function_name} is not callable (got {type(fn).__name__})")
-        if not keep_going:
-            objectives = [float(self.solve_instance(fn, inst)) for inst in instances]
-            return {"objectives": objectives, "names": list(instances.names)}
-        from coevo.sandbox.worker import classify
-
-        objectives, failures = [], []
+        call = heuristic_call(fn)
+        if keep_going and getattr(call, "is_remote_function", False):
+            call.restart = True  # a fresh process for the instance after one that timed out or crashed
+        objectives: list[float | None] = []
+        failures: list[dict[str, str] | None] = []
+        times: list[float] = []
         for inst in instances:
+            start = time.perf_counter()
             try:
-                objectives.append(float(self.solve_instance(fn, inst)))
+                with call.limit(instance_timeout_s):
+                    value = float(self.solve_instance(call, inst))
+                objectives.append(value)
                 failures.append(None)
-            except Exception as exc:  # noqa: BLE001 -- keep_going records any per-instance failure
+            except Exception as exc:
+                if not keep_going:
+                    raise
                 objectives.append(None)
-                failures.append({"kind": classify(exc), "error": f"{type(exc).__name__}: {exc}"[:500]})
-        return {"objectives": objectives, "names": list(instances.names), "failures": failures}
+                detail = str(exc) if isinstance(exc, CandidateFailure) else f"{type(exc).__name__}: {exc}"
+                failures.append({"kind": failure_kind(exc), "error": detail[:500]})
+            times.append(time.perf_counter() - start)
+        out: dict[str, Any] = {"objectives": objectives, "names": list(instances.names), "times_s": times}
+        if keep_going:
+            out["failures"] = failures
+        return out
 
     def references(self, instances: InstanceSet) -> tuple[np.ndarray, str]:
         """Per-instance reference objectives (B,) and the reference's name.
@@ -332,15 +449,16 @@ class HeuristicProblem(ABC):
 
 
 def run_target(fn: Any, payload: dict[str, Any]) -> dict[str, Any]:
-    """Sandbox target ``coevo.ahd.problem:run_target``.
+    """Sandbox target ``coevo.ahd.problem:run_target`` (runs on the trusted side).
 
     Args:
-        fn: the candidate's heuristic function.
-        payload: ``{"problem": problem folder or name, "instances_path": InstanceSet .npz path,
-            "keep_going": bool (optional, default False)}``.
+        fn: the candidate's heuristic function (remote or local).
+        payload: ``{"problem": problem folder or name, "instances_path": InstanceSet .npz path (written and
+            read by the evaluator; the candidate's process never sees it), "keep_going": bool (optional,
+            default False), "instance_timeout_s": float (optional)}``.
 
     Returns:
-        ``{"objectives": [...], "names": [...]}`` (+ ``"failures"`` with keep_going; JSON-able).
+        ``{"objectives": [...], "names": [...], "times_s": [...]}`` (+ ``"failures"`` with keep_going).
 
     Raises:
         ValueError: a payload field is missing. InvalidReturn / InfeasibleSolution from the run.
@@ -350,4 +468,5 @@ def run_target(fn: Any, payload: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"payload is missing {key!r}")
     problem = load_problem(payload["problem"])
     return problem.run_heuristic(fn, InstanceSet.load(payload["instances_path"]),
-                                 keep_going=bool(payload.get("keep_going", False)))
+                                 keep_going=bool(payload.get("keep_going", False)),
+                                 instance_timeout_s=payload.get("instance_timeout_s"))

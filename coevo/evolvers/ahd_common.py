@@ -338,7 +338,7 @@ class AHDEvolver(Evolver):
         key = (hashlib.sha256(code.encode()).hexdigest(), size)
         if key not in self._test_cache:
             inst = self.problem.generate(size, self.config.test_count, self.config.test_seed)
-            self._test_cache[key] = evaluate_heuristic(self.problem, code, inst, sandbox=self.sandbox)
+            self._test_cache[key] = evaluate_heuristic(self.problem, code, inst, sandbox=self.sandbox, timeout_basis=(self.train_size, self.config.train_count))
         return self._test_cache[key]
 
     def comparison_rows(self) -> list[list[Any]]:

@@ -1,12 +1,13 @@
 """How a sandboxed worker process is isolated: the bubblewrap command line, its environment, its import path.
 
-Checked on this machine (field-notes §5): ``bwrap --unshare-all --die-with-parent --ro-bind / / --tmpfs /tmp
---dev /dev --proc /proc`` gives a private network namespace (a connection to the host's 127.0.0.1 is refused),
-a private PID namespace (every process in it dies with the sandbox's PID 1), and a read-only root. Two
-pitfalls handled here: ``--tmpfs /tmp`` hides interpreters, venvs and projects living under /tmp, so
-``sys.prefix``, ``sys.base_prefix``, the project and every import path are bound again read-only; and bwrap
-run by root keeps all capabilities inside the sandbox (a candidate could remount ``/`` read-write), so
-``--cap-drop ALL`` is always passed.
+The candidate sees only what it needs (:func:`bwrap_command`): the interpreter and its libraries read-only,
+a private temp dir, no network, its own PID namespace, and it runs as an unprivileged user. Pitfalls
+handled here, all checked on this machine: bwrap creates the parents of bind targets with mode 0700, which
+an unprivileged process cannot enter, so they are created 0755 first; bwrap's ``--uid`` inside a user
+namespace started by root still maps to host root (owner permissions on every root-owned file, e.g. a
+0640 /etc/shadow), so as root the worker drops to a real unprivileged uid instead; an interpreter under a
+0700 home (pyenv in /root) is unreachable for that uid on the host, but reachable at the same path inside
+the sandbox, where its parents are 0755.
 """
 
 from __future__ import annotations
@@ -80,6 +81,13 @@ def child_pythonpath(extra: Iterable[str | os.PathLike] = ()) -> list[str]:
     return out
 
 
+def site_dirs() -> list[str]:
+    """The running interpreter's site-packages folders (and folders ``.pth`` files add inside them): the
+    candidate's import path, without the project checkout."""
+    project = os.path.abspath(str(project_root()))
+    return [p for p in child_pythonpath() if p != project]
+
+
 def child_env(tmpdir: str, pythonpath: Sequence[str], hash_seed: int, marker: str | None) -> dict[str, str]:
     """The worker's whole environment (nothing else is inherited).
 
@@ -103,57 +111,86 @@ def child_env(tmpdir: str, pythonpath: Sequence[str], hash_seed: int, marker: st
     return env
 
 
-def payload_paths(payload: object) -> list[str]:
-    """Absolute paths of existing files/folders named by string values anywhere in ``payload`` (these are
-    bound read-only so that, e.g., an instance file under the hidden /tmp stays readable)."""
-    found: list[str] = []
-    stack = [payload]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-        elif (isinstance(item, str) and item.startswith("/") and "\n" not in item and len(item) < 4096
-              and os.path.exists(item)):
-            found.append(os.path.abspath(item))
-    return found
+#: The unprivileged identity the candidate runs as (``nobody`` / ``nogroup`` on Debian-like systems).
+SANDBOX_UID = 65534
+SANDBOX_GID = 65534
+#: Where the worker script appears inside the sandbox (the only project file the candidate can see).
+WORKER_IN_SANDBOX = "/coevo-sandbox/worker.py"
+#: System folders bound read-only: the dynamic loader and the shared libraries the interpreter and
+#: compiled extensions link against, and the system executables (``sleep``, ...). Nothing else of the host
+#: (no /etc, /home, /root, /work, /srv, /var, /opt, /mnt) is visible.
+SYSTEM_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/usr/bin", "/usr/sbin")
+SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 
 
-def bwrap_command(bwrap: str, tmpdir: str, ro_paths: Iterable[str], network: bool,
-                  hide_home: bool) -> list[str]:
+def exposed_paths(site_dirs: Iterable[str], extra: Iterable[str] = ()) -> list[str]:
+    """Host paths the candidate's process sees (read-only, at the same place): :data:`SYSTEM_DIRS`, the
+    interpreter (``sys.base_prefix``, ``sys.prefix`` -- the venv -- and the real executable's folder),
+    ``site_dirs`` (site-packages, for numpy), ``/etc/ld.so.cache`` (library lookup) and ``extra``. The
+    project checkout and folders found through it (e.g. ``.pth`` entries pointing into it) are left out."""
+    project = str(project_root())
+    real_dirs = [p for p in SYSTEM_LINKS if os.path.isdir(p) and not os.path.islink(p)]  # no merged /usr
+    want = [*SYSTEM_DIRS, *real_dirs, sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable)),
+            *site_dirs, "/etc/ld.so.cache", *extra]
+    out: list[str] = []
+    for path in want:
+        path = os.path.abspath(path)
+        inside_project = path == project or path.startswith(project + os.sep)
+        if inside_project and not (path.startswith(os.path.abspath(sys.prefix)) or path in map(os.path.abspath, extra)):
+            continue
+        if os.path.exists(path) and path not in out and not any(path.startswith(p + os.sep) for p in out):
+            out.append(path)
+    return out
+
+
+def bwrap_command(bwrap: str, ro_paths: Iterable[str], network: bool, tmp_mb: int,
+                  as_root: bool | None = None) -> list[str]:
     """The bubblewrap prefix of a worker command (the interpreter command follows it).
 
-    Args:
-        bwrap: path of the bwrap executable.
-        tmpdir: the run's private writable folder (bound read-write, made the working directory).
-        ro_paths: folders/files to bind read-only again after /tmp (and the home folder) are hidden.
-        network: keep the host network (``--share-net``); False gives an empty network namespace.
-        hide_home: mount an empty read-only tmpfs over the parent's home folder (credentials, caches).
+    The sandbox's root is an empty read-only tmpfs holding only ``ro_paths`` (read-only binds at the same
+    place, parents created mode 0755), the host's /bin, /lib, ... links into /usr, the worker script at
+    :data:`WORKER_IN_SANDBOX`, a private writable tmpfs ``/tmp`` of ``tmp_mb`` MiB (cwd, HOME, TMPDIR),
+    a minimal /dev and a /proc of its own PID namespace. Namespaces: PID, IPC, UTS, cgroup, and network
+    unless ``network``. Identity: as root (``as_root``, default: the current euid is 0), bwrap keeps only
+    CAP_SETUID / CAP_SETGID and the worker drops to :data:`SANDBOX_UID` before any candidate code runs (a
+    real unprivileged host uid; no_new_privs is set by bwrap, so setuid binaries cannot lift it back);
+    otherwise a user namespace maps the caller to uid/gid 65534 and all capabilities are dropped.
     """
-    cmd = [bwrap, "--unshare-all", *(["--share-net"] if network else []), "--die-with-parent",
-           "--cap-drop", "ALL", "--ro-bind", "/", "/", "--tmpfs", "/tmp", "--dev", "/dev", "--proc", "/proc"]
-    home = os.path.expanduser("~")
-    hidden = hide_home and home not in ("/", "") and os.path.isdir(home) and not tmpdir.startswith(home + "/")
-    if hidden:
-        cmd += ["--tmpfs", home]
-    binds = [sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)),
-             str(project_root()), *ro_paths]
-    seen: set[str] = set()
-    for path in binds:
-        path = os.path.abspath(path)
-        if path not in seen and os.path.exists(path):
-            seen.add(path)
-            cmd += ["--ro-bind", path, path]
-    if hidden:
-        cmd += ["--remount-ro", home]  # after the binds below it were created: an empty, read-only home
-    cmd += ["--bind", tmpdir, tmpdir, "--chdir", tmpdir]
+    as_root = (os.geteuid() == 0) if as_root is None else as_root
+    cmd = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
+           *([] if network else ["--unshare-net"]), "--die-with-parent"]
+    if as_root:
+        cmd += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        cmd += ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--cap-drop", "ALL"]
+    paths = sorted(set(ro_paths))
+    parents: set[str] = set()
+    for path in [*paths, WORKER_IN_SANDBOX]:
+        parent = os.path.dirname(path)
+        while parent not in ("/", ""):
+            parents.add(parent)
+            parent = os.path.dirname(parent)
+    for link in SYSTEM_LINKS:
+        if os.path.islink(link):
+            target = os.readlink(link)
+            cmd += ["--symlink", target, link]
+            parents.discard(link)
+    # the private /tmp first: an interpreter or venv that lives under /tmp is bound on top of it, not hidden
+    cmd += ["--perms", "01777", "--size", str(int(tmp_mb) << 20), "--tmpfs", "/tmp"]
+    for parent in sorted(parents - {"/tmp"}, key=lambda p: (p.count("/"), p)):
+        cmd += ["--perms", "0755", "--dir", parent]  # bwrap would create them 0700: unreadable as nobody
+    for path in paths:
+        cmd += ["--ro-bind", path, path]
+    cmd += ["--ro-bind", str(worker_script()), WORKER_IN_SANDBOX,
+            "--dev", "/dev", "--proc", "/proc", "--remount-ro", "/", "--chdir", "/tmp"]
     return cmd
 
 
-def interpreter_command(python: str, result_fd: int, site_import: bool = False) -> list[str]:
-    """``python -s -P [-S] worker.py RESULT_FD``: no user site, no script folder on ``sys.path``, and by
+def interpreter_command(python: str, result_fd: int, site_import: bool = False, mode: str = "serve",
+                        script: str | None = None) -> list[str]:
+    """``python -s -P [-S] worker.py MODE FD``: no user site, no script folder on ``sys.path``, and by
     default no ``site`` import (the import path comes from :func:`child_pythonpath` instead), which cuts
-    interpreter start-up roughly in half."""
+    interpreter start-up roughly in half. ``script`` overrides the worker's path (inside bwrap:
+    :data:`WORKER_IN_SANDBOX`)."""
     flags = ["-s", *(["-P"] if sys.version_info >= (3, 11) else []), *([] if site_import else ["-S"])]
-    return [python, *flags, str(worker_script()), str(result_fd)]
+    return [python, *flags, script or str(worker_script()), mode, str(result_fd)]

@@ -1,8 +1,9 @@
 """The plain process-per-program baseline: the same worker, without any isolation.
 
 What the reference AHD frameworks do at best: start a fresh interpreter per candidate with the parent's
-environment and default start-up (``site`` imported), enforce a timeout by killing that one process, no
-rlimits, no namespaces, no process-group kill. It exists to measure what the sandbox costs
+environment and default start-up (``site`` imported), run the evaluation (target) IN that process with the
+candidate's function (so the candidate can forge its metrics), enforce a timeout by killing that one
+process, no rlimits, no namespaces, no process-group kill. It exists to measure what the sandbox costs
 (``benchmarks/sandbox_throughput.py``); do not evaluate untrusted code with it.
 """
 
@@ -19,6 +20,7 @@ from coevo.sandbox.isolation import (
     THREAD_VARS,
     child_pythonpath,
     interpreter_command,
+    project_root,
     worker_script,
 )
 from coevo.sandbox.process import ProcessOutcome
@@ -47,11 +49,13 @@ def evaluate_plain(code: str, function_name: str, target: str, payload: dict[str
         fd = result_file.fileno()
         timed_out = False
         if lean_start:
-            cmd = interpreter_command(python or sys.executable, fd)
+            cmd = interpreter_command(python or sys.executable, fd, mode="local")
             env = {**os.environ, **{var: "1" for var in THREAD_VARS},
                    "PYTHONPATH": os.pathsep.join(child_pythonpath())}
-        else:
-            cmd, env = [python or sys.executable, str(worker_script()), str(fd)], None
+        else:  # the inherited environment, with this checkout importable (targets import coevo)
+            cmd = [python or sys.executable, str(worker_script()), "local", str(fd)]
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                [str(project_root()), *filter(None, [os.environ.get("PYTHONPATH")])])}
         try:
             done = subprocess.run(cmd, input=request, capture_output=True, timeout=timeout_s, pass_fds=(fd,),
                                   env=env, check=False)

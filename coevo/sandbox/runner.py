@@ -1,15 +1,22 @@
-"""Run one LLM-generated program in an isolated, resource-limited process and return an EvalResult.
+"""Evaluate one LLM-generated program: its function runs in an isolated, unprivileged, resource-limited
+process; the evaluation (target) runs here, on the trusted side, and only ever receives the function's
+return values.
 
-Generated code is hostile input. Each evaluation is a fresh process of the *running* interpreter
-(``sys.executable``) executing :mod:`coevo.sandbox.worker`; nothing is shared between candidates. Isolation:
+Generated code is hostile input. Each evaluation starts a fresh process of the *running* interpreter
+(``sys.executable``) executing :mod:`coevo.sandbox.worker` as a step server; nothing is shared between
+candidates. The target (``"pkg.mod:func"``, imported in THIS process) is called as ``target(fn, payload)``
+with ``fn`` a :class:`~coevo.sandbox.session.RemoteFunction`: each call of ``fn`` is answered by the
+candidate's process, and the target validates every answer and computes the metrics itself
+(:mod:`coevo.sandbox.session` says why that makes scores unforgeable). Isolation of the candidate's process:
 
-- bubblewrap when usable (:mod:`coevo.sandbox.isolation`): no network, private PID namespace that dies
-  with the sandbox, read-only filesystem except a private temp dir (cwd, ``HOME``, ``TMPDIR``), home folder
-  hidden, all capabilities dropped, environment cleared;
+- bubblewrap when usable (:mod:`coevo.sandbox.isolation`): an empty read-only root holding only the
+  interpreter, its libraries and site-packages (read-only) and a private tmpfs ``/tmp``; no project
+  checkout, no /etc, no home; no network; a private PID namespace that dies with the sandbox; an
+  unprivileged uid (65534); environment cleared;
 - always: ``setsid`` (own process group), rlimits set by the worker before any candidate code runs
-  (RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_CORE = 0), a wall-clock deadline, and a
-  SIGKILL to the whole process group after every run, timed out or not (:mod:`coevo.sandbox.process`).
-  As root RLIMIT_NPROC does not stop forks; the PID namespace and the group kill bound them instead.
+  (RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_CORE = 0), a wall-clock deadline, capped
+  stdout/stderr, a size-bounded reply pipe, and a SIGKILL to the whole process group after every run.
+  Without bubblewrap (a warning is logged once) the process runs as the caller's user with rlimits only.
 
 The sandbox converts nothing to scores: a valid result carries the target's metrics dict unchanged, and the
 caller computes objective and score.
@@ -17,6 +24,8 @@ caller computes objective and score.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import logging
 import math
@@ -27,14 +36,18 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from coevo.sandbox import isolation
+from coevo.sandbox.errors import CandidateFailure, failure_kind
 from coevo.sandbox.extract import Extraction, extract_code
-from coevo.sandbox.process import ProcessOutcome, run_process
+from coevo.sandbox.process import CappedBuffer, ProcessOutcome
+from coevo.sandbox.session import CandidateProcess, Launch, RemoteFunction
+from coevo.sandbox.wire import encode_frame
 from coevo.types import EvalResult
 
 log = logging.getLogger(__name__)
@@ -111,11 +124,11 @@ class Sandbox:
     Args:
         limits: resource limits (default :class:`SandboxLimits`).
         use_bwrap: True = require bubblewrap (ValueError when unusable), False = rlimits only, None = auto.
-        python_path: extra import folders (problem folders); also bound read-only.
-        ro_paths: extra files/folders the target reads (bound read-only under bubblewrap). Existing
-            absolute paths among the payload's string values are bound automatically.
+        python_path: extra import folders for the TRUSTED side (where targets are imported from); the
+            candidate's process never sees them.
+        ro_paths: extra files/folders the candidate's process may read (bound read-only under bubblewrap);
+            nothing else of the host is visible to it.
         python: interpreter to run (default ``sys.executable``, never a bare ``python``).
-        hide_home: hide the home folder under bubblewrap (an empty tmpfs over it).
         hash_seed: PYTHONHASHSEED of the worker (fixed so set iteration order is reproducible).
         site_import: start the worker with ``site`` (slower; only needed for packages relying on ``.pth``
             code rather than folders).
@@ -123,8 +136,7 @@ class Sandbox:
 
     def __init__(self, limits: SandboxLimits | None = None, *, use_bwrap: bool | None = None,
                  python_path: Iterable[str | os.PathLike] = (), ro_paths: Iterable[str | os.PathLike] = (),
-                 python: str | None = None, hide_home: bool = True, hash_seed: int = 0,
-                 site_import: bool = False):
+                 python: str | None = None, hash_seed: int = 0, site_import: bool = False):
         if limits is not None and not isinstance(limits, SandboxLimits):
             raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}")
         if use_bwrap not in (None, True, False):
@@ -133,9 +145,9 @@ class Sandbox:
         self.python = python or sys.executable
         if not (os.path.isfile(self.python) and os.access(self.python, os.X_OK)):
             raise ValueError(f"python must be an executable interpreter, got {self.python!r}")
-        self.python_path = isolation.child_pythonpath(python_path)
-        self.ro_paths = [os.path.abspath(p) for p in (*map(str, python_path), *map(str, ro_paths))]
-        self.hide_home = hide_home
+        self.python_path = [os.path.abspath(str(p)) for p in python_path]
+        self.candidate_path = isolation.site_dirs()
+        self.ro_paths = [os.path.abspath(str(p)) for p in ro_paths]
         self.hash_seed = int(hash_seed)
         self.site_import = site_import
         usable, how = isolation.bwrap_status() if use_bwrap is not False else (False, "disabled (use_bwrap=False)")
@@ -150,17 +162,22 @@ class Sandbox:
         """``"bwrap"`` or ``"rlimits"`` (no network / filesystem isolation)."""
         return "bwrap" if self.bwrap else "rlimits"
 
-    def run(self, code: str, function_name: str, target: str, payload: dict[str, Any]) -> EvalResult:
-        """Evaluate ``code``: exec it, then call ``target(code's function_name, payload)`` in the sandbox.
+    def run(self, code: str, function_name: str, target: str, payload: dict[str, Any], *,
+            timeout_s: float | None = None) -> EvalResult:
+        """Evaluate ``code``: load it in a sandboxed process, then call ``target(fn, payload)`` here.
 
         Args:
             code: Python source (already extracted, e.g. by :func:`coevo.sandbox.extract.extract_code`).
             function_name: the function the code must define.
-            target: ``"pkg.mod:func"`` importable in the sandbox; receives ``(fn, payload)`` and returns a
-                JSON-able dict (e.g. ``{"objectives": [...]}``); raises
+            target: ``"pkg.mod:func"`` importable on the trusted side (also from ``python_path``); receives
+                ``(fn, payload)`` with ``fn`` a :class:`~coevo.sandbox.session.RemoteFunction` and returns
+                a JSON-able dict (e.g. ``{"objectives": [...]}``); raises
                 :class:`~coevo.sandbox.errors.InfeasibleSolution` / :class:`~coevo.sandbox.errors.InvalidReturn`
                 to mark those failures.
-            payload: JSON-serialisable dict handed to the target.
+            payload: JSON-serialisable dict handed to the target. Its optional key ``"timeout_s"`` sets the
+                wall-clock limit of this evaluation (for callers that only pass a payload through).
+            timeout_s: wall-clock limit of this evaluation (s); default ``payload["timeout_s"]``, else
+                ``limits.timeout_s``.
 
         Returns:
             EvalResult(valid, metrics=target's dict, error_kind, error, feedback=stderr tail on failure,
@@ -170,7 +187,7 @@ class Sandbox:
             TypeError, ValueError: an argument is malformed (the message names it). OSError: the process
             could not start.
         """
-        return self.execute(code, function_name, target, payload).result
+        return self.execute(code, function_name, target, payload, timeout_s=timeout_s).result
 
     def run_response(self, text: str, function_name: str, target: str,
                      payload: dict[str, Any]) -> tuple[EvalResult, Extraction]:
@@ -181,30 +198,134 @@ class Sandbox:
             return EvalResult(valid=False, error_kind=extraction.error, error=extraction.detail), extraction
         return self.run(extraction.code, function_name, target, payload), extraction
 
-    def execute(self, code: str, function_name: str, target: str, payload: dict[str, Any]) -> SandboxRun:
-        """Like :meth:`run`, also returning the captured output and exit status."""
-        request = build_request(code, function_name, target, payload, self.limits)
-        tmpdir = tempfile.mkdtemp(prefix="coevo-sbx-")
+    # ------------------------------------------------------------------ the candidate's process
+    def launch(self, code: str, function_name: str, timeout_s: float, tmpdir: str | None) -> Launch:
+        """How to start a worker for ``code`` (bubblewrap prefix, interpreter, environment, init frame)."""
+        limits = self.limits
         marker = uuid.uuid4().hex
+        as_root = os.geteuid() == 0
+        init = {"op": "init", "code": code, "function_name": function_name,
+                "limits": {"memory_mb": int(limits.memory_mb), "cpu_s": limits.effective_cpu_s,
+                           "max_procs": int(limits.max_procs), "max_file_mb": int(limits.max_file_mb)},
+                "drop": [isolation.SANDBOX_UID, isolation.SANDBOX_GID] if self.bwrap and as_root else None}
+        if self.bwrap:
+            env = isolation.child_env("/tmp", self.candidate_path, self.hash_seed, None)
+            cmd = isolation.interpreter_command(self.python, -1, self.site_import, "serve",
+                                                isolation.WORKER_IN_SANDBOX)
+            exposed = isolation.exposed_paths(self.candidate_path, self.ro_paths)
+            prefix = isolation.bwrap_command(self.bwrap, exposed, limits.network,
+                                             tmp_mb=max(16, 4 * limits.max_file_mb), as_root=as_root)
+            argv, cwd, mark = prefix + cmd, "/", None
+        else:
+            env = isolation.child_env(tmpdir, self.candidate_path, self.hash_seed, marker)
+            argv = isolation.interpreter_command(self.python, -1, self.site_import, "serve")
+            cwd, mark = tmpdir, (isolation.MARKER_VAR, marker)
+        return Launch(argv=argv, env=env, cwd=cwd, reply_slot=len(argv) - 1, init=init, timeout_s=timeout_s,
+                      cpu_s=limits.effective_cpu_s, memory_mb=limits.memory_mb, isolated=self.bwrap is not None,
+                      marker=mark, max_reply_mb=limits.max_result_mb, output_cap=limits.max_output_kb * 1024)
+
+    def start(self, launch: Launch, deadline: float, out: CappedBuffer, err: CappedBuffer) -> CandidateProcess:
+        """Start a worker and load the code; raise CandidateFailure with the load failure (syntax, import,
+        parse, ...) or OSError when the process cannot start."""
+        proc = CandidateProcess(launch, deadline, out, err)
         try:
-            env = isolation.child_env(tmpdir, self.python_path, self.hash_seed, marker)
-            cmd = isolation.interpreter_command(self.python, -1, self.site_import)
-            prefix: list[str] = []
-            if self.bwrap:
-                ro = [*self.python_path, *self.ro_paths, *isolation.payload_paths(payload)]
-                prefix = isolation.bwrap_command(self.bwrap, tmpdir, ro, self.limits.network, self.hide_home)
-            argv = prefix + cmd
-            out = run_process(argv, env=env, cwd=tmpdir, stdin_data=request, result_fd_slot=len(argv) - 1,
-                              timeout_s=self.limits.timeout_s, output_cap=self.limits.max_output_kb * 1024,
-                              result_cap=self.limits.max_result_mb * 1024 * 1024,
-                              marker=None if self.bwrap else (isolation.MARKER_VAR, marker))
+            header, _ = proc.exchange(encode_frame(launch.init))
+        except BaseException:
+            proc.close()
+            raise
+        if header.get("ok") is not True:
+            proc.close()
+            kind = header.get("error_kind")
+            kind = kind if kind in ("syntax", "import", "memory", "parse", "return_type", "sandbox") else "sandbox"
+            raise CandidateFailure(kind, str(header.get("error"))[:2000])
+        return proc
+
+    def execute(self, code: str, function_name: str, target: str, payload: dict[str, Any], *,
+                timeout_s: float | None = None, restart: bool = False) -> SandboxRun:
+        """Like :meth:`run`, also returning the captured output and exit status. ``restart``: after a
+        call times out or the process dies, the next call starts a fresh process (per-instance accounting)."""
+        build_request(code, function_name, target, payload, self.limits)
+        if timeout_s is None:
+            timeout_s = payload.get("timeout_s")
+        limit = float(timeout_s) if timeout_s is not None else self.limits.timeout_s
+        if not (limit > 0 and math.isfinite(limit)):
+            raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
+        start = time.perf_counter()
+        out = CappedBuffer(self.limits.max_output_kb * 1024)
+        err = CappedBuffer(self.limits.max_output_kb * 1024)
+        try:
+            target_fn = resolve_target(target, self.python_path)
+        except Exception as exc:  # noqa: BLE001 - a configuration error, reported as the sandbox's
+            return SandboxRun(EvalResult(valid=False, error_kind="sandbox", error=f"target {target!r}: "
+                                         f"{type(exc).__name__}: {exc}"[:2000]), "", "", 0, self.isolation, None)
+        tmpdir = None if self.bwrap else tempfile.mkdtemp(prefix="coevo-sbx-")
+        remote = None
+        returncode = 0
+        try:
+            launch = self.launch(code, function_name, limit, tmpdir)
+            deadline = start + limit
+            try:  # OSError (the process cannot start) propagates: the caller's problem, not the candidate's
+                remote = RemoteFunction(lambda: self.start(launch, deadline, out, err), deadline, restart=restart)
+            except CandidateFailure as exc:  # the code did not load (syntax, import, ...) or timed out doing so
+                result = EvalResult(valid=False, error_kind=exc.error_kind, error=str(exc)[:2000])
+            else:
+                try:
+                    result = _metrics_result(target_fn(remote, payload))
+                except CandidateFailure as exc:
+                    result = EvalResult(valid=False, error_kind=exc.error_kind, error=str(exc)[:2000])
+                except Exception as exc:  # noqa: BLE001 - InvalidReturn / InfeasibleSolution / what the answers caused
+                    result = EvalResult(valid=False, error_kind=failure_kind(exc),
+                                        error=f"{type(exc).__name__}: {exc}"[:2000])
+                finally:
+                    remote.close()
+                    returncode = remote.proc.returncode if remote.proc and remote.proc.returncode is not None else 0
         finally:
-            shutil.rmtree(tmpdir, ignore_errors=True)
-        stdout = out.stdout.decode("utf-8", errors="replace")
-        stderr = out.stderr.decode("utf-8", errors="replace")
-        result, worker_s = interpret(out, stderr, self.limits, isolated=self.bwrap is not None)
-        return SandboxRun(result=result, stdout=stdout, stderr=stderr, returncode=out.returncode,
-                          isolation=self.isolation, worker_s=worker_s)
+            if tmpdir is not None:
+                shutil.rmtree(tmpdir, ignore_errors=True)
+        stdout = out.getvalue().decode("utf-8", errors="replace")
+        stderr = err.getvalue().decode("utf-8", errors="replace")
+        result.duration_s = time.perf_counter() - start
+        if not result.valid:
+            result.feedback = stderr[-800:]
+        return SandboxRun(result=result, stdout=stdout, stderr=stderr, returncode=returncode,
+                          isolation=self.isolation, worker_s=result.duration_s)
+
+
+_TARGET_LOCK = threading.Lock()
+
+
+def resolve_target(target: str, python_path: Iterable[str] = ()) -> Callable[[Any, dict[str, Any]], Any]:
+    """Import ``"pkg.mod:func"`` on the trusted side (``python_path`` folders searched first).
+
+    Raises:
+        ImportError / AttributeError: the module or function does not exist. TypeError: not callable.
+    """
+    mod_name, _, func_name = target.partition(":")
+    with _TARGET_LOCK:
+        extra = [p for p in python_path if p not in sys.path]
+        sys.path[:0] = extra
+        try:
+            module = importlib.import_module(mod_name)
+        finally:
+            for p in extra:
+                with contextlib.suppress(ValueError):
+                    sys.path.remove(p)
+    fn = getattr(module, func_name)
+    if not callable(fn):
+        raise TypeError(f"{target} is not callable")
+    return fn
+
+
+def _metrics_result(metrics: Any) -> EvalResult:
+    if not isinstance(metrics, dict):
+        return EvalResult(valid=False, error_kind="return_type",
+                          error=f"target returned {type(metrics).__name__}, expected dict")
+    from coevo.sandbox.worker import jsonable
+
+    try:
+        return EvalResult(valid=True, metrics=jsonable(metrics))
+    except TypeError as exc:
+        return EvalResult(valid=False, error_kind="return_type", error=f"metrics {exc}")
 
 
 def build_request(code: str, function_name: str, target: str, payload: dict[str, Any],

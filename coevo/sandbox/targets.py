@@ -1,16 +1,20 @@
 """Generic sandbox targets (``"coevo.sandbox.targets:<name>"``), independent of any problem library.
 
-A target receives the candidate's function and the payload and returns a JSON-able metrics dict; it raises
-:class:`~coevo.sandbox.errors.InvalidReturn` / :class:`~coevo.sandbox.errors.InfeasibleSolution` to mark
-those failures. Problem-specific targets live with the problems (e.g. ``coevo.ahd.problem:run_target``).
+A target runs on the trusted side. It receives the candidate's function (called through the sandbox,
+:class:`~coevo.sandbox.session.RemoteFunction`, or in process for the plain baseline) and the payload,
+checks every value the function returns and returns a JSON-able metrics dict it computed itself; it
+raises :class:`~coevo.sandbox.errors.InvalidReturn` / :class:`~coevo.sandbox.errors.InfeasibleSolution`
+to mark those failures. Problem-specific targets live with the problems (``coevo.ahd.problem:run_target``).
 """
 
 from __future__ import annotations
 
 import math
+import operator
 import random
 from typing import Any
 
+from coevo.sandbox.calls import heuristic_call
 from coevo.sandbox.errors import InfeasibleSolution, InvalidReturn
 
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool, "list": list, "dict": dict}
@@ -38,6 +42,7 @@ def call_cases(fn: Any, payload: dict[str, Any]) -> dict[str, Any]:
     if expect is not None and expect not in _TYPES and expect != "number":
         raise ValueError(f"payload.expect must be one of {sorted([*_TYPES, 'number'])}, got {expect!r}")
     values = []
+    fn = heuristic_call(fn)
     for args in cases:
         value = fn(*args)
         if expect == "number":
@@ -60,12 +65,13 @@ def random_points(n: int, seed: int) -> list[tuple[float, float]]:
 
 
 def greedy_route(fn: Any, payload: dict[str, Any]) -> dict[str, Any]:
-    """A CPU-bound constructive-routing target (pure Python) for throughput benchmarks and tests.
+    """A CPU-bound constructive-routing target for throughput benchmarks and tests.
 
     For each instance (uniform points, Euclidean distances), a closed route is built from node 0 by calling
-    ``fn(current_node, destination_node, unvisited_nodes: list[int], distance_matrix: list[list[float]])
-    -> int`` until every node is visited (the interface of the EoH TSP constructive task, field-notes §2).
-    Each call gets fresh copies of the inputs, so a candidate mutating them cannot affect the length.
+    ``fn(current_node, destination_node, unvisited_nodes: np.ndarray[int64] (k,), distance_matrix:
+    np.ndarray[float64] (n, n)) -> int`` until every node is visited (the interface of the EoH TSP
+    constructive task, field-notes §2). Each call gets fresh copies of the inputs, so a candidate mutating
+    them cannot affect the length, which is computed here from this target's own matrix.
 
     Args:
         payload: ``{"n": int >= 2, "instances": int >= 1, "seed": int}``.
@@ -81,21 +87,27 @@ def greedy_route(fn: Any, payload: dict[str, Any]) -> dict[str, Any]:
     for field, value, low in (("n", n, 2), ("instances", count, 1), ("seed", seed, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"payload.{field} must be an int >= {low}, got {value!r}")
+    import numpy as np
+
+    fn = heuristic_call(fn)
     lengths = []
     for k in range(count):
         pts = random_points(n, seed * 100003 + k)
-        dist = [[math.dist(p, q) for q in pts] for p in pts]
+        dist = np.array([[math.dist(p, q) for q in pts] for p in pts])
+        dist.setflags(write=False)  # unchanged between calls: sent to the candidate once
         unvisited, current, length = set(range(1, n)), 0, 0.0
         while unvisited:
-            choice = fn(current, 0, sorted(unvisited), [row[:] for row in dist])
-            if isinstance(choice, bool) or not isinstance(choice, int):
-                if not (hasattr(choice, "dtype") and getattr(choice.dtype, "kind", "") in "iu"):
-                    raise InvalidReturn(f"expected an int node index, got {type(choice).__name__}")
-                choice = int(choice)
+            choice = fn(current, 0, np.array(sorted(unvisited), dtype=np.int64), dist)
+            if isinstance(choice, (bool, np.bool_)):
+                raise InvalidReturn(f"expected an int node index, got {type(choice).__name__}")
+            try:
+                choice = operator.index(choice)
+            except TypeError:
+                raise InvalidReturn(f"expected an int node index, got {type(choice).__name__}") from None
             if choice not in unvisited:
                 raise InfeasibleSolution(f"node {choice} is not an unvisited node")
-            length += dist[current][choice]
+            length += float(dist[current, choice])
             unvisited.discard(choice)
             current = choice
-        lengths.append(length + dist[current][0])
+        lengths.append(length + float(dist[current, 0]))
     return {"objectives": lengths, "mean_length": sum(lengths) / len(lengths)}

@@ -1,30 +1,46 @@
-"""The process that runs one candidate program inside the sandbox.
+"""The process that runs one candidate program: a step server inside the sandbox (or, for the plain
+baseline only, an in-process evaluator).
 
-Started by :class:`coevo.sandbox.runner.Sandbox` (and by the plain baseline in
-:mod:`coevo.sandbox.plain`) as a *script path*, ``python -s -P -S .../worker.py RESULT_FD``, so that start-up
-imports nothing but the standard library: neither ``coevo`` nor ``site`` is imported before the candidate.
+Started as a *script path* so that start-up imports nothing but the standard library (neither ``coevo``
+nor ``site``; numpy only when an array crosses the pipe). Inside bubblewrap this file is the only file of
+the project the candidate's process can see (:mod:`coevo.sandbox.isolation`).
 
-Protocol:
-    stdin: one JSON object ``{"code": str, "function_name": str, "target": "pkg.mod:func",
-    "payload": dict, "limits": {"memory_mb", "cpu_s", "max_procs", "max_file_mb"} | null}``.
-    fd RESULT_FD (argv[1]): one JSON object written when the worker finishes, ``{"ok": true, "metrics": {...}}``
-    or ``{"ok": false, "error_kind": one of coevo.types.FAILURE_KINDS, "error": short detail}``.
-    stdout/stderr belong to the candidate (the parent captures a capped amount of each).
+``python -s -P -S worker.py serve REPLY_FD`` (the sandbox, :mod:`coevo.sandbox.session`):
+    The trusted side sends frames on stdin; the worker answers on REPLY_FD. It never computes an objective
+    and never sees the instance except through the arguments of the calls it is asked to make.
 
-Steps (each failure maps to one error kind): apply rlimits (before any candidate code runs) -> compile
-(``syntax``) -> exec in a fresh module ``candidate`` (``import`` for any import-time exception) -> look up
-``function_name`` (``parse`` when absent, ``return_type`` when not callable) -> import the target (``sandbox``:
-a configuration error, not the candidate's) -> ``target(fn, payload)`` -> a JSON-able dict (``return_type``
-otherwise). Exceptions raised while running are classified by :func:`classify`: ``MemoryError`` -> ``memory``;
-an exception whose class (or a base class) carries an ``error_kind`` attribute naming a failure kind, or is
-named ``InfeasibleSolution`` / ``InvalidReturn`` (see :mod:`coevo.sandbox.errors`) -> that kind; anything
-else -> ``runtime``.
+    1. ``{"op": "init", "code", "function_name", "limits": {...} | null, "drop": [uid, gid] | null}``:
+       apply rlimits, drop to ``uid``/``gid`` (when started as root), compile and exec the code in a fresh
+       module ``candidate`` and look up ``function_name``; reply ``{"ok": true}`` or ``{"ok": false,
+       "error_kind", "error"}`` (kinds: ``syntax``, ``import``, ``memory``, ``parse``, ``return_type``,
+       ``sandbox``).
+    2. ``{"op": "const", "id": k, "value": <array>}``: keep an argument that does not change between calls
+       (e.g. a distance matrix); no reply.  ``{"op": "drop", "id": k}``: forget it; no reply.
+    3. ``{"op": "call", "args": [...]}``: call the function with FRESH WRITABLE copies of the arguments
+       (``{"__nd__": i}`` = the i-th array of the frame, ``{"__const__": k}`` = a copy of constant k),
+       reply ``{"ok": true, "value": ...}`` or ``{"ok": false, "error_kind", "error"}`` and wait for the
+       next frame (an exception in one call does not end the server).
+    3b. ``{"op": "driver", "id": k, "source": str, "name": str}``: exec a problem's construction loop
+       (numpy + stdlib source, e.g. ``heuristics/tsp_construct/construct.py``); no reply.
+       ``{"op": "construct", "driver": k, "args": [...]}``: reply with ``driver(fn, *args, name=...)``, a
+       whole solution (a tour, the items, the routes) that the trusted side checks before scoring it.
+    4. ``{"op": "exit"}`` or end of stdin: exit at once.
+
+    Frame: 4-byte big-endian length of a UTF-8 JSON header, the header, then the raw bytes of each array
+    listed in ``header["arrays"]`` (``[{"dtype": "<f8", "shape": [...]}, ...]``, C order).
+
+``python worker.py local RESULT_FD`` (:mod:`coevo.sandbox.plain` only -- the reference frameworks' way,
+kept to measure what the sandbox costs): stdin holds one JSON request ``{"code", "function_name",
+"target": "pkg.mod:func", "payload", "limits"}``; the target runs IN this process with the candidate's
+function and its metrics are written to RESULT_FD. A candidate can forge those metrics; never use it for
+untrusted code.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 import sys
 import time
 import traceback
@@ -34,10 +50,15 @@ CANDIDATE_FILENAME = "<candidate>"
 KINDS = ("parse", "syntax", "import", "timeout", "memory", "runtime", "return_type", "infeasible", "sandbox")
 NAME_KINDS = {"InfeasibleSolution": "infeasible", "InvalidReturn": "return_type"}
 MAX_DETAIL = 1500
+#: Array dtypes that may cross the pipe (anything else is converted to float64 or refused).
+DTYPES = ("|b1", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "<f2", "<f4", "<f8")
+_LEN = struct.Struct(">I")
 
 # Captured before any candidate code runs, so a candidate that rebinds these names cannot break reporting.
 _dumps = json.dumps
+_loads = json.loads
 _write = os.write
+_read = os.read
 _close = os.close
 _exit = os._exit
 
@@ -61,14 +82,32 @@ def apply_limits(limits: dict | None) -> None:
     resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_procs"],) * 2)
 
 
+def drop_privileges(ids: list | None) -> None:
+    """Become ``uid``/``gid`` (no supplementary groups) for good; raise OSError if that fails or if any
+    way back to root remains. ``None`` changes nothing (not started as root)."""
+    if not ids:
+        return
+    uid, gid = int(ids[0]), int(ids[1])
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid or os.getgid() != gid or os.getegid() != gid:
+        raise OSError(f"privilege drop to {uid}:{gid} did not take effect")
+    try:
+        os.setuid(0)
+    except PermissionError:
+        return
+    raise OSError("could regain uid 0 after dropping privileges")
+
+
 def classify(exc: BaseException) -> str:
-    """Failure kind of an exception raised by candidate or target code (see the module docstring)."""
+    """Failure kind of an exception raised by candidate or target code (see :mod:`coevo.sandbox.errors`)."""
     if isinstance(exc, MemoryError):
         return "memory"
+    kind = getattr(exc, "error_kind", None)
+    if isinstance(kind, str) and kind in KINDS:
+        return kind
     for cls in type(exc).__mro__:
-        kind = cls.__dict__.get("error_kind")
-        if isinstance(kind, str) and kind in KINDS:
-            return kind
         if cls.__name__ in NAME_KINDS:
             return NAME_KINDS[cls.__name__]
     return "runtime"
@@ -76,7 +115,10 @@ def classify(exc: BaseException) -> str:
 
 def describe(exc: BaseException) -> str:
     """``Type: message`` plus the innermost candidate line (``line N in func``), cut to MAX_DETAIL chars."""
-    text = f"{type(exc).__name__}: {exc}"
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except BaseException:  # noqa: BLE001 - a hostile __str__
+        text = type(exc).__name__
     where = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == CANDIDATE_FILENAME]
     if isinstance(exc, SyntaxError) and exc.filename == CANDIDATE_FILENAME:
         text += f" (line {exc.lineno})"
@@ -98,31 +140,193 @@ def jsonable(value):
     raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
 
 
-def evaluate(request: dict) -> dict:
-    """Run the request's candidate through its target; return the result object (never raises)."""
+def load_candidate(code: str, name: str):
+    """Exec ``code`` in a fresh module ``candidate``; return ``(fn, None)`` or ``(None, failure dict)``."""
     try:
-        code_obj = compile(request["code"], CANDIDATE_FILENAME, "exec")
+        code_obj = compile(code, CANDIDATE_FILENAME, "exec")
     except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes in the source
-        return {"ok": False, "error_kind": "syntax", "error": describe(exc)}
+        return None, {"ok": False, "error_kind": "syntax", "error": describe(exc)}
     import linecache
 
-    source = request["code"]
-    linecache.cache[CANDIDATE_FILENAME] = (len(source), None, source.splitlines(True), CANDIDATE_FILENAME)
+    linecache.cache[CANDIDATE_FILENAME] = (len(code), None, code.splitlines(True), CANDIDATE_FILENAME)
     module = types.ModuleType("candidate")
     module.__file__ = CANDIDATE_FILENAME
     sys.modules["candidate"] = module  # dataclasses and pickling look classes up here
     try:
         exec(code_obj, module.__dict__)  # noqa: S102 - running the candidate is the point
     except MemoryError as exc:
-        return {"ok": False, "error_kind": "memory", "error": "at import: " + describe(exc)}
+        return None, {"ok": False, "error_kind": "memory", "error": "at import: " + describe(exc)}
     except BaseException as exc:  # noqa: BLE001 - SystemExit / KeyboardInterrupt from candidate code are failures too
-        return {"ok": False, "error_kind": "import", "error": describe(exc)}
-    name = request["function_name"]
+        return None, {"ok": False, "error_kind": "import", "error": describe(exc)}
     fn = module.__dict__.get(name)
     if fn is None:
-        return {"ok": False, "error_kind": "parse", "error": f"function {name!r} is not defined by the code"}
+        return None, {"ok": False, "error_kind": "parse", "error": f"function {name!r} is not defined by the code"}
     if not callable(fn):
-        return {"ok": False, "error_kind": "return_type", "error": f"{name!r} is a {type(fn).__name__}"}
+        return None, {"ok": False, "error_kind": "return_type", "error": f"{name!r} is a {type(fn).__name__}"}
+    return fn, None
+
+
+# ----------------------------------------------------------------------------------------- serve mode
+class _Pipe:
+    """Buffered exact reads from a file descriptor."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.buf = bytearray()
+
+    def read(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            chunk = _read(self.fd, max(65536, n - len(self.buf)))
+            if not chunk:
+                raise EOFError
+            self.buf += chunk
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+
+def read_frame(pipe: _Pipe):
+    """One frame: ``(header dict, [numpy arrays])``; arrays are fresh writable copies."""
+    (size,) = _LEN.unpack(pipe.read(4))
+    header = _loads(pipe.read(size).decode("utf-8"))
+    arrays = []
+    specs = header.get("arrays") or []
+    if specs:
+        import numpy as np
+
+        for spec in specs:
+            dtype = np.dtype(spec["dtype"])
+            shape = tuple(int(s) for s in spec["shape"])
+            count = 1
+            for s in shape:
+                count *= s
+            arrays.append(np.frombuffer(pipe.read(count * dtype.itemsize), dtype=dtype).reshape(shape).copy())
+    return header, arrays
+
+
+def _encode_value(value, blobs: list):
+    """JSON-able tree of ``value`` with numpy arrays moved to ``blobs`` as ``{"__nd__": i}``."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value
+    if isinstance(value, dict):
+        return {str(k): _encode_value(v, blobs) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode_value(v, blobs) for v in value]
+    mod = type(value).__module__ or ""
+    if mod.startswith("numpy"):
+        import numpy as np
+
+        if isinstance(value, np.generic):
+            return _encode_value(value.item(), blobs)
+        if isinstance(value, np.ndarray):
+            arr = value
+            if arr.dtype.str not in DTYPES:
+                if arr.dtype.kind in "biuf":
+                    arr = arr.astype(np.float64)
+                else:
+                    return _encode_value(arr.tolist(), blobs)
+            arr = np.ascontiguousarray(arr)
+            blobs.append(arr)
+            return {"__nd__": len(blobs) - 1}
+    raise TypeError(f"the function returned a {type(value).__name__}, which cannot be sent back")
+
+
+def write_frame(fd: int, header: dict, blobs: list) -> None:
+    """Write one frame (header + raw array bytes) to ``fd``."""
+    if blobs:
+        header["arrays"] = [{"dtype": a.dtype.str, "shape": list(a.shape)} for a in blobs]
+    head = _dumps(header).encode("utf-8", errors="replace")
+    parts = [_LEN.pack(len(head)), head, *(a.tobytes() for a in blobs)]
+    view = memoryview(b"".join(parts))
+    while view:
+        view = view[_write(fd, view):]
+
+
+def _decode_args(tree, arrays, consts):
+    if isinstance(tree, list):
+        return [_decode_args(v, arrays, consts) for v in tree]
+    if isinstance(tree, dict):
+        if "__nd__" in tree:
+            return arrays[tree["__nd__"]]
+        if "__const__" in tree:
+            return consts[tree["__const__"]].copy()
+        return {k: _decode_args(v, arrays, consts) for k, v in tree.items()}
+    return tree
+
+
+def _load_driver(source: str, name: str):
+    """The function ``name`` of the module ``source`` (or the exception that loading it raised)."""
+    try:
+        module = types.ModuleType("coevo_construct")
+        exec(compile(source, "<construct>", "exec"), module.__dict__)  # noqa: S102 - the problem's loop
+        return module.__dict__[name]
+    except BaseException as exc:  # noqa: BLE001 - reported at the first construct call
+        return exc
+
+
+def serve(reply_fd: int) -> None:
+    """The step server (see the module docstring); never returns."""
+    pipe = _Pipe(0)
+    try:
+        init, _ = read_frame(pipe)
+    except (EOFError, ValueError):
+        _exit(0)
+    try:
+        apply_limits(init.get("limits"))
+        drop_privileges(init.get("drop"))
+    except BaseException as exc:  # noqa: BLE001 - refuse to run the candidate without its limits
+        write_frame(reply_fd, {"ok": False, "error_kind": "sandbox", "error": "setup: " + describe(exc)}, [])
+        _exit(0)
+    fn, failure = load_candidate(init["code"], init["function_name"])
+    write_frame(reply_fd, failure or {"ok": True}, [])
+    if failure:
+        _exit(0)
+    consts: dict = {}
+    drivers: dict = {}
+    while True:
+        try:
+            header, arrays = read_frame(pipe)
+        except EOFError:
+            _exit(0)
+        op = header.get("op")
+        if op == "const":
+            consts[header["id"]] = arrays[0]
+            continue
+        if op == "drop":
+            consts.pop(header["id"], None)
+            continue
+        if op == "driver":
+            drivers[header["id"]] = _load_driver(header["source"], header["name"])
+            continue
+        if op not in ("call", "construct"):
+            _exit(0)
+        try:
+            args = _decode_args(header["args"], arrays, consts)
+            if op == "call":
+                value = fn(*args)
+            else:
+                driver = drivers.get(header["driver"])
+                if isinstance(driver, BaseException):
+                    raise RuntimeError(f"construction loop failed to load: {describe(driver)}")
+                value = driver(fn, *args, name=init["function_name"])
+            blobs: list = []
+            reply = {"ok": True, "value": _encode_value(value, blobs)}
+        except BaseException as exc:  # noqa: BLE001 - classified and reported, the server goes on
+            blobs, reply = [], {"ok": False, "error_kind": classify(exc), "error": describe(exc)}
+        try:
+            write_frame(reply_fd, reply, blobs)
+        except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError while encoding a huge value
+            write_frame(reply_fd, {"ok": False, "error_kind": classify(exc), "error": "reply: " + describe(exc)}, [])
+
+
+# ----------------------------------------------------------------------------------------- local mode
+def evaluate_local(request: dict) -> dict:
+    """Run the request's candidate through its target in this process (plain baseline; never raises)."""
+    fn, failure = load_candidate(request["code"], request["function_name"])
+    if failure:
+        return failure
     mod_name, _, func_name = request["target"].partition(":")
     try:
         import importlib
@@ -143,14 +347,13 @@ def evaluate(request: dict) -> dict:
         return {"ok": False, "error_kind": "return_type", "error": f"metrics {exc}"}
 
 
-def main() -> None:
-    result_fd = int(sys.argv[1])
-    os.set_inheritable(result_fd, False)  # exec'd grandchildren must not hold the result pipe
+def local(result_fd: int) -> None:
+    """The plain baseline's one-shot evaluation (see the module docstring); never returns."""
     started = time.perf_counter()
     request = json.loads(sys.stdin.buffer.read())
     apply_limits(request.get("limits"))
     try:
-        result = evaluate(request)
+        result = evaluate_local(request)
         result["worker_s"] = time.perf_counter() - started
         data = _dumps(result).encode()
     except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError while encoding a huge metrics dict
@@ -165,6 +368,17 @@ def main() -> None:
         except BaseException:  # noqa: BLE001, S112 - the candidate may have closed or replaced the stream
             continue
     _exit(0)  # skip interpreter teardown (atexit handlers registered by the candidate do not run)
+
+
+def main() -> None:
+    mode, fd = sys.argv[1], int(sys.argv[2])
+    os.set_inheritable(fd, False)  # exec'd grandchildren must not hold the reply pipe
+    if mode == "serve":
+        serve(fd)
+    elif mode == "local":
+        local(fd)
+    else:
+        raise SystemExit(f"unknown worker mode {mode!r}")
 
 
 if __name__ == "__main__":

@@ -4,12 +4,15 @@ Interface (EoH's name; FunSearch's ``priority`` is accepted as an alias)::
 
     score(item: int, bins: np.ndarray[int64] (k,)) -> np.ndarray (k,)
 
-Exactly as FunSearch's ``online_binpack`` (Romera-Paredes et al., Nature 2024): there are as many bins as
+Exactly as FunSearch's ``online_binpack`` (Romera-Paredes et al., Nature 2024; the same loop in EoH's
+``examples/bp_online/prob.py`` and ReEvo's ``problems/bpp_online/eval.py``): there are as many bins as
 items, all starting empty (remaining capacity C); for each item, ``bins`` holds the remaining capacities of
-the bins it fits in (empty ones included), and the item goes to the bin with the highest priority
-(``argmax``, first on ties). The objective is the number of non-empty bins at the end (minimise).
-The return value must be numeric, of shape (k,), without NaN; a scalar, a wrong length or NaN is an
-InvalidReturn (never silently First Fit, as in the reference frameworks).
+the bins it fits in (empty ones included, a fresh writable copy, as upstream's ``bins[valid_bin_indices]``),
+and the item goes to the bin of highest priority as ``np.argmax`` picks it: the first maximum, and the
+FIRST NaN if there is any NaN (upstream behaviour; e.g. a heuristic computing ``0/0`` exactly at a perfect
+fit sends the item to that bin). The objective is the number of non-empty bins at the end (minimise).
+The return value must be numeric of shape (k,): a scalar, a wrong length, a non-numeric dtype, or priorities
+that are ALL NaN are an InvalidReturn (never silently First Fit, as ``np.argmax`` would do upstream).
 
 Instances: Weibull (FunSearch: sizes ~ Weibull(k=3) * 45, rounded, clipped to [1, 100], C = 100; 5k items
 in the test set) or OR-Library style uniform (Falkenauer's u-classes: integers U[20, 100], C = 150;
@@ -53,6 +56,7 @@ class BPPOnline(HeuristicProblem):
     default_count = 5
     reference_name = "L1 lower bound ceil(sum/C)"
     instance_fields = ("items", "capacity")
+    time_exponent = 2.0  # n items, each scoring about n bins
 
     def generate(self, size: int, count: int, seed: int, distribution: str = "weibull") -> InstanceSet:
         """``count`` sequences of ``size`` items from ``distribution`` ("weibull", C = 100, or "uniform",
@@ -81,10 +85,8 @@ class BPPOnline(HeuristicProblem):
         bins = np.full(items.shape[0], cap, dtype=np.int64)
         for item in items.tolist():
             fits = np.flatnonzero(bins >= item)
-            shown = bins[fits]  # fancy indexing: a fresh copy
-            shown.setflags(write=False)
-            prio = _check_priorities(fn(item, shown), fits.size, self.function_name)
-            bins[fits[int(np.argmax(prio))]] -= item
+            prio = _check_priorities(fn(item, bins[fits]), fits.size, self.function_name)  # bins[fits]: a copy
+            bins[fits[int(np.argmax(prio))]] -= item  # argmax: first maximum, or first NaN
         return float(np.count_nonzero(bins != cap))
 
     def reference_one(self, arrays):
@@ -102,7 +104,8 @@ class BPPOnline(HeuristicProblem):
 
 
 def _check_priorities(value, k: int, what: str) -> np.ndarray:
-    """Priorities as float64 (k,); InvalidReturn for a scalar, wrong shape, non-numeric values or NaN."""
+    """Priorities as float64 (k,); InvalidReturn for a scalar, a wrong shape, non-numeric values, or all NaN
+    (some NaN is allowed: ``np.argmax`` then picks the first NaN, as upstream)."""
     try:
         arr = np.asarray(value)
     except Exception as exc:  # noqa: BLE001 -- an object numpy cannot wrap is the heuristic's fault
@@ -115,6 +118,6 @@ def _check_priorities(value, k: int, what: str) -> np.ndarray:
     if arr.dtype.kind not in "biuf":
         raise InvalidReturn(f"{what} returned dtype {arr.dtype}; expected numbers")
     arr = arr.astype(np.float64)
-    if np.isnan(arr).any():
-        raise InvalidReturn(f"{what} returned NaN priorities ({int(np.isnan(arr).sum())} of {k})")
+    if k and np.isnan(arr).all():
+        raise InvalidReturn(f"{what} returned NaN for all {k} priorities")
     return arr

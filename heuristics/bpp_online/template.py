@@ -6,7 +6,7 @@ def score(item, bins):
 
     Args:
         item: int, size of the arriving item.
-        bins: np.ndarray (k,) int64, remaining capacities of the bins the item fits in (read-only);
+        bins: np.ndarray (k,) int64, remaining capacities of the bins the item fits in (a fresh copy per call);
             it includes empty bins (remaining capacity == bin capacity).
 
     Returns:

@@ -17,6 +17,8 @@ heuristic; when all customers are served, it returns to the depot and the soluti
 heuristic is called at most 2n times. A non-int, an index out of range, or the depot while at the depot is
 an InvalidReturn; a served customer or a demand above the remaining load is an InfeasibleSolution.
 
+Each call gets fresh writable copies of the arrays; the route length is computed from the evaluator's own.
+
 Objective: total route length (minimise). Instances: Kool et al. 2019 ("Attention, learn to solve routing
 problems!", ICLR), also used by LLM4AD / ReEvo: depot and n customers uniform in [0, 1]^2, demands
 uniform in {1..9}, capacity 30 / 40 / 50 for n = 20 / 50 / 100 (LLM4AD uses 40 at n = 50, ReEvo 50).
@@ -25,15 +27,16 @@ Reference: OR-Tools routing, guided local search, 1 s per instance -- a strong h
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
 import numpy as np
 
 from coevo.ahd.instances import InstanceSet, euclidean_matrix, load_cvrplib
-from coevo.ahd.problem import HeuristicProblem, as_index, read_only, register_problem
+from coevo.ahd.problem import HeuristicProblem, int_sequence, read_only, register_problem
 from coevo.ahd.references import cvrp_ortools_cost
-from coevo.sandbox.errors import InfeasibleSolution, InvalidReturn
+from coevo.sandbox.errors import InfeasibleSolution
 
 CAPACITY_BY_SIZE = {20: 30, 50: 40, 100: 50}
 
@@ -83,40 +86,38 @@ class CVRPConstruct(HeuristicProblem):
         names = [f"cvrp{size}_s{seed}_{i}" for i in range(count)]
         return InstanceSet(self.name, names, arrays, f"Kool2019 n={size} C={capacity} seed={seed}")
 
-    def solve_instance(self, fn, arrays):
+    construct_file = "construct.py"
+
+    def construct_args(self, arrays):
+        dist = np.asarray(arrays["distances"], dtype=np.float64)
+        demands = np.asarray(arrays["demands"], dtype=np.int64)
+        capacity = int(arrays["capacity"])
+        if demands[1:].max(initial=0) > capacity:
+            raise ValueError(f"instance has a demand above the capacity {capacity}")
+        return read_only(dist), read_only(demands), capacity
+
+    def score_solution(self, arrays, solution):
+        """Total length of the routes on the evaluator's matrix; InfeasibleSolution unless the sequence
+        starts and ends at the depot, serves every customer exactly once, has no empty route and no
+        route whose demand exceeds the capacity."""
         dist = np.asarray(arrays["distances"], dtype=np.float64)
         demands = np.asarray(arrays["demands"], dtype=np.int64)
         capacity = int(arrays["capacity"])
         n = dist.shape[0]
-        if demands[1:].max(initial=0) > capacity:
-            raise ValueError(f"instance has a demand above the capacity {capacity}")
-        shown_dist, shown_dem = read_only(dist), read_only(demands)
-        unvisited = np.ones(n, dtype=bool)
-        unvisited[0] = False
-        current, rest, total = 0, capacity, 0.0
-        while unvisited.any():
-            if not (unvisited & (demands <= rest)).any():
-                total += dist[current, 0]  # forced return: nothing fits the remaining load
-                current, rest = 0, capacity
-                continue
-            nodes = read_only(np.flatnonzero(unvisited), np.int64)
-            nxt = as_index(fn(current, 0, nodes, rest, shown_dem, shown_dist), self.function_name, n)
-            if nxt == 0:
-                if current == 0:
-                    raise InvalidReturn(f"{self.function_name} returned the depot while at the depot "
-                                        "(an empty route); choose a customer")
-                total += dist[current, 0]
-                current, rest = 0, capacity
-                continue
-            if not unvisited[nxt]:
-                raise InfeasibleSolution(f"{self.function_name} returned customer {nxt}, already served")
-            if demands[nxt] > rest:
-                raise InfeasibleSolution(f"{self.function_name} returned customer {nxt} with demand "
-                                         f"{demands[nxt]} > rest_capacity {rest}: capacity violated")
-            total += dist[current, nxt]
-            unvisited[nxt] = False
-            current, rest = nxt, rest - int(demands[nxt])
-        return total + dist[current, 0]
+        seq = int_sequence(solution, "routes", n, 2 * n + 1)
+        customers = [v for v in seq if v != 0]
+        if len(seq) < 2 or seq[0] != 0 or seq[-1] != 0 or sorted(customers) != list(range(1, n)):
+            raise InfeasibleSolution(f"the routes must start and end at the depot and serve each of the {n - 1} "
+                                     "customers exactly once")
+        total, load = 0.0, 0
+        for a, b in itertools.pairwise(seq):  # the same order of float additions as the construction loop
+            if a == 0 and b == 0:
+                raise InfeasibleSolution("an empty route (depot to depot)")
+            load = 0 if b == 0 else load + int(demands[b])
+            if load > capacity:
+                raise InfeasibleSolution(f"a route carries {load} > capacity {capacity}: capacity violated")
+            total += dist[a, b]
+        return total
 
     def reference_one(self, arrays):
         return cvrp_ortools_cost(np.asarray(arrays["distances"], dtype=np.float64), arrays["demands"],

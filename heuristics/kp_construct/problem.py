@@ -8,7 +8,7 @@ Interface (MCTS-AHD form, chosen over LLM4AD's list-of-tuples form because it is
 ``weights`` and ``values`` hold the k items NOT YET TAKEN, in their original order (taken items are
 removed); the return value indexes into these arrays. Returning ``-1`` or ``None`` stops packing (a valid
 solution: the items taken so far). The heuristic is called only while at least one remaining item fits,
-and at most n times. A non-int or an index outside [0, k) is an InvalidReturn; an item heavier than the
+and at most n times; it may edit its (copied) arrays in place. A non-int or an index outside [0, k) is an InvalidReturn; an item heavier than the
 remaining capacity is an InfeasibleSolution.
 
 Objective: total value, MAXIMISED (so an empty knapsack scores 0 and always loses to greedy -- the sign bug
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from coevo.ahd.instances import InstanceSet
-from coevo.ahd.problem import HeuristicProblem, as_index, read_only, register_problem
+from coevo.ahd.problem import HeuristicProblem, int_sequence, read_only, register_problem
 from coevo.ahd.references import knapsack_optimum
 from coevo.sandbox.errors import InfeasibleSolution
 
@@ -51,6 +51,7 @@ class KPConstruct(HeuristicProblem):
     default_count = 64
     reference_name = "exact optimum (OR-Tools knapsack B&B, 1e-6 scaling)"
     instance_fields = ("weights", "values", "capacity")
+    time_exponent = 2.0  # n steps over at most n remaining items
 
     def generate(self, size: int, count: int, seed: int, capacity: float | None = None) -> InstanceSet:
         """``count`` instances with ``size`` items, weights and values ~ U(0, 1) (``default_rng(seed)``).
@@ -73,25 +74,28 @@ class KPConstruct(HeuristicProblem):
         names = [f"kp{size}_s{seed}_{i}" for i in range(count)]
         return InstanceSet(self.name, names, arrays, f"U(0,1) n={size} C={capacity} seed={seed}")
 
-    def solve_instance(self, fn, arrays):
+    construct_file = "construct.py"
+
+    def construct_args(self, arrays):
+        return (read_only(np.asarray(arrays["weights"], dtype=np.float64)),
+                read_only(np.asarray(arrays["values"], dtype=np.float64)), float(arrays["capacity"]))
+
+    def score_solution(self, arrays, solution):
+        """Total value of the chosen items, packed in the given order on the evaluator's weights;
+        InfeasibleSolution for a repeated item or one that does not fit the remaining capacity."""
         weights = np.asarray(arrays["weights"], dtype=np.float64)
         values = np.asarray(arrays["values"], dtype=np.float64)
-        rest = float(arrays["capacity"])
-        remaining = np.arange(weights.shape[0])
-        total = 0.0
-        while remaining.size and (weights[remaining] <= rest).any():
-            choice = fn(rest, read_only(weights[remaining]), read_only(values[remaining]))
-            if choice is None or (isinstance(choice, (int, np.integer)) and not isinstance(choice, bool)
-                                  and choice == -1):
-                break
-            k = as_index(choice, self.function_name, remaining.size)
-            item = remaining[k]
+        n = weights.shape[0]
+        items = int_sequence(solution, "chosen items", n, n)
+        if len(set(items)) != len(items):
+            raise InfeasibleSolution("an item is packed twice")
+        rest, total = float(arrays["capacity"]), 0.0
+        for item in items:  # the same order of float operations as the construction loop
             if weights[item] > rest:
-                raise InfeasibleSolution(f"{self.function_name} chose item {k} of weight {weights[item]:.6g}, "
-                                         f"which exceeds the remaining capacity {rest:.6g}")
+                raise InfeasibleSolution(f"item {item} of weight {weights[item]:.6g} exceeds the remaining "
+                                         f"capacity {rest:.6g}")
             rest -= weights[item]
             total += values[item]
-            remaining = np.delete(remaining, k)
         return total
 
     def reference_one(self, arrays):

@@ -6,8 +6,8 @@ def select_next_item(remaining_capacity, weights, values):
 
     Args:
         remaining_capacity: float, capacity left in the knapsack.
-        weights: np.ndarray (k,) float64, weights of the items not taken yet (read-only).
-        values: np.ndarray (k,) float64, their values (read-only).
+        weights: np.ndarray (k,) float64, weights of the items not taken yet (a fresh copy per call).
+        values: np.ndarray (k,) float64, their values (a fresh copy per call).
 
     Returns:
         int, an index into ``weights`` / ``values`` of an item that fits, or -1 to stop packing.

@@ -6,7 +6,9 @@ Interface (EoH, Liu et al. ICML 2024; numpy arrays as EoH passes them)::
                      unvisited_nodes: np.ndarray[int64] (k,), distance_matrix: np.ndarray[float64] (n, n)) -> int
 
 The tour starts at node 0, the heuristic is called n-1 times (also when one node is left), and the tour
-closes back at node 0 (``destination_node``). Returning an int outside [0, n) or a non-int is an
+closes back at node 0 (``destination_node``). Each call gets fresh writable copies of ``unvisited_nodes``
+and ``distance_matrix`` (ReEvo's ``eval.py`` passes ``distance_matrix=dist_mat.copy()``; EoH passes the same
+array every step), and the length is computed from the evaluator's own matrix. Returning an int outside [0, n) or a non-int is an
 InvalidReturn; returning a node already visited (or the current node) is an InfeasibleSolution.
 
 Instances: n nodes uniform in [0, 1]^2, Euclidean distances (EoH; ReEvo's TSP20/50/100/200 test sizes).
@@ -21,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from coevo.ahd.instances import InstanceSet, euclidean_matrix, load_tsplib
-from coevo.ahd.problem import HeuristicProblem, as_index, read_only, register_problem
+from coevo.ahd.problem import HeuristicProblem, int_sequence, read_only, register_problem
 from coevo.ahd.references import lkh_tour_length, tour_length
 from coevo.sandbox.errors import InfeasibleSolution
 
@@ -59,22 +61,20 @@ class TSPConstruct(HeuristicProblem):
         names = [f"tsp{size}_s{seed}_{i}" for i in range(count)]
         return InstanceSet(self.name, names, arrays, f"uniform[0,1]^2 n={size} seed={seed}")
 
-    def solve_instance(self, fn, arrays):
+    construct_file = "construct.py"
+
+    def construct_args(self, arrays):
+        return (read_only(np.asarray(arrays["distances"], dtype=np.float64)),)
+
+    def score_solution(self, arrays, solution):
+        """The tour's closed length on the evaluator's matrix; InfeasibleSolution unless it is a permutation
+        of the n nodes starting at node 0."""
         dist = np.asarray(arrays["distances"], dtype=np.float64)
         n = dist.shape[0]
-        shown = read_only(dist)  # one protected copy per instance; scoring uses `dist`
-        unvisited = np.ones(n, dtype=bool)
-        unvisited[0] = False
-        tour, current = [0], 0
-        for _ in range(n - 1):
-            nodes = read_only(np.flatnonzero(unvisited), np.int64)
-            nxt = as_index(fn(current, 0, nodes, shown), self.function_name, n)
-            if not unvisited[nxt]:
-                raise InfeasibleSolution(f"{self.function_name} returned node {nxt}, which is already visited "
-                                         f"(current node {current}); choose one of unvisited_nodes")
-            unvisited[nxt] = False
-            tour.append(nxt)
-            current = nxt
+        tour = int_sequence(solution, "tour", n, n)
+        if len(tour) != n or tour[0] != 0 or len(set(tour)) != n:
+            raise InfeasibleSolution(f"the tour is not a permutation of the {n} nodes starting at node 0 "
+                                     f"(length {len(tour)}, {len(set(tour))} distinct)")
         return tour_length(dist, tour + [0])
 
     def reference_one(self, arrays):

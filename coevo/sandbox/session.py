@@ -1,0 +1,404 @@
+"""The trusted side of a candidate's evaluation: drive its step server and treat every reply as data.
+
+:class:`CandidateProcess` is one running worker (:mod:`coevo.sandbox.worker`, ``serve`` mode) with the
+candidate's code loaded. One thread drives it with a single ``poll`` loop over the request pipe (stdin),
+the reply pipe, stdout, stderr and a pidfd, so writes never block, output is drained while waiting (capped,
+head and tail kept), the exit is seen at once, and the wall-clock deadline is exact.
+:class:`RemoteFunction` makes it look like the candidate's function to a trusted target: each call sends
+the arguments (read-only arrays once, as constants) and returns the decoded reply (:mod:`coevo.sandbox.wire`),
+or raises :class:`~coevo.sandbox.errors.CandidateFailure` (timeout, death, malformed reply, or the kind of
+the exception the function raised).
+
+Why scores cannot be forged: the objective and every feasibility check run in the trusted process, on its
+own copy of the instance; the candidate's process only ever answers "which node / item / bin next" (or
+returns a priority vector), and each answer is checked before it is applied. Whatever the candidate does
+to its own process (patch numpy or builtins, write anything to any descriptor, exit, fork) changes at
+most its own answers, which are validated like any others, or ends its evaluation as invalid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from coevo.sandbox.errors import CandidateFailure
+from coevo.sandbox.process import DRAIN_S, CappedBuffer, kill_marked
+from coevo.sandbox.wire import FrameReader, MalformedFrame, decode_value, encode_frame
+
+_CHUNK = 65536
+_MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
+#: Read-only array arguments at least this large are sent once and referenced afterwards.
+CONST_MIN_BYTES = 1024
+#: Constants kept per process (least recently used dropped first).
+CONST_SLOTS = 16
+
+
+@dataclass
+class Launch:
+    """How to start one worker process.
+
+    Attributes:
+        argv: the command; ``argv[reply_slot]`` is replaced by the reply pipe's fd number.
+        env: complete environment. cwd: working directory (of the launcher, e.g. bwrap).
+        init: the init frame's header (code, function_name, limits, drop).
+        timeout_s: wall-clock limit named in timeout messages (s). cpu_s: RLIMIT_CPU (s) for messages.
+        memory_mb: RLIMIT_AS (MiB) for messages. isolated: bwrap is in front (exit codes above 128 are
+        signals). marker: ``(variable, token)`` to find escaped processes (no bwrap).
+        max_reply_mb: largest reply frame accepted (MiB). output_cap: bytes kept per stdout / stderr.
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    reply_slot: int
+    init: dict[str, Any]
+    timeout_s: float
+    cpu_s: int | None = None
+    memory_mb: int | None = None
+    isolated: bool = False
+    marker: tuple[str, str] | None = None
+    max_reply_mb: int = 8
+    output_cap: int = 65536
+    popen_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+class CandidateProcess:
+    """One worker process serving calls of the candidate's function (see the module docstring).
+
+    Args:
+        launch: how to start it. deadline: ``time.perf_counter()`` value after which everything times out.
+        stdout, stderr: capped buffers the output goes to (shared across restarts).
+
+    Raises:
+        OSError: the process could not be started.
+    """
+
+    def __init__(self, launch: Launch, deadline: float, stdout: CappedBuffer, stderr: CappedBuffer):
+        self.launch = launch
+        self.deadline = deadline
+        self.out, self.err = stdout, stderr
+        self.reader = FrameReader(max_frame=launch.max_reply_mb << 20)
+        self.returncode: int | None = None
+        self.started = time.perf_counter()
+        reply_r, reply_w = os.pipe()
+        argv = list(launch.argv)
+        argv[launch.reply_slot] = str(reply_w)
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         pass_fds=(reply_w, *launch.popen_kwargs.pop("pass_fds", ())),
+                                         env=launch.env, cwd=launch.cwd, start_new_session=True,
+                                         **launch.popen_kwargs)
+        except BaseException:
+            os.close(reply_r)
+            os.close(reply_w)
+            raise
+        os.close(reply_w)
+        self.reply_fd = reply_r
+        self.pidfd = os.pidfd_open(self.proc.pid)
+        self.fd_in, self.fd_out, self.fd_err = (self.proc.stdin.fileno(), self.proc.stdout.fileno(),
+                                                self.proc.stderr.fileno())
+        for fd in (self.fd_in, self.fd_out, self.fd_err, self.reply_fd):
+            os.set_blocking(fd, False)
+        self.poller = select.poll()
+        self.readers = {self.fd_out, self.fd_err, self.reply_fd}
+        for fd in (*self.readers, self.pidfd):
+            self.poller.register(fd, select.POLLIN)
+        self.pending = b""
+        self.exited = False
+        self.closed = False
+        self.writing = False
+
+    # ------------------------------------------------------------------ low level
+    def _read(self, fd: int) -> None:
+        try:
+            data = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.poller.unregister(fd)
+            self.readers.discard(fd)
+        elif fd == self.reply_fd:
+            self.reader.feed(data)  # MalformedFrame when it floods
+        else:
+            (self.out if fd == self.fd_out else self.err).add(data)
+
+    def _write_pending(self) -> None:
+        try:
+            n = os.write(self.fd_in, self.pending)
+        except BlockingIOError:
+            return
+        except (BrokenPipeError, OSError):
+            n = len(self.pending)  # it closed its stdin: the reply (or its absence) tells the rest
+        self.pending = self.pending[n:]
+
+    def _failure_after_exit(self) -> CandidateFailure:
+        self._reap()
+        rc = self.returncode if self.returncode is not None else -1
+        stderr = self.err.getvalue().decode("utf-8", errors="replace")
+        sig = -rc if rc < 0 else (rc - 128 if self.launch.isolated and rc > 128 else None)
+        if sig == signal.SIGXCPU:
+            return CandidateFailure("timeout", f"CPU limit of {self.launch.cpu_s} s reached")
+        if any(s in stderr for s in _MEMORY_SIGNS):
+            return CandidateFailure("memory", f"out of memory (limit {self.launch.memory_mb} MiB)")
+        how = f"signal {signal.Signals(sig).name}" if sig and sig in signal.Signals._value2member_map_ \
+            else f"exit code {rc}"
+        last = next((x for x in reversed(stderr.splitlines()) if x.strip()), "")
+        return CandidateFailure("sandbox", f"worker ended with {how} without a result"
+                                + (f": {last[:300]}" if last else ""))
+
+    def exchange(self, data: bytes, deadline: float | None = None, expect_reply: bool = True,
+                 timeout_detail: str | None = None) -> tuple[dict[str, Any], list[np.ndarray]] | None:
+        """Send ``data`` (after anything queued) and, with ``expect_reply``, return the next reply frame.
+
+        Raises:
+            CandidateFailure: ``timeout`` at the deadline (``min(deadline, self.deadline)``; the process is
+                killed), ``sandbox`` when the process ended without a (complete) reply or sent a malformed
+                one, ``memory`` / ``timeout`` when it died of its memory / CPU limit.
+        """
+        if self.closed:
+            raise CandidateFailure("sandbox", "the candidate's process was already closed")
+        self.pending += data
+        if not expect_reply:
+            if self.pending and not self.exited:
+                self._write_pending()
+            return None
+        end = self.deadline if deadline is None else min(deadline, self.deadline)
+        while True:
+            if not self.pending:
+                try:
+                    frame = self.reader.next()
+                except MalformedFrame as exc:
+                    self.close()
+                    raise CandidateFailure("sandbox", f"malformed reply: {exc}") from None
+                if frame is not None:
+                    return frame
+            if self.exited and self.reply_fd not in self.readers:
+                raise self._failure_after_exit()
+            if self.exited and self.pending:
+                self.pending = b""  # nobody will read it
+            remaining = end - time.perf_counter()
+            if remaining <= 0:
+                self.close()
+                detail = timeout_detail or f"wall-clock limit of {self.launch.timeout_s:g} s reached"
+                raise CandidateFailure("timeout", detail)
+            if self.pending and not self.writing and not self.exited:
+                self.poller.register(self.fd_in, select.POLLOUT)
+                self.writing = True
+            for fd, _ev in self.poller.poll(min(remaining, 3600.0) * 1000):
+                if fd == self.pidfd:
+                    self.exited = True
+                    self.poller.unregister(self.pidfd)
+                    self._kill()  # its group too: nothing may write replies after it
+                    if self.writing:
+                        self.poller.unregister(self.fd_in)
+                        self.writing = False
+                elif fd == self.fd_in:
+                    self._write_pending()
+                    if not self.pending:
+                        self.poller.unregister(self.fd_in)
+                        self.writing = False
+                elif fd in self.readers:
+                    try:
+                        self._read(fd)
+                    except MalformedFrame as exc:
+                        self.close()
+                        raise CandidateFailure("sandbox", f"malformed reply: {exc}") from None
+
+    # ------------------------------------------------------------------ teardown
+    def _kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # not reaped yet, so its pid still names the group
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.launch.marker:
+            kill_marked(*self.launch.marker)
+
+    def _reap(self) -> None:
+        if self.returncode is None:
+            self._kill()
+            self.returncode = self.proc.wait()
+
+    def close(self) -> None:
+        """Kill the process and everything it started, reap it, and drain what its pipes still hold."""
+        if self.closed:
+            return
+        self.closed = True
+        self._reap()
+        with contextlib.suppress(KeyError, ValueError):
+            self.poller.unregister(self.pidfd)
+        os.close(self.pidfd)
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        self.readers.discard(self.reply_fd)
+        drain_until = time.perf_counter() + DRAIN_S
+        while self.readers - {self.reply_fd} and time.perf_counter() < drain_until:
+            for fd, _ev in self.poller.poll(max(0.0, drain_until - time.perf_counter()) * 1000):
+                if fd in self.readers:
+                    self._read(fd)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        os.close(self.reply_fd)
+
+    @property
+    def alive_s(self) -> float:
+        return time.perf_counter() - self.started
+
+
+class RemoteFunction:
+    """The candidate's function as seen by a trusted target: ``fn(*args)`` runs in the candidate's process.
+
+    Arguments may be JSON scalars, lists, dicts and numpy arrays (bool, int, uint, float dtypes). A
+    read-only array of at least :data:`CONST_MIN_BYTES` bytes is sent once and referenced afterwards (the
+    caller promises it does not change; keep a distance matrix read-only, pass per-step arrays writable).
+    The callee gets fresh writable copies of every argument on every call. The return value is decoded
+    from the reply: JSON scalars, lists, dicts, and read-only numpy arrays for returned arrays.
+
+    Args:
+        spawn: starts a new :class:`CandidateProcess` with the code loaded, or raises CandidateFailure
+            with the failure of loading it (syntax, import, ...).
+        deadline: the evaluation's overall ``perf_counter`` deadline.
+        restart: start a fresh process for the next call after a call timed out or the process died
+            (per-instance accounting, ``keep_going``); False: every later call fails the same way.
+    """
+
+    is_remote_function = True
+
+    def __init__(self, spawn: Callable[[], CandidateProcess], deadline: float, restart: bool = False):
+        self._spawn = spawn
+        self.deadline = deadline
+        self.restart = restart
+        self.proc: CandidateProcess | None = spawn()
+        self._consts: dict[int, tuple[np.ndarray, int]] = {}  # id(array) -> (array kept alive, const id)
+        self._next_const = 0
+        self._broken: CandidateFailure | None = None
+        self._limit_end: float | None = None
+        self._limit_s: float | None = None
+        self._drivers: dict[str, int] = {}
+        self.calls = 0
+
+    def _encode(self, value: Any, blobs: list[np.ndarray], prelude: list[bytes]) -> Any:
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, np.ndarray):
+            arr = value if value.dtype.kind in "biuf" else value.astype(np.float64)
+            if arr.dtype.str not in ("|b1", "|i1", "|u1") and arr.dtype.byteorder == ">":
+                arr = arr.astype(arr.dtype.newbyteorder("<"))
+            if not value.flags.writeable and value.nbytes >= CONST_MIN_BYTES:
+                return {"__const__": self._constant(value, arr, prelude)}
+            blobs.append(np.ascontiguousarray(arr))
+            return {"__nd__": len(blobs) - 1}
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, dict):
+            return {str(k): self._encode(v, blobs, prelude) for k, v in value.items()}
+        if isinstance(value, (list, tuple, set, frozenset)):
+            return [self._encode(v, blobs, prelude) for v in (sorted(value) if isinstance(value, (set, frozenset))
+                                                                else value)]
+        raise TypeError(f"cannot send a {type(value).__name__} to the candidate")
+
+    def _constant(self, value: np.ndarray, arr: np.ndarray, prelude: list[bytes]) -> int:
+        key = id(value)
+        hit = self._consts.pop(key, None)
+        if hit is not None and hit[0] is value:
+            self._consts[key] = hit  # most recently used last
+            return hit[1]
+        cid = self._next_const
+        self._next_const += 1
+        prelude.append(encode_frame({"op": "const", "id": cid, "value": {"__nd__": 0}},
+                                    [np.ascontiguousarray(arr)]))
+        self._consts[key] = (value, cid)
+        while len(self._consts) > CONST_SLOTS:
+            old = next(iter(self._consts))
+            _, old_id = self._consts.pop(old)
+            prelude.append(encode_frame({"op": "drop", "id": old_id}))
+        return cid
+
+    def _ensure_process(self) -> CandidateProcess:
+        if self.proc is not None and not self.proc.closed and self._broken is None:
+            return self.proc
+        if not self.restart and self._broken is not None:
+            raise self._broken
+        if self.proc is not None:
+            self.proc.close()
+        if time.perf_counter() >= self.deadline:
+            raise CandidateFailure("timeout", "wall-clock limit reached before the next instance")
+        self._consts.clear()
+        self._broken = None
+        self.proc = self._spawn()
+        return self.proc
+
+    def __call__(self, *args: Any) -> Any:
+        """``fn(*args)`` answered by the candidate's process (see the class docstring)."""
+        return self._request({"op": "call"}, args)
+
+    def construct(self, source: str, *args: Any, entry: str = "construct") -> Any:
+        """``entry(fn, *args, name=function_name)`` of the module ``source`` (a problem's construction loop,
+        numpy + stdlib), run in the candidate's process: its whole solution, to be checked by the caller."""
+        if self.proc is None or self.proc.closed or self._broken is not None:
+            self._drivers.clear()
+        key = f"{entry}\0{source}"
+        prelude = []
+        if key not in self._drivers:
+            self._drivers[key] = len(self._drivers)
+            prelude.append(encode_frame({"op": "driver", "id": self._drivers[key], "source": source, "name": entry}))
+        return self._request({"op": "construct", "driver": self._drivers[key]}, args, prelude)
+
+    def _request(self, head: dict[str, Any], args: tuple, prelude: list[bytes] | None = None) -> Any:
+        proc = self._ensure_process()
+        blobs: list[np.ndarray] = []
+        prelude = list(prelude or [])
+        tree = [self._encode(a, blobs, prelude) for a in args]
+        data = b"".join([*prelude, encode_frame({**head, "args": tree}, blobs)])
+        detail = None
+        if self._limit_end is not None and self._limit_end < proc.deadline:
+            detail = f"instance time limit of {self._limit_s:g} s reached"
+        self.calls += 1
+        try:
+            header, arrays = proc.exchange(data, self._limit_end, timeout_detail=detail)
+        except CandidateFailure as exc:
+            self._broken = exc
+            raise
+        ok = header.get("ok")
+        if ok is True and "value" in header:
+            try:
+                return decode_value(header["value"], arrays)
+            except MalformedFrame as exc:
+                self._broken = CandidateFailure("sandbox", f"malformed reply: {exc}")
+                proc.close()
+                raise self._broken from None
+        if ok is False:
+            kind = header.get("error_kind")
+            kind = kind if kind in ("runtime", "memory", "return_type", "infeasible", "timeout") else "runtime"
+            raise CandidateFailure(kind, str(header.get("error"))[:2000])
+        self._broken = CandidateFailure("sandbox", "malformed reply: neither a value nor an error")
+        proc.close()
+        raise self._broken
+
+    @contextlib.contextmanager
+    def limit(self, seconds: float | None) -> Iterator[None]:
+        """Within the block, calls are cut off ``seconds`` after entry (CandidateFailure ``timeout``; the
+        process is killed, and restarted for the next call when ``restart``). ``None`` = no extra limit."""
+        if seconds is None:
+            yield
+            return
+        self._limit_end, self._limit_s = time.perf_counter() + float(seconds), float(seconds)
+        try:
+            yield
+        finally:
+            self._limit_end = self._limit_s = None
+
+    def close(self) -> None:
+        """Kill the candidate's process (idempotent)."""
+        if self.proc is not None:
+            self.proc.close()
