@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from coevo.ahd.es_rollout import EoHChildrenConfig, EoHChildrenRollout
+from coevo.rollouts.eoh_children import EoHChildrenConfig, EoHChildrenRollout
 from coevo.ahd.evaluate import evaluate_heuristic
 from coevo.backends.hf import HFPolicy
 from coevo.config import load_config

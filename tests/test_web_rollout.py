@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from coevo.agents.scripted import ScriptedPolicy
-from coevo.agents.web_rollout import WebRollout
+from coevo.rollouts.web import WebRollout
 from coevo.backends.base import SamplingParams
 from coevo.budget import Budget
 from coevo.config import SamplingConfig

@@ -1,10 +1,10 @@
 """The web-agent section of a run report: success rates per ES generation, per task, per skill version, with
 plots and the skill diffs, rebuilt from the store alone.
 
-Inputs are the trajectories the ``web`` rollout (:mod:`coevo.agents.web_rollout`) wrote (``meta["rollout"] ==
+Inputs are the trajectories the ``web`` rollout (:mod:`coevo.rollouts.web`) wrote (``meta["rollout"] ==
 "web"``) and the ``skill`` artifacts a skill evolver stored (:mod:`coevo.skills.versions`). An episode succeeds
 when it is valid with reward 1.0 (> 0); rates leave out episodes whose *browser* failed (``failure ==
-"runtime"``), as :meth:`~coevo.agents.web_rollout.WebRollout.member_reward` does, and count them separately.
+"runtime"``), as :meth:`~coevo.rollouts.web.WebRollout.member_reward` does, and count them separately.
 
 * train: episodes of ES members (``split == "train"``), grouped by (evolver, generation);
 * held-out: the centre's episodes on the fixed held-out seeds (``split == "test"``), grouped by (evolver,

@@ -15,17 +15,16 @@ the budget.
 
 from __future__ import annotations
 
-import importlib
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from coevo.registry import Registry
 from coevo.types import Space, Trajectory
 
 if TYPE_CHECKING:
@@ -181,8 +180,9 @@ class Evolver(ABC):
         """Release resources at the end of the run."""
 
 
-_REGISTRY: dict[str, type[Evolver]] = {}
-ENTRY_POINT_GROUP = "coevo.evolvers"
+EVOLVERS: Registry[Evolver] = Registry(
+    "evolver type", Evolver, package="coevo.evolvers", entry_point_group="coevo.evolvers", name_attr="type_name"
+)
 
 
 def register_evolver(name: str) -> Callable[[type[Evolver]], type[Evolver]]:
@@ -190,60 +190,22 @@ def register_evolver(name: str) -> Callable[[type[Evolver]], type[Evolver]]:
 
     Raises:
         ValueError: if another class is already registered under ``name``.
+        TypeError: the class does not subclass :class:`Evolver`.
     """
-
-    def deco(cls: type[Evolver]) -> type[Evolver]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"evolver type {name!r} already registered by {_REGISTRY[name].__qualname__}")
-        if not issubclass(cls, Evolver):
-            raise TypeError(f"{cls!r} must subclass coevo.evolvers.Evolver")
-        cls.type_name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
+    return EVOLVERS.register(name)
 
 
 def registered_evolvers() -> dict[str, type[Evolver]]:
-    """All evolver types: built-ins, then ``coevo.evolvers`` entry points (loaded lazily, errors raised)."""
-    _load_builtins()
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in _REGISTRY:
-            cls = ep.load()
-            register_evolver(ep.name)(cls)
-    return dict(_REGISTRY)
+    """All evolver types: built-ins (every module of :mod:`coevo.evolvers`), classes registered by imported
+    code, then ``coevo.evolvers`` entry points (loaded lazily, errors raised)."""
+    return EVOLVERS.items()
 
 
 def resolve_evolver(type_name: str) -> type[Evolver]:
-    """Find the evolver class for a config's ``type``: a registered name or ``pkg.module:Class``.
+    """Find the evolver class for a config's ``type``: a registered name, an entry point or ``pkg.module:Class``.
 
     Raises:
         ValueError: unknown name (the message lists the known ones) or a dotted path that does not name
             an Evolver subclass.
     """
-    if ":" in type_name or (type_name.count(".") >= 1 and type_name not in _REGISTRY):
-        mod_name, _, attr = type_name.replace(":", ".").rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(mod_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"evolver type {type_name!r}: cannot import it ({exc})") from exc
-        if not (isinstance(cls, type) and issubclass(cls, Evolver)):
-            raise ValueError(f"evolver type {type_name!r} is not a subclass of coevo.evolvers.Evolver")
-        return cls
-    known = registered_evolvers()
-    if type_name not in known:
-        raise ValueError(f"unknown evolver type {type_name!r}; known types: {sorted(known)}")
-    return known[type_name]
-
-
-_BUILTIN_MODULES = (
-    "coevo.evolvers.es",
-    "coevo.evolvers.eoh",
-    "coevo.evolvers.sampling",
-    "coevo.evolvers.trace2skill",
-)
-
-
-def _load_builtins() -> None:
-    for mod in _BUILTIN_MODULES:
-        importlib.import_module(mod)
+    return EVOLVERS.resolve(type_name)
