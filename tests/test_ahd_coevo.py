@@ -24,12 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from coevo.rollouts.eoh_children import EoHChildrenConfig, EoHChildrenRollout
 from coevo.ahd.evaluate import evaluate_heuristic
 from coevo.backends.hf import HFPolicy
 from coevo.config import load_config
 from coevo.loop import CoEvolutionLoop, new_run_dir
 from coevo.report.writer import STEP_KIND
+from coevo.rollouts.eoh_children import EoHChildrenConfig, EoHChildrenRollout
 from coevo.store import TrajectoryStore
 from coevo.types import Step, Trajectory
 

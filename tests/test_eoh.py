@@ -16,14 +16,15 @@ from collections import Counter
 import pytest
 
 from coevo.ahd.evaluate import evaluate_heuristic
+from coevo.ahd.population import Individual, rank_weights, select_parents, survivors
 from coevo.ahd.problem import load_problem
 from coevo.ahd.prompts import OPERATORS, build_messages, parents_needed
+from coevo.ahd.sampler import HeuristicSearch
 from coevo.backends.base import Completion, Policy
 from coevo.budget import Budget
 from coevo.config import ConfigError, parse_config
-from coevo.evolvers.ahd_common import Individual
 from coevo.evolvers.base import RunContext
-from coevo.evolvers.eoh import EoHConfig, EoHEvolver, rank_weights, select_parents, survivors
+from coevo.evolvers.eoh import EoHConfig, EoHEvolver
 from coevo.loop import CoEvolutionLoop, new_run_dir
 from coevo.store import TrajectoryStore
 from coevo.types import ESMember
@@ -264,19 +265,29 @@ def test_children_prompts_quote_population_parents(tmp_path):
         assert t.meta["worst_objective"] == max(i.objective for i in before.values())
 
 
-def test_generate_children_for_es_and_pooling(tmp_path):
+def test_es_children_through_the_sampler_service_and_pooling(tmp_path):
+    """What the ES rollout does: children of the EoH population, written through EoH's sampler under a
+    member's (here unperturbed) policy, recorded for ES, cached on a re-run, folded into EoH at its next step."""
     policy = ScriptedPolicy()
     ctx = _ctx(tmp_path, policy=policy)
     eoh = EoHEvolver("eoh", EoHConfig(**SMALL, population_size=2), ctx)
-    with pytest.raises(RuntimeError, match="population is empty"):
-        eoh.generate_children(["m1"], 1, policy, key_prefix=("es", 0, 0))
-    eoh.step(0)
+    assert isinstance(eoh, HeuristicSearch) and eoh.parents_m == 2
+
+    def children():
+        jobs = eoh.sampler.operator_jobs(["m1", "m2"], 2, random.Random(7), ("es", 0, 0), population=eoh.population,
+                                         parents_m=eoh.parents_m)  # fmt: skip
+        return eoh.sampler.sample(jobs, policy=policy, round_index=0, generation=0, evolver="es", member=member)
+
     member = ESMember(seed=5, sigma=1e-3, index=0)
-    kids = eoh.generate_children(["m1", "m2"], 2, policy, member=member, key_prefix=("es", 0, 0), evolver="es")
+    with pytest.raises(RuntimeError, match="population is empty"):
+        children()
+    eoh.step(0)
+    kids = children()
     assert len(kids) == 4 and {k.evolver for k in kids} == {"es"} and {k.space for k in kids} == {"parameter"}
     assert all(k.member == member and k.meta["operator"] in ("m1", "m2") for k in kids)
-    assert all(k.meta["parent_objective"] is not None for k in kids)
-    again = eoh.generate_children(["m1", "m2"], 2, policy, member=member, key_prefix=("es", 0, 0), evolver="es")
+    assert all(k.meta["parent_objective"] is not None and k.meta["sampler"] == "eoh" for k in kids)
+    assert [k.key for k in kids] == [f"r/es/0/0/{op}/{j}" for op in ("m1", "m2") for j in range(2)]
+    again = children()
     assert [k.key for k in again] == [k.key for k in kids] and policy.calls == 8  # cached, no new calls
     rep = eoh.step(1)
     assert rep.metrics["pooled"] == sum(k.valid for k in kids)

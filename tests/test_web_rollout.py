@@ -11,7 +11,6 @@ import pytest
 from pydantic import ValidationError
 
 from coevo.agents.scripted import ScriptedPolicy
-from coevo.rollouts.web import WebRollout
 from coevo.backends.base import SamplingParams
 from coevo.budget import Budget
 from coevo.config import SamplingConfig
@@ -19,6 +18,7 @@ from coevo.envs.browser import BrowserSetupError, find_chromium
 from coevo.envs.miniwob import MINIWOB_TASKSETS
 from coevo.evolvers.base import RunContext
 from coevo.rollouts.base import build_rollout
+from coevo.rollouts.web import WebRollout
 from coevo.skills import SHIPPED_SKILLS_DIR
 from coevo.store import TrajectoryStore
 from coevo.types import ContextRef, ESMember, Trajectory

@@ -3,7 +3,11 @@
 Agentic ESOpt's AHD setting (field-notes §2): at test time, the chosen EoH operators (e.g. M1, M2) generate
 their children under perturbed weights, one ES member per seed; the same children enter the EoH population
 (pooled samples: the EoH evolver folds them in at its next step), and ES adapts the model's weights from
-their rewards. Member rewards (minimisation objectives, "parent" = the child's best parent):
+their rewards. Children are prompted, sampled, evaluated and recorded by the searched evolver's sampler
+service (:class:`coevo.ahd.sampler.HeuristicSampler`, through the :class:`~coevo.ahd.sampler.HeuristicSearch`
+interface), so they use its training set and count in its best heuristic.
+
+Member rewards (minimisation objectives, "parent" = the child's best parent):
 
 * EoH children: ``R = parent_objective - child_objective``; a child that is invalid, or worse than the
   population's worst, gets ``max(parent_objective - worst_objective, -1)`` (``invalid: paper``).
@@ -23,8 +27,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from coevo.ahd.prompts import build_messages
-from coevo.evolvers.ahd_common import Individual, SampleJob
+from coevo.ahd.sampler import HeuristicSearch
 from coevo.rollouts.base import Rollout, RolloutConfig, Split, register_rollout
 from coevo.types import Trajectory
 
@@ -45,56 +48,45 @@ class EoHChildrenRollout(Rollout):
 
     Config = EoHChildrenConfig
 
-    def _evolver(self):
+    def _search(self) -> HeuristicSearch:
+        """The run's heuristic-design evolver named by ``rollout.evolver`` (a :class:`HeuristicSearch`)."""
         if self.ctx is None:
             raise RuntimeError("eoh_children needs the run context (it cannot run inside a Ray actor)")
         ev = self.ctx.evolvers.get(self.config.evolver)
-        if ev is None or not hasattr(ev, "problem"):
-            raise ValueError(
+        if not isinstance(ev, HeuristicSearch):  # a config error (rollout.evolver), not a type error
+            raise ValueError(  # noqa: TRY004
                 f"rollout.evolver: {self.config.evolver!r} is not an AHD evolver of this run "
                 f"(evolvers: {sorted(self.ctx.evolvers)})"
             )
         return ev
 
-    def _mode(self, ev) -> str:
-        parented = any(op != "i1" for op in self.config.operators)
-        if parented and not hasattr(ev, "generate_children"):
-            raise ValueError(f"rollout.operators: {self.config.operators} need an eoh evolver, not {ev.type_name}")
-        if parented and not getattr(ev, "population", None):
-            return "i1"  # nothing to modify yet: fall back to fresh samples
-        return "children" if parented else "i1"
-
     def _local(self, key_prefix: str) -> str:
-        """``key_prefix`` without the leading run id. ``generate_children`` builds keys with ``ctx.traj_key``
-        (which adds the run id) and both paths seed their RNG from it, so the children's keys hold the run
-        id once and their prompts and sampling seeds depend on the run seed only, not on the run folder."""
+        """``key_prefix`` without the leading run id. The sampler builds children's keys with
+        ``sampler.key`` (which adds the run id) and both paths seed their RNG from it, so the children's keys
+        hold the run id once and their prompts and sampling seeds depend on the run seed only, not on the
+        run folder."""
         return key_prefix.removeprefix(f"{self.ctx.run_id}/")
 
     def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
+        """Children (or, with no population yet or i1 only, fresh i1 samples) written by ``policy`` through
+        the searched evolver's sampler, recorded with ``member`` and the ES ``generation``."""
         if split != "train":
             return []
-        ev = self._evolver()
-        cfg = self.config
+        search = self._search()
+        cfg, sampler = self.config, search.sampler
         local = self._local(key_prefix)
-        if self._mode(ev) == "children":
-            trajs = ev.generate_children(
-                cfg.operators, cfg.children_per_operator, policy, member=member, key_prefix=(local,),
-                evolver=evolver, round_index=round_index,
-            )  # fmt: skip
-        else:
+        parented = any(op != "i1" for op in cfg.operators)
+        if parented and search.parents_m is None:
+            raise ValueError(f"rollout.operators: {cfg.operators} need an eoh evolver, not {self.config.evolver!r}")
+        if parented and search.population:
+            jobs = sampler.operator_jobs(cfg.operators, cfg.children_per_operator, self.ctx.rng(local, "children"),
+                                         (local,), population=search.population, parents_m=search.parents_m)  # fmt: skip
+        else:  # nothing to modify yet (or i1 only): fresh samples
             rng = self.ctx.rng(local, "i1")
-            messages = build_messages("i1", ev.problem.prompt_spec())
             n = cfg.children_per_operator * len(cfg.operators)
-            jobs = [
-                SampleJob(key=f"{key_prefix}/i1/{j}", operator="i1", messages=messages, seed=rng.getrandbits(63))
-                for j in range(n)
-            ]
-            trajs = ev.sample(jobs, policy=policy, round_index=round_index, generation=generation,
-                              evolver=evolver, member=member)  # fmt: skip
-        valid = [Individual.from_trajectory(t) for t in trajs if t.valid and t.reward is not None]
-        if valid:
-            ev.note_best(valid)
-        return trajs
+            jobs = [sampler.job("i1", key=f"{key_prefix}/i1/{j}", seed=rng.getrandbits(63)) for j in range(n)]
+        return sampler.sample(jobs, policy=policy, round_index=round_index, generation=generation, evolver=evolver,
+                              member=member)  # fmt: skip
 
     # ------------------------------------------------------------------ rewards
     def _child_reward(self, t: Trajectory) -> float | None:
