@@ -24,11 +24,11 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from coevo.artifacts import LOOP_STEP as STEP_KIND
 from coevo.budget import Budget
 from coevo.checkpoint import CheckpointDir
 from coevo.config import RunConfig, parse_config
-from coevo.evolvers.base import Evolver, RunContext, StepReport, resolve_evolver
-from coevo.report.writer import STEP_KIND
+from coevo.evolvers.base import Evolver, RunContext, StepReport, record_report_sections, resolve_evolver
 from coevo.store import TrajectoryStore
 
 log = logging.getLogger(__name__)
@@ -258,7 +258,8 @@ class CoEvolutionLoop:
         (self.run_dir / "summary.json").write_text(
             json.dumps({**asdict(summary), "run_dir": str(summary.run_dir)}, indent=1)
         )
-        write_report(self.run_dir, self.store, self.run_id, self.evolvers, plots=self.config.report.plots)
+        record_report_sections(self.store, self.run_id, self.evolvers)
+        write_report(self.run_dir, self.store, self.run_id, plots=self.config.report.plots)
         for ev in self.evolvers.values():
             ev.close()
         if self.ctx._policy is not None:

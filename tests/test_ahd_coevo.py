@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 
 from coevo.ahd.evaluate import evaluate_heuristic
+from coevo.artifacts import LOOP_STEP
 from coevo.backends.hf import HFPolicy
 from coevo.config import load_config
 from coevo.loop import CoEvolutionLoop, new_run_dir
-from coevo.report.writer import STEP_KIND
 from coevo.rollouts.eoh_children import EoHChildrenConfig, EoHChildrenRollout
 from coevo.store import TrajectoryStore
 from coevo.types import Step, Trajectory
@@ -262,7 +262,7 @@ def test_scripted_eoh_es_through_the_loop(tmp_path, tiny_model_dir):
             assert len(set(hist[g]["rewards"])) > 1
         # pooling: EoH folded the valid ES children in at its next step
         steps = {(a.content["round"], a.content["evolver"]): a.content
-                 for a in store.list_artifacts(kind=STEP_KIND, run_id="run")}  # fmt: skip
+                 for a in store.list_artifacts(kind=LOOP_STEP, run_id="run")}  # fmt: skip
         assert steps[(1, "eoh")]["metrics"]["pooled"] == sum(t.valid for t in kids[0]) == 4
         assert steps[(2, "eoh")]["metrics"]["pooled"] == sum(t.valid for t in kids[1]) == 6
         assert "es" in {i.source for i in eoh.population}

@@ -237,7 +237,7 @@ def _web_traj(key: str, *, gen: int, task: str, seed: int, reward: float | None,
 
 
 def test_web_report_rates_diffs_and_plots(ctx, tmp_path):
-    from coevo.agents.report import PLOT_NAMES, web_report
+    from coevo.report.web import PLOT_NAMES, web_report
     from coevo.skills import skill_diff, write_skill_version
 
     store = ctx.store

@@ -22,12 +22,11 @@ from pydantic import Field, field_validator
 from coevo.ahd.population import Individual
 from coevo.ahd.problem import HeuristicProblem, load_problem
 from coevo.ahd.sampler import HeuristicSampler
+from coevo.artifacts import HEURISTIC
 from coevo.evolvers.base import Evolver, EvolverConfig, RunContext
-from coevo.report.writer import md_table
 from coevo.sandbox.runner import SandboxLimits
+from coevo.tables import md_table
 from coevo.types import EvalResult
-
-ARTIFACT_KIND = "heuristic"
 
 
 class AHDConfig(EvolverConfig):
@@ -126,7 +125,7 @@ class AHDEvolver(Evolver):
             return False
         self.best = top
         self.ctx.store.put_artifact(
-            self.ctx.run_id, ARTIFACT_KIND, f"{self.problem.name}/{self.name}",
+            self.ctx.run_id, HEURISTIC, f"{self.problem.name}/{self.name}",
             {**top.to_dict(), "problem": self.problem.name, "instances": self.train_tag},
             key=f"{self.ctx.run_id}/{self.name}/best/{top.id}", meta={"evolver": self.name},
         )  # fmt: skip

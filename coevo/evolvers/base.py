@@ -10,12 +10,16 @@ Resume contract: after every step the loop saves :meth:`Evolver.state_dict` (JSO
 :meth:`Evolver.save_checkpoint` (large state such as weights). A step that was interrupted is re-run from
 the last checkpoint; trajectories carry deterministic keys, and :meth:`RunContext.cached` returns the
 stored trajectory for a key that exists, so a re-run neither loses nor duplicates samples nor re-charges
-the budget.
+the budget. (:class:`~coevo.context.RunContext` lives in :mod:`coevo.context`, below the rollouts that use
+it too; it is re-exported here.)
+
+Report sections: at the end of a run the loop calls :func:`record_report_sections`, which stores each
+evolver's :meth:`Evolver.report_markdown` in the run's store; the run report (:mod:`coevo.report`) only
+reads the store, so ``coevo runs show RUN --report`` rebuilds the same report later.
 """
 
 from __future__ import annotations
 
-import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,12 +28,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from coevo.artifacts import REPORT_SECTION
+from coevo.context import RunContext
 from coevo.registry import Registry
-from coevo.types import Space, Trajectory
+from coevo.types import Space
 
 if TYPE_CHECKING:
-    from coevo.backends.base import Policy
-    from coevo.budget import Budget
     from coevo.store import TrajectoryStore
 
 
@@ -58,81 +62,6 @@ class StepReport:
     metrics: dict[str, float] = field(default_factory=dict)
     stop: bool = False
     stop_reason: str | None = None
-
-
-@dataclass
-class RunContext:
-    """Everything an evolver may use, shared by all evolvers of a run.
-
-    Attributes:
-        run_id: id of the run (the run folder's name).
-        run_dir: the run folder.
-        store: the shared trajectory store (single writer: the loop's process).
-        budget: the run's sample budget; evolvers call ``budget.remaining()`` before sampling.
-        policy_factory: returns the run's policy (created once, lazily); ``None`` when the run has none.
-        shared: small JSON-serialisable board for cross-evolver state, saved with checkpoints
-            (e.g. ``shared["skill_version"]`` published by a skill evolver and read by ES rollouts).
-        evolvers: the run's evolvers by name, for evolvers that cooperate (e.g. ES generating EoH children).
-        seed: the run's base seed.
-        round: the current round (set by the loop).
-        sampling: the run's default decoding settings (``coevo.config.SamplingConfig``), see
-            :meth:`sampling_params`.
-    """
-
-    run_id: str
-    run_dir: Path
-    store: TrajectoryStore
-    budget: Budget
-    policy_factory: Callable[[], Policy] | None = None
-    shared: dict[str, Any] = field(default_factory=dict)
-    evolvers: dict[str, Evolver] = field(default_factory=dict)
-    seed: int = 0
-    round: int = 0
-    sampling: Any = None
-    _policy: Policy | None = None
-
-    @property
-    def policy(self) -> Policy:
-        """The run's policy, created on first use.
-
-        Raises:
-            RuntimeError: when the run config has no model.
-        """
-        if self._policy is None:
-            if self.policy_factory is None:
-                raise RuntimeError("this run has no model configured (config field `model`)")
-            self._policy = self.policy_factory()
-        return self._policy
-
-    def sampling_params(self, **overrides: Any):
-        """The run's decoding settings as :class:`~coevo.backends.base.SamplingParams`, with overrides."""
-        from coevo.backends.base import SamplingParams
-
-        base = self.sampling.model_dump() if self.sampling is not None else {}
-        base.update({k: v for k, v in overrides.items() if v is not None})
-        if "stop" in base:
-            base["stop"] = tuple(base["stop"])
-        return SamplingParams(**base)
-
-    def cached(self, key: str) -> Trajectory | None:
-        """The stored trajectory with this idempotency key, or None (see the module's resume contract)."""
-        return self.store.get_by_key(key)
-
-    def record(self, trajectory: Trajectory) -> Trajectory:
-        """Store a trajectory (idempotent); its ``llm_calls`` count against the budget once.
-
-        Returns the stored trajectory (the earlier copy if the key already existed).
-        """
-        stored, _inserted = self.store.add_trajectory(trajectory)
-        return stored
-
-    def traj_key(self, evolver: str, *parts: object) -> str:
-        """Deterministic idempotency key: ``run/evolver/part/part/...``."""
-        return "/".join([self.run_id, evolver, *map(str, parts)])
-
-    def rng(self, *parts: object) -> random.Random:
-        """A deterministic RNG keyed by the run seed and ``parts`` (stable across resumes)."""
-        return random.Random("/".join([str(self.seed), *map(str, parts)]))
 
 
 class Evolver(ABC):
@@ -209,3 +138,18 @@ def resolve_evolver(type_name: str) -> type[Evolver]:
             an Evolver subclass.
     """
     return EVOLVERS.resolve(type_name)
+
+
+def record_report_sections(store: TrajectoryStore, run_id: str, evolvers: dict[str, Evolver]) -> int:
+    """Store each evolver's report section (``kind="report_section"``, name ``<run id>/<evolver>``) when it
+    differs from the stored one; returns how many were written."""
+    written = 0
+    for name, ev in evolvers.items():
+        section = ev.report_markdown()
+        if not section:
+            continue
+        latest = store.get_artifact(REPORT_SECTION, f"{run_id}/{name}")
+        if latest is None or latest.content.get("markdown") != section:
+            store.put_artifact(run_id, REPORT_SECTION, f"{run_id}/{name}", {"evolver": name, "markdown": section})
+            written += 1
+    return written

@@ -33,7 +33,7 @@ from coevo.ahd.population import Individual, survivors
 from coevo.ahd.prompts import OPERATORS
 from coevo.evolvers.ahd_common import AHDConfig, AHDEvolver
 from coevo.evolvers.base import StepReport, register_evolver
-from coevo.report.writer import md_table
+from coevo.tables import md_table
 from coevo.types import Trajectory
 
 DEFAULT_OPERATORS = {"e1": 1.0, "e2": 1.0, "m1": 1.0, "m2": 1.0, "m3": 0.5}

@@ -21,7 +21,7 @@ from coevo.types import ESMember, Trajectory
 
 if TYPE_CHECKING:
     from coevo.backends.base import Policy
-    from coevo.evolvers.base import RunContext
+    from coevo.context import RunContext
 
 Split = Literal["train", "test"]
 
@@ -36,7 +36,7 @@ class RolloutConfig(BaseModel):
 class Rollout(ABC):
     """Evaluates a policy on task cases.
 
-    Constructed as ``cls(config, ctx)``; ``ctx`` is the run's :class:`~coevo.evolvers.base.RunContext`
+    Constructed as ``cls(config, ctx)``; ``ctx`` is the run's :class:`~coevo.context.RunContext`
     (for the run id, rng, the shared board and cooperating evolvers) and may be ``None`` inside Ray actors.
     """
 

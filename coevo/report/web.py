@@ -11,7 +11,7 @@ when it is valid with reward 1.0 (> 0); rates leave out episodes whose *browser*
   generation = number of ES updates applied before the evaluation);
 * gate: Trace2Skill's held-out gate episodes (``meta["t2s_role"] == "gate"``), per skill version only.
 
-Use :func:`web_report` from an evolver's ``report_markdown`` or the run report writer.
+The run report (:mod:`coevo.report.writer`) adds this section to every run that has web trajectories.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from coevo.report.writer import md_table
-from coevo.skills.versions import SKILL_ARTIFACT_KIND
+from coevo.artifacts import SKILL
+from coevo.tables import md_table
 from coevo.types import Trajectory
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def _skill_version_table(web: list[Trajectory]) -> list[str]:
 def skill_diff_markdown(store: TrajectoryStore, run_id: str, max_diff_lines: int = 80) -> list[str]:
     """Markdown lines listing the run's stored skill versions (changelog, parent, causing trajectories) and each
     version's unified diff from its parent, cut to ``max_diff_lines`` lines."""
-    arts = store.list_artifacts(kind=SKILL_ARTIFACT_KIND, run_id=run_id)
+    arts = store.list_artifacts(kind=SKILL, run_id=run_id)
     if not arts:
         return []
     out = ["### Skill versions", ""]
