@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from coevo.ahd.evaluate import evaluate_heuristic
+from coevo.ahd.problem import load_problem
 from coevo.artifacts import LOOP_STEP
 from coevo.backends.hf import HFPolicy
 from coevo.config import load_config
@@ -171,11 +172,15 @@ def es_children(store: TrajectoryStore, run_id: str, history: list[dict]) -> dic
 
 
 # ------------------------------------------------------------------------------------ reward rule
-def _child(objective, parent=None, worst=None, valid=True) -> Trajectory:
-    meta = {"objective": objective if valid else None, "parent_objective": parent, "worst_objective": worst}
+def _child(objective, parent=None, worst=None, valid=True, sign=-1.0) -> Trajectory:
+    """A recorded child of a minimisation problem (``sign=-1``: score = -objective) or of a maximisation one
+    (``sign=+1``), with its best parent's and the population's worst objective and score."""
+    meta = {"objective": objective if valid else None, "parent_objective": parent, "worst_objective": worst,
+            "parent_score": None if parent is None else sign * parent,
+            "worst_score": None if worst is None else sign * worst}  # fmt: skip
     return Trajectory(key=f"k{objective}{parent}{valid}", run_id="r", evolver="es", space="parameter", round=0,
                       generation=0, task_id="t", steps=[Step(observation="p")], reward=None if not valid else
-                      -objective, valid=valid, meta=meta)  # fmt: skip
+                      sign * objective, valid=valid, meta=meta)  # fmt: skip
 
 
 def test_member_rewards_follow_the_paper_rule_on_a_constructed_case():
@@ -194,6 +199,55 @@ def test_member_rewards_follow_the_paper_rule_on_a_constructed_case():
     assert ro.population_rewards([[_child(None, valid=False)]] * 2) == [0.0, 0.0]  # nothing valid: all equal
     zero = EoHChildrenRollout(EoHChildrenConfig(invalid="zero"), None)
     assert zero.population_rewards([[_child(None, 5.0, 7.0, valid=False)], samples[0]]) == [0.0, -1.5]
+
+
+def test_member_rewards_are_in_score_space_for_a_maximising_problem():
+    """Knapsack value is maximised: a child worth 120 from a parent worth 100 must be rewarded +20, not -20."""
+    ro = EoHChildrenRollout(EoHChildrenConfig(), None)
+    better, worse_than_worst = _child(120.0, 100.0, 90.0, sign=1.0), _child(80.0, 100.0, 90.0, sign=1.0)
+    invalid = _child(None, 100.0, 90.0, valid=False, sign=1.0)
+    assert ro.population_rewards([[better], [worse_than_worst], [invalid]]) == pytest.approx([20.0, -1.0, -1.0])
+    assert ro.population_rewards([[_child(70.0, sign=1.0)], [_child(50.0, sign=1.0)]]) == [70.0, 50.0]  # i1
+
+
+def test_kp_construct_children_rewarded_by_value_gained(tmp_path):
+    """Through the real pieces on kp_construct (maximising): an EoH population of the first-fit template, ES
+    members whose m1 children are the value-density greedy (better) and a lowest-value-first rule (worse);
+    member rewards follow the knapsack values the sandbox measured, in score space."""
+    from test_eoh import ScriptedPolicy
+
+    from coevo.budget import Budget
+    from coevo.context import RunContext
+    from coevo.evolvers.eoh import EoHConfig, EoHEvolver
+
+    first_fit = load_problem("kp_construct").template_code()
+    density = load_problem("kp_construct").seed_heuristic_code()
+    cheapest = first_fit.replace("return int(fits[0]) if len(fits) else -1",
+                                 "return int(fits[np.argmin(values[fits])]) if len(fits) else -1")  # fmt: skip
+    assert cheapest != first_fit
+    store = TrajectoryStore(tmp_path / "store.sqlite")
+    policy = ScriptedPolicy([reply(first_fit, "take the first item that fits"), GARBAGE])
+    ctx = RunContext(run_id="r", run_dir=tmp_path, store=store, budget=Budget(store, "r"), seed=5,
+                     policy_factory=lambda: policy)  # fmt: skip
+    eoh = EoHEvolver("eoh", EoHConfig(problem="kp_construct", train_size=50, train_count=2, population_size=1,
+                                      eval_timeout_s=10, test_sizes=[50], test_count=1), ctx)  # fmt: skip
+    ctx.evolvers = {"eoh": eoh}
+    eoh.step(0)
+    (parent,) = eoh.population
+    ro = EoHChildrenRollout(EoHChildrenConfig(evolver="eoh", operators=["m1"]), ctx)
+    members = []
+    for index, code in enumerate((density, cheapest)):
+        policy.script, policy.calls = [reply(code)], 0
+        members.append(ro.run(policy, generation=0, member=None, key_prefix=f"r/es/g00000/m{index:03d}"))
+    values = {c: evaluate_heuristic(eoh.problem, c, eoh.train_instances, with_reference=False).objective
+              for c in (first_fit, density, cheapest)}  # fmt: skip
+    assert values[density] > values[first_fit] > values[cheapest]  # more value is better
+    assert [ts[0].meta["parent_score"] for ts in members] == [pytest.approx(parent.reward)] * 2
+    assert parent.reward == pytest.approx(values[first_fit])
+    rewards = ro.population_rewards(members)
+    assert rewards[0] == pytest.approx(values[density] - values[first_fit]) and rewards[0] > 0
+    assert rewards[1] == pytest.approx(max(values[first_fit] - values[first_fit], -1.0))  # worse than the worst
+    store.close()
 
 
 # ------------------------------------------------------------------------------- scripted eoh_es

@@ -16,7 +16,8 @@ which writes children of an evolver's population under perturbed weights with th
 * record: one trajectory per call, valid or not (failure kinds ``llm_error``, ``parse`` or the
   evaluator's), counted against the budget. Reward is the evaluator's score (``-objective`` for minimisation
   problems, higher is better); the raw objective, code, thought and parents go to ``Trajectory.meta``, with
-  ``meta["sampler"]`` naming the sampler's owner (the evolver whose training set and search it serves).
+  ``meta["sampler"]`` naming the sampler's owner (the evolver whose training set and search it serves) and
+  the best parent's ``parent_objective`` and ``parent_score`` (its reward, in the same score space).
 
 :class:`HeuristicSearch` is what other parts of a run may use of a heuristic-design evolver: its sampler,
 its population and whether it takes parent operators.
@@ -182,13 +183,14 @@ class HeuristicSampler:
 
         A slot is used with probability ``weights[op]`` (all used when ``weights`` is None). The RNG is drawn
         for every slot (coin, parents, seed) before any cache lookup, so a resumed step sees the same
-        stream. Keys are ``run/<key_parts>/<op>/<slot>``; ``meta`` gets ``worst_objective`` (the
-        population's worst) and ``population_size``.
+        stream. Keys are ``run/<key_parts>/<op>/<slot>``; ``meta`` gets ``worst_objective`` and
+        ``worst_score`` (the population's worst: objective, and score = reward, higher is better) and
+        ``population_size``.
 
         Raises:
             RuntimeError: a parent operator with an empty population. ValueError: unknown operator.
         """
-        worst = population[-1].objective if population else None
+        worst = population[-1] if population else None
         jobs = []
         for op in operators:
             need = parents_needed(op, parents_m)
@@ -200,7 +202,9 @@ class HeuristicSampler:
                 parents = select_parents(population, need, rng) if need else []
                 seed = rng.getrandbits(63)
                 if use:
-                    meta = {"worst_objective": worst, "population_size": len(population), **(extra_meta or {})}
+                    meta = {"worst_objective": worst.objective if worst else None,
+                            "worst_score": worst.reward if worst else None, "population_size": len(population),
+                            **(extra_meta or {})}  # fmt: skip
                     jobs.append(self.job(op, key=self.key(*key_parts, op, j), seed=seed, parents=parents,
                                          extra_meta=meta))  # fmt: skip
         return jobs
@@ -255,10 +259,12 @@ class HeuristicSampler:
         return [t if t is not None else made[job.key] for job, t in found if t is not None or job.key in made]
 
     def _trajectory(self, job, comp, extraction, result, round_index, generation, evolver, member, started, seed):
+        best = max(job.parents, key=lambda p: p.reward) if job.parents else None  # the child's best parent
         meta: dict[str, Any] = {
             "problem": self.problem.name, "sampler": self.owner, "operator": job.operator,
             "instances": self.train_tag, "parent_ids": [p.id for p in job.parents],
-            "parent_objectives": [p.objective for p in job.parents], "parent_objective": _best_objective(job.parents),
+            "parent_objectives": [p.objective for p in job.parents], "parent_objective": best.objective if best else None,
+            "parent_score": best.reward if best else None,
             "seed": job.seed, "batch_seed": seed, "finish_reason": comp.finish_reason, "code": None, "thought": None,
             "objective": None, **job.extra_meta,
         }  # fmt: skip
@@ -303,12 +309,6 @@ class HeuristicSampler:
         """The largest trajectory id of the run so far (0 when empty)."""
         last = self.store.query(run_id=self.run_id, order_by="id", descending=True, limit=1, with_steps=False)
         return last[0].id if last else 0
-
-
-def _best_objective(parents: Sequence[Individual]) -> float | None:
-    if not parents:
-        return None
-    return max(parents, key=lambda p: p.reward).objective
 
 
 @runtime_checkable

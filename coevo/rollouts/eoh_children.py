@@ -7,13 +7,16 @@ their rewards. Children are prompted, sampled, evaluated and recorded by the sea
 service (:class:`coevo.ahd.sampler.HeuristicSampler`, through the :class:`~coevo.ahd.sampler.HeuristicSearch`
 interface), so they use its training set and count in its best heuristic.
 
-Member rewards (minimisation objectives, "parent" = the child's best parent):
+Member rewards are computed in score space, ``s = -objective`` for minimisation problems and ``s = objective``
+for maximisation (the evaluator's score, higher is better), so every problem direction is rewarded the
+same way; "parent" is the child's best parent. For minimisation these are the paper's rules on objectives:
 
-* EoH children: ``R = parent_objective - child_objective``; a child that is invalid, or worse than the
-  population's worst, gets ``max(parent_objective - worst_objective, -1)`` (``invalid: paper``).
-* Sampling (i1 children, no parent): ``R = -child_objective``; an invalid child gets
-  ``min(valid R) - std(valid R)`` over the generation (``invalid: paper``), which is why rewards are
-  computed per population (:meth:`EoHChildrenRollout.population_rewards`).
+* EoH children: ``R = s_child - s_parent`` (``parent_objective - child_objective`` when minimising); a
+  child that is invalid, or worse than the population's worst, gets ``max(s_worst - s_parent, -1)``
+  (``invalid: paper``).
+* Sampling (i1 children, no parent): ``R = s_child`` (``-child_objective`` when minimising); an invalid
+  child gets ``min(valid R) - std(valid R)`` over the generation (``invalid: paper``), which is why rewards
+  are computed per population (:meth:`EoHChildrenRollout.population_rewards`).
 
 ``invalid: zero`` gives invalid children 0.0 and ``invalid: <number>`` that number instead. A member's
 reward is the mean over its children. The rollout does not run on the held-out split: the heuristics'
@@ -92,14 +95,14 @@ class EoHChildrenRollout(Rollout):
     def _child_reward(self, t: Trajectory) -> float | None:
         """Reward of one child, or None when it is invalid under the sampling rule (resolved per population)."""
         meta = t.meta
-        child = meta.get("objective") if t.valid else None
-        parent = meta.get("parent_objective")
-        worst = meta.get("worst_objective")
+        child = t.reward if t.valid else None  # scores: higher is better in every problem direction
+        parent = meta.get("parent_score")
+        worst = meta.get("worst_score")
         if parent is None:  # i1 child (sampling)
-            return -child if child is not None else None
-        if child is None or (worst is not None and child > worst):
-            return self._invalid_value(max(parent - worst, -1.0) if worst is not None else -1.0)
-        return parent - child
+            return child
+        if child is None or (worst is not None and child < worst):
+            return self._invalid_value(max(worst - parent, -1.0) if worst is not None else -1.0)
+        return child - parent
 
     def _invalid_value(self, paper: float) -> float:
         inv = self.config.invalid
