@@ -210,6 +210,30 @@ def test_member_rewards_are_in_score_space_for_a_maximising_problem():
     assert ro.population_rewards([[_child(70.0, sign=1.0)], [_child(50.0, sign=1.0)]]) == [70.0, 50.0]  # i1
 
 
+def _failed(kind: str) -> Trajectory:
+    t = _child(None, 5.0, 7.0, valid=False)
+    t.failure, t.key = kind, f"k{kind}"
+    return t
+
+
+def test_rank_rewards_separate_members_whose_children_are_all_invalid():
+    """reward: rank -- how far a child got orders invalid children (no code < syntax < runtime < wrong answer <
+    duplicate) below every valid one, and valid ones by the paper's reward; the paper's rule gives these
+    members equal rewards, so ES would apply no update."""
+    ro = EoHChildrenRollout(EoHChildrenConfig(reward="rank"), None)
+    paper = EoHChildrenRollout(EoHChildrenConfig(), None)
+    invalid = [[_failed("parse")], [_failed("syntax")], [_failed("runtime")], [_failed("return_type")],
+               [_failed("duplicate")]]  # fmt: skip
+    assert len(set(paper.population_rewards(invalid))) == 1
+    assert ro.population_rewards(invalid) == pytest.approx([-0.5, -0.25, 0.0, 0.25, 0.5])
+    mixed = [[_child(6.0, 5.0, 7.0), _failed("parse")], [_child(4.0, 5.0, 7.0), _failed("parse")],
+             [_failed("syntax"), _failed("parse")]]  # rewards of the valid ones: -1 and +1 (parent - child)
+    r = ro.population_rewards(mixed)  # ranks of the 6 children: parse x3 share 1.0, syntax 3, -1: 4, +1: 5
+    assert r == pytest.approx([(4 / 5 - 0.5 + 1 / 5 - 0.5) / 2, (1 - 0.5 + 1 / 5 - 0.5) / 2, (3 / 5 - 0.5 + 1 / 5 - 0.5) / 2])
+    assert r[1] > r[0] > r[2]
+    assert ro.population_rewards([[_failed("parse")], [_failed("llm_error")]]) == [0.0, 0.0]  # all equal: no signal
+
+
 def test_kp_construct_children_rewarded_by_value_gained(tmp_path):
     """Through the real pieces on kp_construct (maximising): an EoH population of the first-fit template, ES
     members whose m1 children are the value-density greedy (better) and a lowest-value-first rule (worse);
@@ -284,7 +308,10 @@ def _parent_rule_case(store, kids: list[Trajectory], obj: dict[str, float]) -> l
 def test_scripted_eoh_es_through_the_loop(tmp_path, tiny_model_dir):
     policy = ScriptedTinyQwen(tiny_model_dir, EOH_INIT + ES_G0 + EOH_G1 + ES_G1 + EOH_G2 + [reply(NN)])
     start = policy.fingerprint()
+    # the script repeats codes on purpose and checks the paper's parent rule against stored parents:
+    # duplicates are evaluated here and the seed heuristic stays out (both have tests of their own)
     loop = make_loop(tmp_path, "tsp_construct.yaml", shipped("eoh", str(tiny_model_dir), **{
+        "evolvers.eoh.reject_duplicates": "false", "evolvers.eoh.include_seed_heuristic": "false",
         "budget.max_samples": 40, "evolvers.es.total_generations": 3, "evolvers.es.sigma": 0.02,
         "evolvers.es.alpha": 0.01, "evolvers.es.population_size": 4}), policy)  # fmt: skip
     eoh, es = loop.evolvers["eoh"], loop.evolvers["es"]
@@ -378,6 +405,7 @@ def test_scripted_sample_es_through_the_loop(tmp_path, tiny_model_dir):
     es_g1 = [GARBAGE, SYNTAX, reply(FIRST_INDEX), reply(TOWARD_HOME_2)]
     policy = ScriptedTinyQwen(tiny_model_dir, samp + es_g0 + samp + es_g1 + samp + [GARBAGE])
     loop = make_loop(tmp_path, "sample_es/tsp_construct.yaml", shipped("sample", str(tiny_model_dir), **{
+        "evolvers.sample.reject_duplicates": "false",  # the script repeats codes on purpose
         "evolvers.es.total_generations": 2, "evolvers.es.rollout.children_per_operator": 1,
         "evolvers.es.sigma": 0.02, "evolvers.es.population_size": 4}), policy)  # fmt: skip
     sample = loop.evolvers["sample"]

@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 
 from coevo.ahd.evaluate import evaluate_heuristic
-from coevo.ahd.population import Individual, rank_weights, select_parents, survivors
+from coevo.ahd.population import Individual, code_key, rank_weights, select_parents, survivors
 from coevo.ahd.problem import load_problem
 from coevo.ahd.prompts import OPERATORS, build_messages, parents_needed
 from coevo.ahd.sampler import HeuristicSearch
@@ -86,6 +86,7 @@ class ScriptedPolicy(Policy):
 
     def generate(self, conversations, params):
         self.generate_calls += 1
+        self.params = params
         out = []
         for conv in conversations:
             self.prompts.append(conv[-1]["content"])
@@ -347,6 +348,82 @@ def test_seed_heuristic_option_keeps_a_run_alive_without_valid_samples(tmp_path)
     eoh.step(1)  # a generation whose parents are the seed heuristic
     kids = ctx.store.query(run_id="r", generation=1)
     assert kids and all(t.meta["parent_ids"] in ([], ["seed"]) for t in kids)
+
+
+# ------------------------------------------------------------------------------- duplicates, seed, stop
+NN_RESTYLED = '''import numpy as np  # nearest neighbour, restyled
+
+
+def select_next_node(current_node, destination_node,
+                     unvisited_nodes, distance_matrix):
+    """Go to the closest unvisited city."""
+    # the closest one
+    return int(unvisited_nodes[np.argmin(distance_matrix[current_node, unvisited_nodes])])
+'''
+
+
+def test_code_key_ignores_formatting_comments_and_docstrings():
+    assert code_key(NN) == code_key(NN_RESTYLED) == Individual("a", "", NN_RESTYLED, 1.0, -1.0).code_hash
+    assert code_key(NN) != code_key(FARTHEST) and code_key(NN) != code_key(NN.replace("argmin", "argmax"))
+    assert code_key("def f(:\n  pass") == code_key("def f(:\n    pass  ")  # unparsable: stripped lines
+
+
+def test_copies_are_recorded_as_duplicates_without_running(tmp_path, monkeypatch):
+    """A copy of the seed heuristic (in the population), a restyled copy of an earlier valid sample and a copy
+    within the same batch are recorded as failure kind `duplicate` and never reach the sandbox."""
+    seed_code = load_problem("tsp_construct").seed_heuristic_code()
+    seed_copy = '"""A docstring the seed does not have."""\n' + seed_code.replace("\n\n", "\n\n\n") + "# trailing note\n"
+    policy = ScriptedPolicy(script=[reply("copy the seed", seed_copy), reply("nearest", NN),
+                                    reply("nearest again", NN_RESTYLED), reply("farthest", FARTHEST)])
+    ctx = _ctx(tmp_path, policy=policy)
+    eoh = EoHEvolver("eoh", EoHConfig(**SMALL, population_size=2, include_seed_heuristic=True), ctx)
+    evaluated: list[str] = []
+    real = eoh.sampler.evaluate
+
+    def counting(codes, instances=None, with_reference=True):
+        evaluated.extend(codes)
+        return real(codes, instances, with_reference)
+
+    monkeypatch.setattr(eoh.sampler, "evaluate", counting)
+    eoh.step(0)  # 2N = 4 i1 calls
+    trajs = ctx.store.query(run_id="r")
+    assert [t.failure for t in trajs] == ["duplicate", None, "duplicate", None]
+    assert trajs[0].meta["duplicate_of"] == "seed" and trajs[2].meta["duplicate_of"] == "eoh/0/init0/i1/1"
+    assert "up to formatting, comments and docstrings" in trajs[0].failure_detail
+    assert code_key(trajs[0].meta["code"]) == code_key(seed_code)  # the copy's code is kept
+    assert all(t.reward is None and t.llm_calls == 1 for t in trajs if t.failure == "duplicate")
+    assert evaluated[0] == seed_code and sorted(evaluated[1:]) == sorted([NN, FARTHEST])  # copies never ran
+    # a later step: copies of anything recorded before are duplicates too (checked against the store)
+    policy.script, policy.calls = [reply("nearest once more", NN)], 0
+    again = eoh.sampler.sample([eoh.sampler.job("i1", key="r/x/0", seed=1)], round_index=1, generation=1)
+    assert again[0].failure == "duplicate" and again[0].meta["duplicate_of"] == "eoh/0/init0/i1/1"
+    off = EoHEvolver("eoh2", EoHConfig(**SMALL, population_size=2, reject_duplicates=False), ctx)
+    assert off.sampler.sample([off.sampler.job("i1", key="r/y/0", seed=1)], round_index=1, generation=1)[0].valid
+
+
+def test_main_job_config_seeds_the_population_and_stops_at_the_closing_fence(tmp_path):
+    """configs/ahd/tsp_construct.yaml: the seed heuristic enters the population, so the best heuristic is never
+    worse than the seed on the training set; sampling.stop reaches the policy, and an answer cut at the closing
+    fence (as the backends cut it) still parses."""
+    from coevo.backends import cut_at_stop
+    from coevo.config import load_config
+
+    cfg, _raw = load_config("configs/ahd/tsp_construct.yaml", [])
+    eoh_spec = next(e for e in cfg.evolvers if e.name == "eoh")
+    assert eoh_spec.params.include_seed_heuristic and cfg.sampling.stop == ["\n```\n"]
+    answer, stopped = cut_at_stop(reply("Go towards home.", TOWARD_HOME) + "\nThis heuristic is good.\n", ("\n```\n",))
+    assert stopped and "good" not in answer and answer.endswith(TOWARD_HOME.rstrip("\n"))
+    policy = ScriptedPolicy(script=[answer, reply("worse", FIRST_INDEX)])
+    store = TrajectoryStore(tmp_path / "store.sqlite")
+    ctx = RunContext(run_id="r", run_dir=tmp_path, store=store, budget=Budget(store, "r"), seed=1,
+                     policy_factory=lambda: policy, sampling=cfg.sampling)  # fmt: skip
+    eoh = EoHEvolver("eoh", EoHConfig(**{**SMALL, "population_size": 2, "include_seed_heuristic": True}), ctx)
+    eoh.step(0)
+    assert policy.params.stop == ("\n```\n",)
+    trajs = store.query(run_id="r")
+    assert trajs[0].valid and trajs[0].meta["code"].strip() == TOWARD_HOME.strip()
+    seed = next(i for i in eoh.population if i.id == "seed")
+    assert eoh.best.reward >= seed.reward  # never worse than the seed
 
 
 # ------------------------------------------------------------------------- tiny model: failures

@@ -1,6 +1,9 @@
 """Heuristics as population members, and EoH's population management.
 
-An :class:`Individual` is EoH's (thought, code, objective) plus its score and provenance.
+An :class:`Individual` is EoH's (thought, code, objective) plus its score and provenance. Two heuristics
+hold "the same code" when their code is equal up to formatting, comments and docstrings (:func:`code_key`:
+``ast.parse`` -> docstrings removed -> ``ast.unparse``); survivor selection and the sampler's duplicate
+check (:mod:`coevo.ahd.sampler`) both use that one definition.
 
 Parent selection and survivors follow Liu et al., "Evolution of Heuristics: Towards Efficient Automatic
 Algorithm Design Using Large Language Model", ICML 2024, Section 3.2 (population management) and the EoH
@@ -10,6 +13,7 @@ heuristics, deduplicate by objective and by code, and keep the N best.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import math
 import random
@@ -18,6 +22,28 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from coevo.types import Trajectory
+
+
+def code_key(code: str) -> str:
+    """A 16-hex-digit sha256 key of ``code`` that ignores formatting, comments and docstrings.
+
+    Code that parses is normalised with ``ast.unparse`` after removing every docstring (the leading string
+    constant of the module, of each function and of each class); code that does not parse falls back to its
+    lines with surrounding white space removed.
+    """
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        norm = "\n".join(line.strip() for line in code.strip().splitlines())
+    else:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                body = node.body
+                if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                        and isinstance(body[0].value.value, str):
+                    node.body = body[1:] or [ast.Pass()]
+        norm = ast.unparse(tree)
+    return hashlib.sha256(norm.encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -50,9 +76,8 @@ class Individual:
 
     @property
     def code_hash(self) -> str:
-        """sha256 of the code with surrounding and trailing-line whitespace removed (hex, 16 chars)."""
-        norm = "\n".join(line.rstrip() for line in self.code.strip().splitlines())
-        return hashlib.sha256(norm.encode()).hexdigest()[:16]
+        """:func:`code_key` of the code (the same code up to formatting, comments and docstrings)."""
+        return code_key(self.code)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,7 +141,7 @@ def select_parents(population: Sequence[Individual], m: int, rng: random.Random)
 
 def survivors(individuals: Sequence[Individual], n: int) -> list[Individual]:
     """EoH population management: drop non-finite, rank by reward (best first; ties by id), drop later
-    duplicates of an objective value or of a code hash, keep the ``n`` best."""
+    duplicates of an objective value or of the code (:func:`code_key`), keep the ``n`` best."""
     ranked = sorted((i for i in individuals if math.isfinite(i.reward) and math.isfinite(i.objective)),
                     key=lambda i: (-i.reward, i.id))  # fmt: skip
     seen_obj: set[float] = set()

@@ -13,8 +13,13 @@ which writes children of an evolver's population under perturbed weights with th
 * extract: the braced thought and the code of the problem's function (:func:`coevo.sandbox.extract.extract_code`);
 * evaluate: :func:`coevo.ahd.evaluate.evaluate_many` on the training instances, ``workers`` sandboxed
   processes at a time;
-* record: one trajectory per call, valid or not (failure kinds ``llm_error``, ``parse`` or the
-  evaluator's), counted against the budget. Reward is the evaluator's score (``-objective`` for minimisation
+* duplicates: with ``reject_duplicates``, a sample whose code is the same (up to formatting, comments and
+  docstrings, :func:`coevo.ahd.population.code_key`) as an existing individual's is not evaluated but
+  recorded as invalid with failure kind ``duplicate``. Existing individuals: every valid heuristic already
+  recorded in the run for this problem and training set, the caller's population (e.g. the seed heuristic)
+  and the earlier samples of the same batch;
+* record: one trajectory per call, valid or not (failure kinds ``llm_error``, ``parse``, ``duplicate`` or
+  the evaluator's), counted against the budget. Reward is the evaluator's score (``-objective`` for minimisation
   problems, higher is better); the raw objective, code, thought and parents go to ``Trajectory.meta``, with
   ``meta["sampler"]`` naming the sampler's owner (the evolver whose training set and search it serves) and
   the best parent's ``parent_objective`` and ``parent_score`` (its reward, in the same score space).
@@ -32,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from coevo.ahd.evaluate import evaluate_many
-from coevo.ahd.population import Individual, select_parents
+from coevo.ahd.population import Individual, code_key, select_parents
 from coevo.ahd.prompts import build_messages, parents_needed
 from coevo.sandbox import pool
 from coevo.sandbox.extract import extract_code
@@ -91,6 +96,7 @@ class HeuristicSampler:
         limits: limits of one sandboxed evaluation. workers: evaluations run in parallel.
         default_policy: returns the policy used when :meth:`sample` gets none (called only when a call is
             actually made, so a fully cached re-run never loads a model).
+        reject_duplicates: record copies of existing individuals as ``duplicate`` without evaluating them.
     """
 
     def __init__(
@@ -108,6 +114,7 @@ class HeuristicSampler:
         limits: SandboxLimits,
         workers: int,
         default_policy: Callable[[], Policy] | None = None,
+        reject_duplicates: bool = True,
     ) -> None:
         self.problem = problem
         self.owner = owner
@@ -119,7 +126,10 @@ class HeuristicSampler:
         self.train_tag = f"{problem.name}/n{train_size}x{train_count}/s{train_seed}"
         self.sandbox = ParallelSandbox(Sandbox(limits), workers)
         self.default_policy = default_policy
+        self.reject_duplicates = reject_duplicates
         self._train: InstanceSet | None = None
+        self._known: dict[str, str] = {}  # code_key -> id of a valid recorded heuristic
+        self._known_cursor = 0  # largest trajectory id folded into _known
 
     # ------------------------------------------------------------------ instances and evaluation
     @property
@@ -219,6 +229,7 @@ class HeuristicSampler:
         evolver: str | None = None,
         member: ESMember | None = None,
         policy: Policy | None = None,
+        existing: Sequence[Individual] = (),
     ) -> list[Trajectory]:
         """Run ``jobs`` as LLM calls and return their trajectories (in job order).
 
@@ -231,6 +242,8 @@ class HeuristicSampler:
             evolver: the evolver recorded as the trajectories' author (default the owner).
             member: the ES member the policy is perturbed with (recorded; ``space`` is then "parameter").
             policy: the model (default ``default_policy()``).
+            existing: individuals a sample must not copy besides the recorded ones (e.g. the population,
+                with the seed heuristic).
 
         Raises:
             PolicyError: the backend cannot serve the request at all (not a bad sample).
@@ -250,15 +263,36 @@ class HeuristicSampler:
             completions = policy.generate([job.messages for job in pending], params)
             fn = self.problem.function_name
             extractions = [extract_code(c.text, fn) if c.error is None else None for c in completions]
-            to_eval = [i for i, e in enumerate(extractions) if e is not None and e.code is not None]
+            coded = [i for i, e in enumerate(extractions) if e is not None and e.code is not None]
+            copies = self._duplicates(pending, [extractions[i].code for i in coded], coded, existing)
+            to_eval = [i for i in coded if i not in copies]
             results = dict(zip(to_eval, self.evaluate([extractions[i].code for i in to_eval])))
             for i, (job, comp) in enumerate(zip(pending, completions)):
                 t = self._trajectory(job, comp, extractions[i], results.get(i), round_index, generation,
-                                     evolver or self.owner, member, started, params.seed)  # fmt: skip
+                                     evolver or self.owner, member, started, params.seed, copies.get(i))  # fmt: skip
                 made[job.key] = self.store.add_trajectory(t)[0]
         return [t if t is not None else made[job.key] for job, t in found if t is not None or job.key in made]
 
-    def _trajectory(self, job, comp, extraction, result, round_index, generation, evolver, member, started, seed):
+    def _duplicates(self, jobs: Sequence[SampleJob], codes: list[str], index: list[int],
+                    existing: Sequence[Individual]) -> dict[int, str]:
+        """Batch position -> id of the individual it copies, for the samples ``codes`` (at ``index``)."""
+        if not self.reject_duplicates:
+            return {}
+        for t in self.recorded(since_id=self._known_cursor):
+            self._known.setdefault(code_key(t.meta["code"]), t.key.split("/", 1)[-1])
+            self._known_cursor = max(self._known_cursor, t.id)
+        known = {**{code_key(i.code): i.id for i in existing}, **self._known}
+        copies: dict[int, str] = {}
+        for i, code in zip(index, codes):
+            k = code_key(code)
+            if k in known:
+                copies[i] = known[k]
+            else:
+                known[k] = jobs[i].key.split("/", 1)[-1]  # a later sample of this batch copying it is a duplicate
+        return copies
+
+    def _trajectory(self, job, comp, extraction, result, round_index, generation, evolver, member, started, seed,
+                    copy_of=None):
         best = max(job.parents, key=lambda p: p.reward) if job.parents else None  # the child's best parent
         meta: dict[str, Any] = {
             "problem": self.problem.name, "sampler": self.owner, "operator": job.operator,
@@ -274,6 +308,10 @@ class HeuristicSampler:
         elif extraction.code is None:
             failure, detail = extraction.error or "parse", extraction.detail
             meta["thought"] = extraction.thought
+        elif copy_of is not None:
+            meta.update(code=extraction.code, thought=extraction.thought or "", duplicate_of=copy_of)
+            failure = "duplicate"
+            detail = f"the same code as {copy_of} up to formatting, comments and docstrings (not evaluated)"
         else:
             meta.update(code=extraction.code, thought=extraction.thought or "")
             feedback = result.feedback

@@ -48,6 +48,9 @@ class AHDConfig(EvolverConfig):
     top_p: float | None = Field(None, gt=0, le=1, description="overrides the run's sampling.top_p")
     top_k: int | None = Field(None, ge=0, description="overrides the run's sampling.top_k")
     max_new_tokens: int | None = Field(None, ge=1, description="overrides the run's sampling.max_new_tokens")
+    reject_duplicates: bool = Field(
+        True, description="record a sample whose code copies an existing heuristic (up to formatting, comments "
+        "and docstrings) as failure kind `duplicate` without evaluating it")
 
     @field_validator("problem")
     @classmethod
@@ -97,7 +100,7 @@ class AHDEvolver(Evolver):
                                          max_new_tokens=c.max_new_tokens),
             train_size=self.train_size, train_count=c.train_count, train_seed=c.train_seed,
             limits=SandboxLimits(timeout_s=c.eval_timeout_s, memory_mb=c.eval_memory_mb), workers=c.eval_workers,
-            default_policy=lambda: ctx.policy,
+            default_policy=lambda: ctx.policy, reject_duplicates=c.reject_duplicates,
         )  # fmt: skip
         self.train_tag = self.sampler.train_tag
         self.population: list[Individual] = []

@@ -50,7 +50,9 @@ class EoHConfig(AHDConfig):
     offspring_per_operator: int | None = Field(None, ge=1, description="slots per operator (default N)")
     parents_m: int = Field(2, ge=1, description="parents of e1/e2")
     init_retries: int = Field(2, ge=0, description="extra 2N-call rounds when the initial population is empty")
-    include_seed_heuristic: bool = Field(False, description="add the problem's seed heuristic at initialisation")
+    include_seed_heuristic: bool = Field(
+        False, description="add the problem's seed heuristic, evaluated, to the initial population (the best "
+        "heuristic is then never worse than the seed on the training instances)")
     pool_other_evolvers: bool = Field(True, description="fold in valid heuristics other evolvers recorded")
 
     @field_validator("operators")
@@ -112,7 +114,7 @@ class EoHEvolver(AHDEvolver):
         while self.init_attempts <= cfg.init_retries and (self.init_attempts == 0 or not self.population):
             rng = self.ctx.rng(self.name, "init", self.init_attempts)
             jobs = self._jobs(["i1"], n_init, rng, (self.name, round_index, f"init{self.init_attempts}"))
-            trajs = self.sampler.sample(jobs, round_index=round_index, generation=0)
+            trajs = self.sampler.sample(jobs, round_index=round_index, generation=0, existing=self.population)
             self._tally(report, trajs)
             self.population = survivors(self.population + self._children(trajs), cfg.population_size)
             if len(trajs) < len(jobs) and not self.population:
@@ -137,7 +139,8 @@ class EoHEvolver(AHDEvolver):
         n = cfg.offspring_per_operator or cfg.population_size
         ops = list(cfg.operators)
         jobs = self._jobs(ops, n, rng, (self.name, round_index, f"g{self.generation}"), weights=cfg.operators)
-        trajs = self.sampler.sample(jobs, round_index=round_index, generation=self.generation)
+        trajs = self.sampler.sample(jobs, round_index=round_index, generation=self.generation,
+                                    existing=self.population)  # fmt: skip
         self._tally(report, trajs)
         self.population = survivors(self.population + self._children(trajs), cfg.population_size)
         self.generation += 1

@@ -19,7 +19,19 @@ same way; "parent" is the child's best parent. For minimisation these are the pa
   are computed per population (:meth:`EoHChildrenRollout.population_rewards`).
 
 ``invalid: zero`` gives invalid children 0.0 and ``invalid: <number>`` that number instead. A member's
-reward is the mean over its children. The rollout does not run on the held-out split: the heuristics'
+reward is the mean over its children.
+
+``reward: rank`` (not in the paper) separates members even when children are invalid, where the paper's rule
+gives every member the same reward (all children invalid: every ``R`` is 0, the z-scores vanish and ES
+applies no update). Each child of the generation gets a key ``(stage, value)``: the stage says how far it
+got, ``0`` no code (``llm_error``, ``parse``, ``sandbox``, ``other``), ``1`` code that does not compile
+(``syntax``), ``2`` code that fails while loading or running (``import``, ``runtime``, ``timeout``,
+``memory``), ``3`` code that runs but returns a wrong or infeasible answer (``return_type``,
+``infeasible``), ``4`` a copy of an existing heuristic (``duplicate``), ``5`` a new valid heuristic, whose
+value is the paper's reward above (``s_child - s_parent``, or ``s_child`` for i1). So an invalid child always
+ranks below every valid one, and a better child above a worse one. The child's reward is its rank among the
+generation's children (ties share their mean rank), scaled to ``[-0.5, 0.5]``; a member's reward is the
+mean over its children. With every child equal (e.g. all unparsable) every member still gets 0. The rollout does not run on the held-out split: the heuristics'
 held-out quality is reported by the AHD evolver itself.
 """
 
@@ -34,6 +46,10 @@ from coevo.ahd.sampler import HeuristicSearch
 from coevo.rollouts.base import Rollout, RolloutConfig, Split, register_rollout
 from coevo.types import Trajectory
 
+#: how far an invalid child got (see ``reward: rank`` in the module docstring); a valid new child is stage 5
+_STAGE = {"llm_error": 0, "parse": 0, "sandbox": 0, "other": 0, "syntax": 1, "import": 2, "runtime": 2,
+          "timeout": 2, "memory": 2, "return_type": 3, "infeasible": 3, "duplicate": 4}  # fmt: skip
+
 
 class EoHChildrenConfig(RolloutConfig):
     type: str = "eoh_children"
@@ -43,6 +59,9 @@ class EoHChildrenConfig(RolloutConfig):
     )
     children_per_operator: int = Field(1, ge=1, description="children per operator and member")
     invalid: Literal["paper", "zero"] | float = Field("paper", description="reward rule for invalid children")
+    reward: Literal["paper", "rank"] = Field(
+        "paper", description="paper: the paper's member rewards; rank: ranks of (stage reached, paper reward) over "
+        "the generation's children, so invalid children still separate members (see the module docstring)")
 
 
 @register_rollout("eoh_children")
@@ -89,7 +108,7 @@ class EoHChildrenRollout(Rollout):
             n = cfg.children_per_operator * len(cfg.operators)
             jobs = [sampler.job("i1", key=f"{key_prefix}/i1/{j}", seed=rng.getrandbits(63)) for j in range(n)]
         return sampler.sample(jobs, policy=policy, round_index=round_index, generation=generation, evolver=evolver,
-                              member=member)  # fmt: skip
+                              member=member, existing=search.population)  # fmt: skip
 
     # ------------------------------------------------------------------ rewards
     def _child_reward(self, t: Trajectory) -> float | None:
@@ -113,6 +132,9 @@ class EoHChildrenRollout(Rollout):
         return float(inv)
 
     def population_rewards(self, members: list[list[Trajectory]]) -> list[float]:
+        """Member rewards of one generation (the paper's rules, or ranks with ``reward: rank``)."""
+        if self.config.reward == "rank":
+            return self._rank_rewards(members)
         raw = [[self._child_reward(t) for t in ts] for ts in members]
         valid = [r for rs in raw for r in rs if r is not None]
         if valid:
@@ -125,6 +147,29 @@ class EoHChildrenRollout(Rollout):
             filled = [fallback if r is None else r for r in rs]
             out.append(sum(filled) / len(filled) if filled else fallback)
         return out
+
+    def _rank_rewards(self, members: list[list[Trajectory]]) -> list[float]:
+        keys = [[self._stage_key(t) for t in ts] for ts in members]
+        flat = sorted(k for ks in keys for k in ks)
+        if len(flat) < 2:
+            return [0.0] * len(members)
+        first: dict[tuple[int, float], int] = {}
+        last: dict[tuple[int, float], int] = {}
+        for pos, k in enumerate(flat):
+            first.setdefault(k, pos)
+            last[k] = pos
+        scale = len(flat) - 1
+
+        def centred(k: tuple[int, float]) -> float:
+            return (first[k] + last[k]) / 2 / scale - 0.5
+
+        return [sum(centred(k) for k in ks) / len(ks) if ks else 0.0 for ks in keys]
+
+    def _stage_key(self, t: Trajectory) -> tuple[int, float]:
+        if t.valid and t.reward is not None:
+            parent = t.meta.get("parent_score")
+            return (5, t.reward - parent if parent is not None else t.reward)
+        return (_STAGE.get(t.failure or "other", 0), 0.0)
 
     def member_reward(self, trajectories: list[Trajectory]) -> float:
         return self.population_rewards([trajectories])[0]
