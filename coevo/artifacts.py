@@ -57,7 +57,7 @@ ARTIFACT_KINDS: dict[str, ArtifactKind] = {
             "keys": "trajectory keys of the member's rollout", "member": "ESMember fields, or None for the centre",
         }),
         ArtifactKind(LOOP_STEP, "coevo.loop", "the evolver's name", {
-            "samples, trajectories, best_reward, metrics, stop, stop_reason": "the step's StepReport fields",
+            "samples, trajectories, best_reward, reward_unit, metrics, stop, stop_reason": "the step's StepReport",
             "round, evolver, space, samples_total, wall_s": "when and how long",
         }),
         ArtifactKind(REPORT_SECTION, "coevo.evolvers.base", "``<run id>/<evolver>``", {

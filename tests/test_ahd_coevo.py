@@ -428,6 +428,13 @@ def test_scripted_sample_es_through_the_loop(tmp_path, tiny_model_dir):
     best = min((obj[reply(c)], c) for c in (TOWARD_HOME, FIRST_INDEX, SECOND_NEAREST, FARTHEST, NN, TOWARD_HOME_2))
     assert sample.best.objective == pytest.approx(best[0])
     assert best[1] in (TOWARD_HOME, NN, TOWARD_HOME_2) and sample.best.source == "es"
+    # best_heuristic.py names the ES member and generation whose perturbed weights wrote it
+    made_by = (tmp_path / "run" / "best_heuristic.py").read_text().splitlines()[1]
+    m = sample.best.member
+    assert made_by.startswith("# Made by evolver 'es', operator i1, written under the perturbed weights of ES member "
+                              f"{m['index']} (seed {m['seed']}, sign {m['sign']:+d}") and "of ES generation" in made_by
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "best ES member reward R_i of the generation" in report and "| best beats seed |" in report
 
 
 # ------------------------------------------------------------------------------- real tiny model

@@ -248,6 +248,13 @@ def test_scripted_eoh_run_end_to_end(tmp_path):
     assert "| size | instances | seed objective | seed gap % | best objective | best gap % | reference |" in report
     assert "| 8 | 2 |" in report and "| 10 | 2 |" in report and "LKH" in report
     assert "Final population" in report
+    # per held-out size: seed vs best with gaps to the reference, and whether best beats seed (in the direction)
+    for row in [line for line in report.splitlines() if line.startswith(("| 8 | 2 |", "| 10 | 2 |"))]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        seed_obj, best_obj, beats = float(cells[2]), float(cells[4]), cells[7]
+        assert beats in ("yes", "no", "tie") and (best_obj == seed_obj or beats == ("yes" if best_obj < seed_obj else "no"))
+    assert "The best heuristic beats the seed heuristic on" in report and "of 2 held-out sizes" in report
+    assert code.splitlines()[1].startswith("# Made by evolver 'eoh', operator ")
 
 
 def test_children_prompts_quote_population_parents(tmp_path):

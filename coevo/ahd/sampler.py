@@ -127,6 +127,9 @@ class HeuristicSampler:
         self.sandbox = ParallelSandbox(Sandbox(limits), workers)
         self.default_policy = default_policy
         self.reject_duplicates = reject_duplicates
+        sign = "-" if problem.direction == "minimize" else "+"
+        #: what a trajectory's reward is (recorded as ``meta["reward_unit"]``)
+        self.reward_unit = f"heuristic score = {sign}{problem.objective_name or 'objective'} (higher is better)"
         self._train: InstanceSet | None = None
         self._known: dict[str, str] = {}  # code_key -> id of a valid recorded heuristic
         self._known_cursor = 0  # largest trajectory id folded into _known
@@ -295,7 +298,7 @@ class HeuristicSampler:
                     copy_of=None):
         best = max(job.parents, key=lambda p: p.reward) if job.parents else None  # the child's best parent
         meta: dict[str, Any] = {
-            "problem": self.problem.name, "sampler": self.owner, "operator": job.operator,
+            "problem": self.problem.name, "sampler": self.owner, "reward_unit": self.reward_unit, "operator": job.operator,
             "instances": self.train_tag, "parent_ids": [p.id for p in job.parents],
             "parent_objectives": [p.objective for p in job.parents], "parent_objective": best.objective if best else None,
             "parent_score": best.reward if best else None,

@@ -142,7 +142,8 @@ class AHDEvolver(Evolver):
         b = self.best
         thought = " ".join(b.thought.split())
         header = (
-            f"# Best heuristic for {self.problem.name} found by evolver {self.name!r} (run {self.ctx.run_id}).\n"
+            f"# Best heuristic for {self.problem.name} of evolver {self.name!r}'s search (run {self.ctx.run_id}).\n"
+            f"# Made by {b.provenance()}.\n"
             f"# Idea: {thought}\n# Training objective ({self.problem.objective_name}, {self.problem.direction}): "
             f"{b.objective:.6g} on {self.train_tag}; id {b.id}.\n\n"
         )
@@ -161,7 +162,8 @@ class AHDEvolver(Evolver):
 
     def comparison_rows(self) -> list[list[Any]]:
         """Per test size: [size, instances, seed mean objective, seed gap %, best mean objective, best gap %,
-        reference]. Invalid results show as ``None``."""
+        reference, best beats seed ("yes" / "no" / "tie", in the problem's direction)]. Invalid results show
+        as ``None``."""
         seed = self.problem.seed_heuristic_code()
         rows = []
         for size in self.test_sizes():
@@ -171,28 +173,46 @@ class AHDEvolver(Evolver):
             rows.append([
                 size, self.config.test_count, rs.objective, rs.metrics.get("gap_percent"),
                 rb.objective if rb else None, rb.metrics.get("gap_percent") if rb else None, ref,
+                self._beats(rb.objective if rb and rb.valid else None, rs.objective if rs.valid else None),
             ])  # fmt: skip
         return rows
+
+    def _beats(self, best: float | None, seed: float | None) -> str | None:
+        if best is None or seed is None:
+            return None
+        if best == seed:
+            return "tie"
+        return "yes" if (best < seed) == (self.problem.direction == "minimize") else "no"
 
     def report_markdown(self) -> str:
         """Seed heuristic vs best evolved heuristic on held-out instances (mean objective, gap %)."""
         self.publish_best()
         p = self.problem
+        rows = self.comparison_rows()
+        better = "lower" if p.direction == "minimize" else "higher"
         lines = [
             (
-                f"Problem `{p.name}` ({p.objective_name}, {p.direction}); training set {self.train_tag}; "
-                f"held-out instances: {self.config.test_count} per size, seed {self.config.test_seed}. Gaps are "
-                "measured against the reference named in the last column."
+                f"Problem `{p.name}`: objective = {p.objective_name} ({p.direction}, {better} is better); the "
+                f"rewards of this evolver's samples and EoH children in the run tables are the {self.sampler.reward_unit}. "
+                f"Training set {self.train_tag}; held-out instances: {self.config.test_count} per size, seed "
+                f"{self.config.test_seed}. Per held-out size: the seed heuristic vs the best heuristic (mean "
+                f"objective), each with its gap to the reference named in the `reference` column."
             ),
             "",
             md_table(
-                ["size", "instances", "seed objective", "seed gap %", "best objective", "best gap %", "reference"],
-                self.comparison_rows(),
+                ["size", "instances", "seed objective", "seed gap %", "best objective", "best gap %", "reference",
+                 "best beats seed"],
+                rows,
             ),
         ]
+        compared = [r[-1] for r in rows if r[-1] is not None]
+        if compared:
+            lines += ["", f"The best heuristic beats the seed heuristic on {compared.count('yes')} of {len(compared)} "
+                          "held-out sizes" + (f" (ties: {compared.count('tie')})." if "tie" in compared else ".")]
         if self.best is not None:
             b = self.best
-            summary = f"Best heuristic `{b.id}` (training objective {b.objective:.6g}): {{{b.thought}}}."
+            summary = (f"Best heuristic `{b.id}` (training objective {b.objective:.6g}), made by {b.provenance()}: "
+                       f"{{{b.thought}}}.")
             lines += ["", summary + " Code: `best_heuristic.py`."]
         else:
             lines += ["", "No valid heuristic was found."]

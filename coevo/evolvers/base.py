@@ -51,6 +51,8 @@ class StepReport:
         samples: LLM samples consumed by this step (valid or not).
         trajectories: trajectories written.
         best_reward: best reward seen in this step (higher is better), or None.
+        reward_unit: what ``best_reward`` measures, with its unit (e.g. ``"heuristic score: -tour length"``);
+            None lets the report name it by the evolver's space (parameter space: the ES member reward).
         metrics: scalar metrics to plot (e.g. {"mean_reward": .., "best_objective": ..}).
         stop: the evolver asks the loop to stop (e.g. search converged or cannot continue); ``stop_reason``
             says why.
@@ -59,6 +61,7 @@ class StepReport:
     samples: int = 0
     trajectories: int = 0
     best_reward: float | None = None
+    reward_unit: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     stop: bool = False
     stop_reason: str | None = None

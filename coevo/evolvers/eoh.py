@@ -155,7 +155,7 @@ class EoHEvolver(AHDEvolver):
 
     def step(self, round_index: int) -> StepReport:
         """Initialise (first step) or run one EoH generation; see the module docstring."""
-        report = StepReport()
+        report = StepReport(reward_unit=f"best child's {self.sampler.reward_unit}")
         pooled = self.fold_pooled()
         if self.generation == 0:
             self._initialise(round_index, report)

@@ -409,4 +409,4 @@ class ESEvolver(Evolver):
         head = (f"### ES `{self.name}`\n\nN={self.config.population_size}, antithetic={self.config.antithetic}, "
                 f"scope={self.config.scope}, rollout={self.config.rollout['type']}; weights hash "
                 f"`{(self.weights_hash or '')[:16]}`; replay with `coevo es replay RUN_DIR --check`.\n\n")  # fmt: skip
-        return head + md_table(["gen", "sigma", "mean R", "max R", "‖update‖", "test R (before)", ""], table) + tail
+        return head + md_table(["gen", "sigma", "mean member reward R", "max member reward R", "‖update‖", "test R (before)", "update"], table) + tail

@@ -45,6 +45,7 @@ class RandomSamplingEvolver(AHDEvolver):
         self.publish_best()
         report = StepReport(
             samples=sum(t.llm_calls for t in trajs), trajectories=len(trajs),
+            reward_unit=f"best sample's {self.sampler.reward_unit}",
             best_reward=max((i.reward for i in valid), default=None),
             metrics={"valid_samples": float(len(valid))},
         )  # fmt: skip

@@ -27,6 +27,22 @@ def step_records(store: TrajectoryStore, run_id: str) -> list[dict[str, Any]]:
     return [a.content for a in sorted(arts, key=lambda a: a.id)]
 
 
+def trajectory_reward_unit(trajectories: list) -> str:
+    """What the rewards of these trajectories measure: the ``meta["reward_unit"]`` their writers recorded
+    (e.g. heuristic scores), else the rollout's task reward (parameter space) or "reward"."""
+    units = sorted({t.meta["reward_unit"] for t in trajectories if t.meta.get("reward_unit")})
+    if units:
+        return "; ".join(units)
+    return "rollout reward of one case" if trajectories and trajectories[0].space == "parameter" else "reward"
+
+
+def step_reward_unit(step: dict[str, Any]) -> str:
+    """What a step record's ``best_reward`` measures (``reward_unit``, else by the evolver's space)."""
+    if step.get("reward_unit"):
+        return step["reward_unit"]
+    return "best ES member reward R_i of the generation" if step.get("space") == "parameter" else "reward"
+
+
 def reward_curves(store: TrajectoryStore, run_id: str) -> dict[str, tuple[list[int], list[float]]]:
     """Per evolver: (cumulative LLM samples of the run, best reward so far) at each valid trajectory."""
     curves: dict[str, tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
@@ -135,11 +151,18 @@ def write_report(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool
                 f"{100 * len(valid) / len(ts):.1f}%",
                 sum(rewards) / len(rewards) if rewards else None,
                 max(rewards) if rewards else None,
+                trajectory_reward_unit(ts),
             ]
         )
     lines += ["## Evolvers", ""]
-    lines += [md_table(["evolver", "space", "trajectories", "LLM samples", "valid", "mean reward", "best reward"], rows)]
+    lines += [("Rewards of the evolver's trajectories (one per LLM sample or episode; higher is better), in the "
+               "unit named in the last column."), ""]
+    lines += [md_table(["evolver", "space", "trajectories", "LLM samples", "valid", "mean trajectory reward",
+                        "best trajectory reward", "trajectory reward unit"], rows)]
     lines += ["", "## Steps", ""]
+    lines += [("`best reward` is what each step reports, in the unit of its `reward unit` column: parameter-space "
+               "(ES) steps report the best ES member reward R_i of the generation, context-space steps the best "
+               "reward of their samples."), ""]
     step_rows = [
         [
             s["round"],
@@ -148,6 +171,7 @@ def write_report(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool
             s["samples"],
             s["trajectories"],
             s["best_reward"],
+            step_reward_unit(s),
             s["samples_total"],
             round(s["wall_s"], 1),
             ", ".join(f"{k}={fmt(v)}" for k, v in (s.get("metrics") or {}).items()),
@@ -156,7 +180,8 @@ def write_report(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool
     ]
     lines += [
         md_table(
-            ["round", "evolver", "space", "samples", "trajectories", "best reward", "samples total", "wall s", "metrics"],
+            ["round", "evolver", "space", "samples", "trajectories", "best reward", "reward unit", "samples total",
+             "wall s", "metrics"],
             step_rows,
         )
     ]
