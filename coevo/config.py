@@ -90,6 +90,8 @@ class SamplingConfig(_Strict):
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
+    stop: list[str] = Field(default_factory=list, description="strings at which a completion is cut (removed), "
+                            "e.g. the closing code fence; honoured by the hf, openai and vllm backends")
 
 
 class BudgetConfig(_Strict):

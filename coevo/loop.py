@@ -40,14 +40,14 @@ from typing import Any
 
 import yaml
 
+from coevo.artifacts import LOOP_STEP as STEP_KIND
 from coevo.budget import Budget
 from coevo.checkpoint import CheckpointDir
 from coevo.config import RunConfig, parse_config
 from coevo.errors import BudgetExhausted, ConfigError, RunFolderError, RunInterrupted
-from coevo.evolvers.base import Evolver, RunContext, StepReport, resolve_evolver
+from coevo.evolvers.base import Evolver, RunContext, StepReport, record_report_sections, resolve_evolver
 from coevo.lock import RunLock
 from coevo.progress import RunProgress
-from coevo.report.writer import STEP_KIND
 from coevo.store import TrajectoryStore
 from coevo.tracking import RunTracker
 
@@ -467,7 +467,8 @@ class CoEvolutionLoop:
         (self.run_dir / "summary.json").write_text(
             json.dumps({**asdict(summary), "run_dir": str(summary.run_dir)}, indent=1)
         )
-        write_report(self.run_dir, self.store, self.run_id, self.evolvers, plots=self.config.report.plots)
+        record_report_sections(self.store, self.run_id, self.evolvers)
+        write_report(self.run_dir, self.store, self.run_id, plots=self.config.report.plots)
         self.tracker.close({"stop_reason": summary.stop_reason, "samples": summary.samples})
         for ev in self.evolvers.values():
             ev.close()

@@ -26,6 +26,7 @@ FAILURE_KINDS = (
     "runtime",  # an exception while running
     "return_type",  # wrong return type / shape / NaN
     "infeasible",  # solution violates a constraint
+    "duplicate",  # the same code as an existing heuristic (up to formatting, comments, docstrings): not run
     "llm_error",  # the model call itself failed
     "sandbox",  # the sandbox could not start or died without a result
     "other",

@@ -24,12 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from coevo.ahd.es_rollout import EoHChildrenConfig, EoHChildrenRollout
 from coevo.ahd.evaluate import evaluate_heuristic
+from coevo.ahd.problem import load_problem
+from coevo.artifacts import LOOP_STEP
 from coevo.backends.hf import HFPolicy
 from coevo.config import load_config
 from coevo.loop import CoEvolutionLoop, new_run_dir
-from coevo.report.writer import STEP_KIND
+from coevo.rollouts.eoh_children import EoHChildrenConfig, EoHChildrenRollout
 from coevo.store import TrajectoryStore
 from coevo.types import Step, Trajectory
 
@@ -171,11 +172,15 @@ def es_children(store: TrajectoryStore, run_id: str, history: list[dict]) -> dic
 
 
 # ------------------------------------------------------------------------------------ reward rule
-def _child(objective, parent=None, worst=None, valid=True) -> Trajectory:
-    meta = {"objective": objective if valid else None, "parent_objective": parent, "worst_objective": worst}
+def _child(objective, parent=None, worst=None, valid=True, sign=-1.0) -> Trajectory:
+    """A recorded child of a minimisation problem (``sign=-1``: score = -objective) or of a maximisation one
+    (``sign=+1``), with its best parent's and the population's worst objective and score."""
+    meta = {"objective": objective if valid else None, "parent_objective": parent, "worst_objective": worst,
+            "parent_score": None if parent is None else sign * parent,
+            "worst_score": None if worst is None else sign * worst}  # fmt: skip
     return Trajectory(key=f"k{objective}{parent}{valid}", run_id="r", evolver="es", space="parameter", round=0,
                       generation=0, task_id="t", steps=[Step(observation="p")], reward=None if not valid else
-                      -objective, valid=valid, meta=meta)  # fmt: skip
+                      sign * objective, valid=valid, meta=meta)  # fmt: skip
 
 
 def test_member_rewards_follow_the_paper_rule_on_a_constructed_case():
@@ -194,6 +199,79 @@ def test_member_rewards_follow_the_paper_rule_on_a_constructed_case():
     assert ro.population_rewards([[_child(None, valid=False)]] * 2) == [0.0, 0.0]  # nothing valid: all equal
     zero = EoHChildrenRollout(EoHChildrenConfig(invalid="zero"), None)
     assert zero.population_rewards([[_child(None, 5.0, 7.0, valid=False)], samples[0]]) == [0.0, -1.5]
+
+
+def test_member_rewards_are_in_score_space_for_a_maximising_problem():
+    """Knapsack value is maximised: a child worth 120 from a parent worth 100 must be rewarded +20, not -20."""
+    ro = EoHChildrenRollout(EoHChildrenConfig(), None)
+    better, worse_than_worst = _child(120.0, 100.0, 90.0, sign=1.0), _child(80.0, 100.0, 90.0, sign=1.0)
+    invalid = _child(None, 100.0, 90.0, valid=False, sign=1.0)
+    assert ro.population_rewards([[better], [worse_than_worst], [invalid]]) == pytest.approx([20.0, -1.0, -1.0])
+    assert ro.population_rewards([[_child(70.0, sign=1.0)], [_child(50.0, sign=1.0)]]) == [70.0, 50.0]  # i1
+
+
+def _failed(kind: str) -> Trajectory:
+    t = _child(None, 5.0, 7.0, valid=False)
+    t.failure, t.key = kind, f"k{kind}"
+    return t
+
+
+def test_rank_rewards_separate_members_whose_children_are_all_invalid():
+    """reward: rank -- how far a child got orders invalid children (no code < syntax < runtime < wrong answer <
+    duplicate) below every valid one, and valid ones by the paper's reward; the paper's rule gives these
+    members equal rewards, so ES would apply no update."""
+    ro = EoHChildrenRollout(EoHChildrenConfig(reward="rank"), None)
+    paper = EoHChildrenRollout(EoHChildrenConfig(), None)
+    invalid = [[_failed("parse")], [_failed("syntax")], [_failed("runtime")], [_failed("return_type")],
+               [_failed("duplicate")]]  # fmt: skip
+    assert len(set(paper.population_rewards(invalid))) == 1
+    assert ro.population_rewards(invalid) == pytest.approx([-0.5, -0.25, 0.0, 0.25, 0.5])
+    mixed = [[_child(6.0, 5.0, 7.0), _failed("parse")], [_child(4.0, 5.0, 7.0), _failed("parse")],
+             [_failed("syntax"), _failed("parse")]]  # rewards of the valid ones: -1 and +1 (parent - child)
+    r = ro.population_rewards(mixed)  # ranks of the 6 children: parse x3 share 1.0, syntax 3, -1: 4, +1: 5
+    assert r == pytest.approx([(4 / 5 - 0.5 + 1 / 5 - 0.5) / 2, (1 - 0.5 + 1 / 5 - 0.5) / 2, (3 / 5 - 0.5 + 1 / 5 - 0.5) / 2])
+    assert r[1] > r[0] > r[2]
+    assert ro.population_rewards([[_failed("parse")], [_failed("llm_error")]]) == [0.0, 0.0]  # all equal: no signal
+
+
+def test_kp_construct_children_rewarded_by_value_gained(tmp_path):
+    """Through the real pieces on kp_construct (maximising): an EoH population of the first-fit template, ES
+    members whose m1 children are the value-density greedy (better) and a lowest-value-first rule (worse);
+    member rewards follow the knapsack values the sandbox measured, in score space."""
+    from test_eoh import ScriptedPolicy
+
+    from coevo.budget import Budget
+    from coevo.context import RunContext
+    from coevo.evolvers.eoh import EoHConfig, EoHEvolver
+
+    first_fit = load_problem("kp_construct").template_code()
+    density = load_problem("kp_construct").seed_heuristic_code()
+    cheapest = first_fit.replace("return int(fits[0]) if len(fits) else -1",
+                                 "return int(fits[np.argmin(values[fits])]) if len(fits) else -1")  # fmt: skip
+    assert cheapest != first_fit
+    store = TrajectoryStore(tmp_path / "store.sqlite")
+    policy = ScriptedPolicy([reply(first_fit, "take the first item that fits"), GARBAGE])
+    ctx = RunContext(run_id="r", run_dir=tmp_path, store=store, budget=Budget(store, "r"), seed=5,
+                     policy_factory=lambda: policy)  # fmt: skip
+    eoh = EoHEvolver("eoh", EoHConfig(problem="kp_construct", train_size=50, train_count=2, population_size=1,
+                                      eval_timeout_s=10, test_sizes=[50], test_count=1), ctx)  # fmt: skip
+    ctx.evolvers = {"eoh": eoh}
+    eoh.step(0)
+    (parent,) = eoh.population
+    ro = EoHChildrenRollout(EoHChildrenConfig(evolver="eoh", operators=["m1"]), ctx)
+    members = []
+    for index, code in enumerate((density, cheapest)):
+        policy.script, policy.calls = [reply(code)], 0
+        members.append(ro.run(policy, generation=0, member=None, key_prefix=f"r/es/g00000/m{index:03d}"))
+    values = {c: evaluate_heuristic(eoh.problem, c, eoh.train_instances, with_reference=False).objective
+              for c in (first_fit, density, cheapest)}  # fmt: skip
+    assert values[density] > values[first_fit] > values[cheapest]  # more value is better
+    assert [ts[0].meta["parent_score"] for ts in members] == [pytest.approx(parent.reward)] * 2
+    assert parent.reward == pytest.approx(values[first_fit])
+    rewards = ro.population_rewards(members)
+    assert rewards[0] == pytest.approx(values[density] - values[first_fit]) and rewards[0] > 0
+    assert rewards[1] == pytest.approx(max(values[first_fit] - values[first_fit], -1.0))  # worse than the worst
+    store.close()
 
 
 # ------------------------------------------------------------------------------- scripted eoh_es
@@ -230,7 +308,10 @@ def _parent_rule_case(store, kids: list[Trajectory], obj: dict[str, float]) -> l
 def test_scripted_eoh_es_through_the_loop(tmp_path, tiny_model_dir):
     policy = ScriptedTinyQwen(tiny_model_dir, EOH_INIT + ES_G0 + EOH_G1 + ES_G1 + EOH_G2 + [reply(NN)])
     start = policy.fingerprint()
+    # the script repeats codes on purpose and checks the paper's parent rule against stored parents:
+    # duplicates are evaluated here and the seed heuristic stays out (both have tests of their own)
     loop = make_loop(tmp_path, "tsp_construct.yaml", shipped("eoh", str(tiny_model_dir), **{
+        "evolvers.eoh.reject_duplicates": "false", "evolvers.eoh.include_seed_heuristic": "false",
         "budget.max_samples": 40, "evolvers.es.total_generations": 3, "evolvers.es.sigma": 0.02,
         "evolvers.es.alpha": 0.01, "evolvers.es.population_size": 4}), policy)  # fmt: skip
     eoh, es = loop.evolvers["eoh"], loop.evolvers["es"]
@@ -262,7 +343,7 @@ def test_scripted_eoh_es_through_the_loop(tmp_path, tiny_model_dir):
             assert len(set(hist[g]["rewards"])) > 1
         # pooling: EoH folded the valid ES children in at its next step
         steps = {(a.content["round"], a.content["evolver"]): a.content
-                 for a in store.list_artifacts(kind=STEP_KIND, run_id="run")}  # fmt: skip
+                 for a in store.list_artifacts(kind=LOOP_STEP, run_id="run")}  # fmt: skip
         assert steps[(1, "eoh")]["metrics"]["pooled"] == sum(t.valid for t in kids[0]) == 4
         assert steps[(2, "eoh")]["metrics"]["pooled"] == sum(t.valid for t in kids[1]) == 6
         assert "es" in {i.source for i in eoh.population}
@@ -324,6 +405,7 @@ def test_scripted_sample_es_through_the_loop(tmp_path, tiny_model_dir):
     es_g1 = [GARBAGE, SYNTAX, reply(FIRST_INDEX), reply(TOWARD_HOME_2)]
     policy = ScriptedTinyQwen(tiny_model_dir, samp + es_g0 + samp + es_g1 + samp + [GARBAGE])
     loop = make_loop(tmp_path, "sample_es/tsp_construct.yaml", shipped("sample", str(tiny_model_dir), **{
+        "evolvers.sample.reject_duplicates": "false",  # the script repeats codes on purpose
         "evolvers.es.total_generations": 2, "evolvers.es.rollout.children_per_operator": 1,
         "evolvers.es.sigma": 0.02, "evolvers.es.population_size": 4}), policy)  # fmt: skip
     sample = loop.evolvers["sample"]
@@ -346,6 +428,13 @@ def test_scripted_sample_es_through_the_loop(tmp_path, tiny_model_dir):
     best = min((obj[reply(c)], c) for c in (TOWARD_HOME, FIRST_INDEX, SECOND_NEAREST, FARTHEST, NN, TOWARD_HOME_2))
     assert sample.best.objective == pytest.approx(best[0])
     assert best[1] in (TOWARD_HOME, NN, TOWARD_HOME_2) and sample.best.source == "es"
+    # best_heuristic.py names the ES member and generation whose perturbed weights wrote it
+    made_by = (tmp_path / "run" / "best_heuristic.py").read_text().splitlines()[1]
+    m = sample.best.member
+    assert made_by.startswith("# Made by evolver 'es', operator i1, written under the perturbed weights of ES member "
+                              f"{m['index']} (seed {m['seed']}, sign {m['sign']:+d}") and "of ES generation" in made_by
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "best ES member reward R_i of the generation" in report and "| best beats seed |" in report
 
 
 # ------------------------------------------------------------------------------- real tiny model

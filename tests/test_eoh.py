@@ -16,14 +16,15 @@ from collections import Counter
 import pytest
 
 from coevo.ahd.evaluate import evaluate_heuristic
+from coevo.ahd.population import Individual, code_key, rank_weights, select_parents, survivors
 from coevo.ahd.problem import load_problem
 from coevo.ahd.prompts import OPERATORS, build_messages, parents_needed
+from coevo.ahd.sampler import HeuristicSearch
 from coevo.backends.base import Completion, Policy
 from coevo.budget import Budget
 from coevo.config import ConfigError, parse_config
-from coevo.evolvers.ahd_common import Individual
 from coevo.evolvers.base import RunContext
-from coevo.evolvers.eoh import EoHConfig, EoHEvolver, rank_weights, select_parents, survivors
+from coevo.evolvers.eoh import EoHConfig, EoHEvolver
 from coevo.loop import CoEvolutionLoop, new_run_dir
 from coevo.store import TrajectoryStore
 from coevo.types import ESMember
@@ -85,6 +86,7 @@ class ScriptedPolicy(Policy):
 
     def generate(self, conversations, params):
         self.generate_calls += 1
+        self.params = params
         out = []
         for conv in conversations:
             self.prompts.append(conv[-1]["content"])
@@ -246,6 +248,13 @@ def test_scripted_eoh_run_end_to_end(tmp_path):
     assert "| size | instances | seed objective | seed gap % | best objective | best gap % | reference |" in report
     assert "| 8 | 2 |" in report and "| 10 | 2 |" in report and "LKH" in report
     assert "Final population" in report
+    # per held-out size: seed vs best with gaps to the reference, and whether best beats seed (in the direction)
+    for row in [line for line in report.splitlines() if line.startswith(("| 8 | 2 |", "| 10 | 2 |"))]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        seed_obj, best_obj, beats = float(cells[2]), float(cells[4]), cells[7]
+        assert beats in ("yes", "no", "tie") and (best_obj == seed_obj or beats == ("yes" if best_obj < seed_obj else "no"))
+    assert "The best heuristic beats the seed heuristic on" in report and "of 2 held-out sizes" in report
+    assert code.splitlines()[1].startswith("# Made by evolver 'eoh', operator ")
 
 
 def test_children_prompts_quote_population_parents(tmp_path):
@@ -264,19 +273,29 @@ def test_children_prompts_quote_population_parents(tmp_path):
         assert t.meta["worst_objective"] == max(i.objective for i in before.values())
 
 
-def test_generate_children_for_es_and_pooling(tmp_path):
+def test_es_children_through_the_sampler_service_and_pooling(tmp_path):
+    """What the ES rollout does: children of the EoH population, written through EoH's sampler under a
+    member's (here unperturbed) policy, recorded for ES, cached on a re-run, folded into EoH at its next step."""
     policy = ScriptedPolicy()
     ctx = _ctx(tmp_path, policy=policy)
     eoh = EoHEvolver("eoh", EoHConfig(**SMALL, population_size=2), ctx)
-    with pytest.raises(RuntimeError, match="population is empty"):
-        eoh.generate_children(["m1"], 1, policy, key_prefix=("es", 0, 0))
-    eoh.step(0)
+    assert isinstance(eoh, HeuristicSearch) and eoh.parents_m == 2
+
+    def children():
+        jobs = eoh.sampler.operator_jobs(["m1", "m2"], 2, random.Random(7), ("es", 0, 0), population=eoh.population,
+                                         parents_m=eoh.parents_m)  # fmt: skip
+        return eoh.sampler.sample(jobs, policy=policy, round_index=0, generation=0, evolver="es", member=member)
+
     member = ESMember(seed=5, sigma=1e-3, index=0)
-    kids = eoh.generate_children(["m1", "m2"], 2, policy, member=member, key_prefix=("es", 0, 0), evolver="es")
+    with pytest.raises(RuntimeError, match="population is empty"):
+        children()
+    eoh.step(0)
+    kids = children()
     assert len(kids) == 4 and {k.evolver for k in kids} == {"es"} and {k.space for k in kids} == {"parameter"}
     assert all(k.member == member and k.meta["operator"] in ("m1", "m2") for k in kids)
-    assert all(k.meta["parent_objective"] is not None for k in kids)
-    again = eoh.generate_children(["m1", "m2"], 2, policy, member=member, key_prefix=("es", 0, 0), evolver="es")
+    assert all(k.meta["parent_objective"] is not None and k.meta["sampler"] == "eoh" for k in kids)
+    assert [k.key for k in kids] == [f"r/es/0/0/{op}/{j}" for op in ("m1", "m2") for j in range(2)]
+    again = children()
     assert [k.key for k in again] == [k.key for k in kids] and policy.calls == 8  # cached, no new calls
     rep = eoh.step(1)
     assert rep.metrics["pooled"] == sum(k.valid for k in kids)
@@ -336,6 +355,82 @@ def test_seed_heuristic_option_keeps_a_run_alive_without_valid_samples(tmp_path)
     eoh.step(1)  # a generation whose parents are the seed heuristic
     kids = ctx.store.query(run_id="r", generation=1)
     assert kids and all(t.meta["parent_ids"] in ([], ["seed"]) for t in kids)
+
+
+# ------------------------------------------------------------------------------- duplicates, seed, stop
+NN_RESTYLED = '''import numpy as np  # nearest neighbour, restyled
+
+
+def select_next_node(current_node, destination_node,
+                     unvisited_nodes, distance_matrix):
+    """Go to the closest unvisited city."""
+    # the closest one
+    return int(unvisited_nodes[np.argmin(distance_matrix[current_node, unvisited_nodes])])
+'''
+
+
+def test_code_key_ignores_formatting_comments_and_docstrings():
+    assert code_key(NN) == code_key(NN_RESTYLED) == Individual("a", "", NN_RESTYLED, 1.0, -1.0).code_hash
+    assert code_key(NN) != code_key(FARTHEST) and code_key(NN) != code_key(NN.replace("argmin", "argmax"))
+    assert code_key("def f(:\n  pass") == code_key("def f(:\n    pass  ")  # unparsable: stripped lines
+
+
+def test_copies_are_recorded_as_duplicates_without_running(tmp_path, monkeypatch):
+    """A copy of the seed heuristic (in the population), a restyled copy of an earlier valid sample and a copy
+    within the same batch are recorded as failure kind `duplicate` and never reach the sandbox."""
+    seed_code = load_problem("tsp_construct").seed_heuristic_code()
+    seed_copy = '"""A docstring the seed does not have."""\n' + seed_code.replace("\n\n", "\n\n\n") + "# trailing note\n"
+    policy = ScriptedPolicy(script=[reply("copy the seed", seed_copy), reply("nearest", NN),
+                                    reply("nearest again", NN_RESTYLED), reply("farthest", FARTHEST)])
+    ctx = _ctx(tmp_path, policy=policy)
+    eoh = EoHEvolver("eoh", EoHConfig(**SMALL, population_size=2, include_seed_heuristic=True), ctx)
+    evaluated: list[str] = []
+    real = eoh.sampler.evaluate
+
+    def counting(codes, instances=None, with_reference=True):
+        evaluated.extend(codes)
+        return real(codes, instances, with_reference)
+
+    monkeypatch.setattr(eoh.sampler, "evaluate", counting)
+    eoh.step(0)  # 2N = 4 i1 calls
+    trajs = ctx.store.query(run_id="r")
+    assert [t.failure for t in trajs] == ["duplicate", None, "duplicate", None]
+    assert trajs[0].meta["duplicate_of"] == "seed" and trajs[2].meta["duplicate_of"] == "eoh/0/init0/i1/1"
+    assert "up to formatting, comments and docstrings" in trajs[0].failure_detail
+    assert code_key(trajs[0].meta["code"]) == code_key(seed_code)  # the copy's code is kept
+    assert all(t.reward is None and t.llm_calls == 1 for t in trajs if t.failure == "duplicate")
+    assert evaluated[0] == seed_code and sorted(evaluated[1:]) == sorted([NN, FARTHEST])  # copies never ran
+    # a later step: copies of anything recorded before are duplicates too (checked against the store)
+    policy.script, policy.calls = [reply("nearest once more", NN)], 0
+    again = eoh.sampler.sample([eoh.sampler.job("i1", key="r/x/0", seed=1)], round_index=1, generation=1)
+    assert again[0].failure == "duplicate" and again[0].meta["duplicate_of"] == "eoh/0/init0/i1/1"
+    off = EoHEvolver("eoh2", EoHConfig(**SMALL, population_size=2, reject_duplicates=False), ctx)
+    assert off.sampler.sample([off.sampler.job("i1", key="r/y/0", seed=1)], round_index=1, generation=1)[0].valid
+
+
+def test_main_job_config_seeds_the_population_and_stops_at_the_closing_fence(tmp_path):
+    """configs/ahd/tsp_construct.yaml: the seed heuristic enters the population, so the best heuristic is never
+    worse than the seed on the training set; sampling.stop reaches the policy, and an answer cut at the closing
+    fence (as the backends cut it) still parses."""
+    from coevo.backends import cut_at_stop
+    from coevo.config import load_config
+
+    cfg, _raw = load_config("configs/ahd/tsp_construct.yaml", [])
+    eoh_spec = next(e for e in cfg.evolvers if e.name == "eoh")
+    assert eoh_spec.params.include_seed_heuristic and cfg.sampling.stop == ["\n```\n"]
+    answer, stopped = cut_at_stop(reply("Go towards home.", TOWARD_HOME) + "\nThis heuristic is good.\n", ("\n```\n",))
+    assert stopped and "good" not in answer and answer.endswith(TOWARD_HOME.rstrip("\n"))
+    policy = ScriptedPolicy(script=[answer, reply("worse", FIRST_INDEX)])
+    store = TrajectoryStore(tmp_path / "store.sqlite")
+    ctx = RunContext(run_id="r", run_dir=tmp_path, store=store, budget=Budget(store, "r"), seed=1,
+                     policy_factory=lambda: policy, sampling=cfg.sampling)  # fmt: skip
+    eoh = EoHEvolver("eoh", EoHConfig(**{**SMALL, "population_size": 2, "include_seed_heuristic": True}), ctx)
+    eoh.step(0)
+    assert policy.params.stop == ("\n```\n",)
+    trajs = store.query(run_id="r")
+    assert trajs[0].valid and trajs[0].meta["code"].strip() == TOWARD_HOME.strip()
+    seed = next(i for i in eoh.population if i.id == "seed")
+    assert eoh.best.reward >= seed.reward  # never worse than the seed
 
 
 # ------------------------------------------------------------------------- tiny model: failures

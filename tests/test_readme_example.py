@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from coevo.config import parse_config
-from coevo.evolvers.base import _REGISTRY
+from coevo.evolvers.base import EVOLVERS
 from coevo.loop import CoEvolutionLoop
 from coevo.store import TrajectoryStore
 
@@ -25,10 +25,10 @@ def _blocks():
 
 def test_readme_custom_evolver_runs_and_climbs(tmp_path):
     code, data = _blocks()
-    _REGISTRY.pop("hill-climb", None)
+    EVOLVERS.remove("hill-climb")
     namespace: dict = {}
     exec(compile(code, str(README), "exec"), namespace)  # noqa: S102 - the README example is our own code
-    assert _REGISTRY["hill-climb"] is namespace["HillClimb"]
+    assert EVOLVERS.get("hill-climb") is namespace["HillClimb"]
     cfg = parse_config(data)
     summary = CoEvolutionLoop(cfg, tmp_path / "climb", raw_config=data, progress=False).run()
     assert summary.samples == 60  # max_samples reached exactly (15 rounds x 4 candidates)

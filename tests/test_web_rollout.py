@@ -12,7 +12,6 @@ import pytest
 from pydantic import ValidationError
 
 from coevo.agents.scripted import ScriptedPolicy
-from coevo.agents.web_rollout import WebRollout
 from coevo.backends.base import SamplingParams
 from coevo.budget import Budget
 from coevo.config import SamplingConfig
@@ -20,6 +19,7 @@ from coevo.envs.browser import BrowserSetupError, find_chromium
 from coevo.envs.miniwob import MINIWOB_TASKSETS
 from coevo.evolvers.base import RunContext
 from coevo.rollouts.base import build_rollout
+from coevo.rollouts.web import WebRollout
 from coevo.skills import SHIPPED_SKILLS_DIR
 from coevo.store import TrajectoryStore
 from coevo.types import ContextRef, ESMember, Trajectory
@@ -252,7 +252,7 @@ def _web_traj(key: str, *, gen: int, task: str, seed: int, reward: float | None,
 
 
 def test_web_report_rates_diffs_and_plots(ctx, tmp_path):
-    from coevo.agents.report import PLOT_NAMES, web_report
+    from coevo.report.web import PLOT_NAMES, web_report
     from coevo.skills import skill_diff, write_skill_version
 
     store = ctx.store

@@ -48,20 +48,24 @@ import numpy as np
 
 from coevo.ahd.instances import InstanceSet, NotAnInstanceSetError, load_eoh_tsp_npz
 from coevo.ahd.references import cached_reference
+from coevo.registry import Registry
 from coevo.resources import shipped_dir
 from coevo.sandbox.calls import heuristic_call
 from coevo.sandbox.errors import CandidateFailure, InvalidReturn, failure_kind
 
-_REGISTRY: dict[str, type[HeuristicProblem]] = {}
 _LOADED: dict[str, HeuristicProblem] = {}
 
 
 def register_problem(cls: type[HeuristicProblem]) -> type[HeuristicProblem]:
-    """Class decorator: register a problem class under ``cls.name`` (re-registration replaces it)."""
+    """Class decorator: register a problem class under ``cls.name`` (:data:`PROBLEMS`).
+
+    Raises:
+        ValueError: ``name`` is not set, or another class is registered under it.
+        TypeError: ``cls`` does not subclass :class:`HeuristicProblem`.
+    """
     if not getattr(cls, "name", None):
         raise ValueError(f"{cls.__name__}.name must be set before registration")
-    _REGISTRY[cls.name] = cls
-    return cls
+    return PROBLEMS.add(cls.name, cls)
 
 
 def heuristics_root() -> Path:
@@ -87,8 +91,8 @@ def load_problem(name_or_dir: str | os.PathLike) -> HeuristicProblem:
     equals the folder name. Loaded problems are cached per folder.
 
     Raises:
-        ValueError: no such problem (the message lists the available ones), or ``problem.py`` registers
-            no problem of that name.
+        ValueError: no such problem (the message lists the available ones), ``problem.py`` registers
+            no problem of that name, or a problem of that name was already loaded from another folder.
     """
     given = Path(name_or_dir)
     folder = given if (given / "problem.py").is_file() else heuristics_root() / str(name_or_dir)
@@ -99,16 +103,20 @@ def load_problem(name_or_dir: str | os.PathLike) -> HeuristicProblem:
     key = str(folder)
     if key in _LOADED:
         return _LOADED[key]
+    other = next((p for p in _LOADED.values() if p.name == folder.name), None)
+    if other is not None:
+        raise ValueError(f"problem {folder.name!r} is already loaded from {other.root}; {folder} defines "
+                         "another problem of the same name (rename one of the folders)")
     mod_name = f"coevo_heuristics.{folder.name}"
     spec = importlib.util.spec_from_file_location(mod_name, folder / "problem.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
+    sys.modules[mod_name] = module  # the importlib recipe: dataclasses and pickle look classes up by module
     try:
         spec.loader.exec_module(module)
     except BaseException:
         sys.modules.pop(mod_name, None)
         raise
-    cls = _REGISTRY.get(folder.name)
+    cls = PROBLEMS.get(folder.name)
     if cls is None or cls.__module__ != mod_name:
         raise ValueError(f"{folder / 'problem.py'} does not register a problem named {folder.name!r} "
                          "(decorate a HeuristicProblem subclass with @register_problem and set name)")
@@ -446,6 +454,10 @@ class HeuristicProblem(ABC):
             "direction": self.direction,
             "objective": self.objective_name,
         }
+
+
+#: every problem class loaded so far, by name (folders are imported by :func:`load_problem`)
+PROBLEMS: Registry[HeuristicProblem] = Registry("heuristic problem", HeuristicProblem)
 
 
 def run_target(fn: Any, payload: dict[str, Any]) -> dict[str, Any]:

@@ -10,28 +10,30 @@ Resume contract: after every step the loop saves :meth:`Evolver.state_dict` (JSO
 :meth:`Evolver.save_checkpoint` (large state such as weights). A step that was interrupted is re-run from
 the last checkpoint; trajectories carry deterministic keys, and :meth:`RunContext.cached` returns the
 stored trajectory for a key that exists, so a re-run neither loses nor duplicates samples nor re-charges
-the budget.
+the budget. (:class:`~coevo.context.RunContext` lives in :mod:`coevo.context`, below the rollouts that use
+it too; it is re-exported here.)
+
+Report sections: at the end of a run the loop calls :func:`record_report_sections`, which stores each
+evolver's :meth:`Evolver.report_markdown` in the run's store; the run report (:mod:`coevo.report`) only
+reads the store, so ``coevo runs show RUN --report`` rebuilds the same report later.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from coevo.types import Space, Trajectory
+from coevo.artifacts import REPORT_SECTION
+from coevo.context import RunContext
+from coevo.registry import Registry
+from coevo.types import Space
 
 if TYPE_CHECKING:
-    from coevo.backends.base import Policy
-    from coevo.budget import Budget
     from coevo.store import TrajectoryStore
 
 
@@ -49,6 +51,8 @@ class StepReport:
         samples: LLM samples consumed by this step (valid or not).
         trajectories: trajectories written.
         best_reward: best reward seen in this step (higher is better), or None.
+        reward_unit: what ``best_reward`` measures, with its unit (e.g. ``"heuristic score: -tour length"``);
+            None lets the report name it by the evolver's space (parameter space: the ES member reward).
         metrics: scalar metrics to plot (e.g. {"mean_reward": .., "best_objective": ..}).
         stop: the evolver asks the loop to stop (e.g. search converged or cannot continue); ``stop_reason``
             says why.
@@ -57,167 +61,10 @@ class StepReport:
     samples: int = 0
     trajectories: int = 0
     best_reward: float | None = None
+    reward_unit: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     stop: bool = False
     stop_reason: str | None = None
-
-
-@dataclass
-class RunContext:
-    """Everything an evolver may use, shared by all evolvers of a run.
-
-    Attributes:
-        run_id: id of the run (the run folder's name).
-        run_dir: the run folder.
-        store: the shared trajectory store (single writer: the loop's process).
-        budget: the run's sample budget; evolvers call ``budget.remaining()`` before sampling.
-        policy_factory: returns the run's policy (created once, lazily); ``None`` when the run has none.
-        shared: small JSON-serialisable board for cross-evolver state, saved with checkpoints
-            (e.g. ``shared["skill_version"]`` published by a skill evolver and read by ES rollouts).
-        evolvers: the run's evolvers by name, for evolvers that cooperate (e.g. ES generating EoH children).
-        seed: the run's base seed.
-        round: the current round (set by the loop).
-        sampling: the run's default decoding settings (``coevo.config.SamplingConfig``), see
-            :meth:`sampling_params`.
-        progress: called as ``progress(kind, n)`` on progress inside a step (set by the loop, may be None):
-            ``"sampling"`` (n LLM samples about to be drawn), ``"samples"`` (n drawn) and ``"trajectories"``
-            (n new trajectories recorded, e.g. evaluated candidates). See :meth:`report_progress`.
-        stop_requested: why the run should stop at the next sample boundary (set by :meth:`request_stop`,
-            e.g. on SIGINT), or None.
-
-    Sample boundaries: the policy returned by :attr:`policy` (and any policy passed through
-    :meth:`observe`) calls :meth:`sample_boundary` before each ``generate`` / ``logprob`` call and reports
-    the samples it drew; evolvers that draw samples another way call :meth:`sample_boundary` themselves.
-    """
-
-    run_id: str
-    run_dir: Path
-    store: TrajectoryStore
-    budget: Budget
-    policy_factory: Callable[[], Policy] | None = None
-    shared: dict[str, Any] = field(default_factory=dict)
-    evolvers: dict[str, Evolver] = field(default_factory=dict)
-    seed: int = 0
-    round: int = 0
-    sampling: Any = None
-    progress: Callable[[str, int], None] | None = None
-    stop_requested: tuple[str, int] | None = None
-    _policy: Policy | None = None
-
-    @property
-    def policy(self) -> Policy:
-        """The run's policy, created on first use and observed (:meth:`observe`).
-
-        Raises:
-            ConfigError: when the run config has no model.
-        """
-        if self._policy is None:
-            if self.policy_factory is None:
-                from coevo.errors import ConfigError
-
-                raise ConfigError("this run has no model configured (config field `model`)")
-            self._policy = self.observe(self.policy_factory())
-        return self._policy
-
-    @property
-    def policy_loaded(self) -> bool:
-        """Whether the run's policy has been created (first use of :attr:`policy`)."""
-        return self._policy is not None
-
-    def close_policy(self) -> None:
-        """Release the run's policy if it was created (engines, clients); a later use creates it again."""
-        if self._policy is not None:
-            policy, self._policy = self._policy, None
-            policy.close()
-
-    def observe(self, policy: Policy) -> Policy:
-        """Make ``policy`` call :meth:`sample_boundary` before, and :meth:`report_progress` after, each
-        ``generate(conversations, ...)`` and ``logprob(conversations, ...)`` call (one sample per
-        conversation). The methods are wrapped on the instance, so ``isinstance`` checks and every other
-        attribute are unchanged; observing twice is a no-op, and a policy observed by another (earlier) run
-        context is re-wrapped from its original methods, never wrapped twice. Returns ``policy``."""
-        if getattr(policy, "_observed_by", None) is self:
-            return policy
-        originals = policy.__dict__.get("_unobserved")  # a policy shared with an earlier run context
-        if originals is None:
-            originals = {n: getattr(policy, n) for n in ("generate", "logprob") if callable(getattr(policy, n, None))}
-            policy._unobserved = originals  # type: ignore[attr-defined]
-        for name, inner in originals.items():
-            setattr(policy, name, self._observed(inner))
-        policy._observed_by = self  # type: ignore[attr-defined]
-        return policy
-
-    def _observed(self, inner: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(inner)
-        def call(conversations, *args: Any, **kwargs: Any):
-            n = len(conversations)
-            self.sample_boundary(n)
-            out = inner(conversations, *args, **kwargs)
-            self.report_progress("samples", n)
-            return out
-
-        return call
-
-    def request_stop(self, reason: str, signum: int = 0) -> None:
-        """Ask the run to stop: the next :meth:`sample_boundary` raises :class:`~coevo.errors.RunInterrupted`,
-        and the loop stops before the next step (e.g. from a SIGINT handler)."""
-        if self.stop_requested is None:
-            self.stop_requested = (reason, signum)
-
-    def sample_boundary(self, n: int = 1) -> None:
-        """Called before drawing ``n`` LLM samples inside a step: a safe point to end the step.
-
-        Raises:
-            RunInterrupted: a stop was requested (:meth:`request_stop`).
-            BudgetExhausted: the wall-clock budget is spent (the sample budget is enforced by
-                ``budget.allow`` instead, which evolvers call before sampling).
-        """
-        from coevo.errors import BudgetExhausted, RunInterrupted
-
-        if self.stop_requested is not None:
-            raise RunInterrupted(*self.stop_requested)
-        wall = self.budget.wall_exhausted()
-        if wall:
-            raise BudgetExhausted(wall)
-        self.report_progress("sampling", n)
-
-    def report_progress(self, kind: str, n: int = 1) -> None:
-        """Tell the progress display that ``n`` things of ``kind`` happened ("sampling", "samples",
-        "trajectories"); a no-op without a display."""
-        if self.progress is not None and n:
-            self.progress(kind, n)
-
-    def sampling_params(self, **overrides: Any):
-        """The run's decoding settings as :class:`~coevo.backends.base.SamplingParams`, with overrides."""
-        from coevo.backends.base import SamplingParams
-
-        base = self.sampling.model_dump() if self.sampling is not None else {}
-        base.update({k: v for k, v in overrides.items() if v is not None})
-        if "stop" in base:
-            base["stop"] = tuple(base["stop"])
-        return SamplingParams(**base)
-
-    def cached(self, key: str) -> Trajectory | None:
-        """The stored trajectory with this idempotency key, or None (see the module's resume contract)."""
-        return self.store.get_by_key(key)
-
-    def record(self, trajectory: Trajectory) -> Trajectory:
-        """Store a trajectory (idempotent); its ``llm_calls`` count against the budget once.
-
-        Returns the stored trajectory (the earlier copy if the key already existed).
-        """
-        stored, inserted = self.store.add_trajectory(trajectory)
-        if inserted:
-            self.report_progress("trajectories", 1)
-        return stored
-
-    def traj_key(self, evolver: str, *parts: object) -> str:
-        """Deterministic idempotency key: ``run/evolver/part/part/...``."""
-        return "/".join([self.run_id, evolver, *map(str, parts)])
-
-    def rng(self, *parts: object) -> random.Random:
-        """A deterministic RNG keyed by the run seed and ``parts`` (stable across resumes)."""
-        return random.Random("/".join([str(self.seed), *map(str, parts)]))
 
 
 class Evolver(ABC):
@@ -265,8 +112,9 @@ class Evolver(ABC):
         """Release resources at the end of the run."""
 
 
-_REGISTRY: dict[str, type[Evolver]] = {}
-ENTRY_POINT_GROUP = "coevo.evolvers"
+EVOLVERS: Registry[Evolver] = Registry(
+    "evolver type", Evolver, package="coevo.evolvers", entry_point_group="coevo.evolvers", name_attr="type_name"
+)
 
 
 def register_evolver(name: str) -> Callable[[type[Evolver]], type[Evolver]]:
@@ -274,60 +122,37 @@ def register_evolver(name: str) -> Callable[[type[Evolver]], type[Evolver]]:
 
     Raises:
         ValueError: if another class is already registered under ``name``.
+        TypeError: the class does not subclass :class:`Evolver`.
     """
-
-    def deco(cls: type[Evolver]) -> type[Evolver]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"evolver type {name!r} already registered by {_REGISTRY[name].__qualname__}")
-        if not issubclass(cls, Evolver):
-            raise TypeError(f"{cls!r} must subclass coevo.evolvers.Evolver")
-        cls.type_name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
+    return EVOLVERS.register(name)
 
 
 def registered_evolvers() -> dict[str, type[Evolver]]:
-    """All evolver types: built-ins, then ``coevo.evolvers`` entry points (loaded lazily, errors raised)."""
-    _load_builtins()
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in _REGISTRY:
-            cls = ep.load()
-            register_evolver(ep.name)(cls)
-    return dict(_REGISTRY)
+    """All evolver types: built-ins (every module of :mod:`coevo.evolvers`), classes registered by imported
+    code, then ``coevo.evolvers`` entry points (loaded lazily, errors raised)."""
+    return EVOLVERS.items()
 
 
 def resolve_evolver(type_name: str) -> type[Evolver]:
-    """Find the evolver class for a config's ``type``: a registered name or ``pkg.module:Class``.
+    """Find the evolver class for a config's ``type``: a registered name, an entry point or ``pkg.module:Class``.
 
     Raises:
         ValueError: unknown name (the message lists the known ones) or a dotted path that does not name
             an Evolver subclass.
     """
-    if ":" in type_name or (type_name.count(".") >= 1 and type_name not in _REGISTRY):
-        mod_name, _, attr = type_name.replace(":", ".").rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(mod_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"evolver type {type_name!r}: cannot import it ({exc})") from exc
-        if not (isinstance(cls, type) and issubclass(cls, Evolver)):
-            raise ValueError(f"evolver type {type_name!r} is not a subclass of coevo.evolvers.Evolver")
-        return cls
-    known = registered_evolvers()
-    if type_name not in known:
-        raise ValueError(f"unknown evolver type {type_name!r}; known types: {sorted(known)}")
-    return known[type_name]
+    return EVOLVERS.resolve(type_name)
 
 
-_BUILTIN_MODULES = (
-    "coevo.evolvers.es",
-    "coevo.evolvers.eoh",
-    "coevo.evolvers.sampling",
-    "coevo.evolvers.trace2skill",
-)
-
-
-def _load_builtins() -> None:
-    for mod in _BUILTIN_MODULES:
-        importlib.import_module(mod)
+def record_report_sections(store: TrajectoryStore, run_id: str, evolvers: dict[str, Evolver]) -> int:
+    """Store each evolver's report section (``kind="report_section"``, name ``<run id>/<evolver>``) when it
+    differs from the stored one; returns how many were written."""
+    written = 0
+    for name, ev in evolvers.items():
+        section = ev.report_markdown()
+        if not section:
+            continue
+        latest = store.get_artifact(REPORT_SECTION, f"{run_id}/{name}")
+        if latest is None or latest.content.get("markdown") != section:
+            store.put_artifact(run_id, REPORT_SECTION, f"{run_id}/{name}", {"evolver": name, "markdown": section})
+            written += 1
+    return written

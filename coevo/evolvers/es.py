@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from coevo.artifacts import ES_MEMBER as MEMBER_KIND
 from coevo.backends.ray_pool import ESReplica, RayReplicaPool
 from coevo.es import GenerationRecord, Schedule, ScopeSpec, normalize_rewards
 from coevo.es.checkpoint import records_between, snapshot_path
@@ -56,7 +57,6 @@ from coevo.rollouts.base import build_rollout, resolve_rollout
 from coevo.types import ESMember, Trajectory
 
 #: artifact kind of the per-member resume markers (content: the member's trajectory keys)
-MEMBER_KIND = "es_member"
 POINTER_FILE = "es.json"
 
 
@@ -396,7 +396,7 @@ class ESEvolver(Evolver):
 
     def report_markdown(self) -> str | None:
         """A table of the ES generations (sigma, rewards, update size, held-out reward) from the history."""
-        from coevo.report.writer import md_table
+        from coevo.tables import md_table
 
         rows = self.ctx.store.es_history(self.ctx.run_id, self.name)
         if not rows:
@@ -409,4 +409,4 @@ class ESEvolver(Evolver):
         head = (f"### ES `{self.name}`\n\nN={self.config.population_size}, antithetic={self.config.antithetic}, "
                 f"scope={self.config.scope}, rollout={self.config.rollout['type']}; weights hash "
                 f"`{(self.weights_hash or '')[:16]}`; replay with `coevo es replay RUN_DIR --check`.\n\n")  # fmt: skip
-        return head + md_table(["gen", "sigma", "mean R", "max R", "‖update‖", "test R (before)", ""], table) + tail
+        return head + md_table(["gen", "sigma", "mean member reward R", "max member reward R", "‖update‖", "test R (before)", "update"], table) + tail

@@ -46,11 +46,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from coevo.artifacts import SKILL_GATE as GATE_KIND
 from coevo.backends.base import Completion, Policy
 from coevo.config import ModelConfig
 from coevo.errors import ConfigError
 from coevo.evolvers.base import Evolver, EvolverConfig, RunContext, StepReport, register_evolver
-from coevo.report.writer import md_table
 from coevo.rollouts.base import build_rollout, resolve_rollout
 from coevo.skills import (
     SHIPPED_SKILLS_DIR,
@@ -69,9 +69,8 @@ from coevo.skills import (
 from coevo.skills import prompts as P
 from coevo.skills.patch import edit_to_dict
 from coevo.skills.spec import NAME_PATTERN
+from coevo.tables import md_table
 from coevo.types import ContextRef, Step, Trajectory
-
-GATE_KIND = "skill_gate"
 
 
 class GateConfig(BaseModel):

@@ -1,7 +1,9 @@
 """Writes ``report.md`` and ``plots/*.png`` for a run folder.
 
-The report is rebuilt from the store alone (trajectories and the loop's per-step records), so it can be
-regenerated at any time with ``coevo runs show RUN_DIR --report``.
+The report is rebuilt from the store alone (trajectories, the loop's per-step records and the evolvers'
+report sections, :func:`coevo.evolvers.base.record_report_sections`) and only reads it, so it can be
+regenerated at any time with ``coevo runs show RUN_DIR --report``. Domain sections computed from the store
+(the web agent's, :mod:`coevo.report.web`) are added when a run has their trajectories.
 """
 
 from __future__ import annotations
@@ -12,37 +14,33 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coevo.artifacts import LOOP_STEP, REPORT_SECTION
+from coevo.report.web import web_report
+from coevo.tables import fmt, md_table
+
 if TYPE_CHECKING:
-    from coevo.evolvers.base import Evolver
     from coevo.store import TrajectoryStore
-
-STEP_KIND = "loop_step"
-
-
-def _fmt(x: Any) -> str:
-    if x is None:
-        return "–"
-    if isinstance(x, float):
-        return "nan" if math.isnan(x) else f"{x:.4g}"
-    return str(x)
-
-
-def _cell(x: Any) -> str:
-    """A table cell: formatted, on one line, with ``|`` escaped so generated text cannot break the table."""
-    return _fmt(x).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
-
-
-def md_table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A Markdown table (cells escaped)."""
-    out = ["| " + " | ".join(_cell(h) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return "\n".join(out)
-
 
 def step_records(store: TrajectoryStore, run_id: str) -> list[dict[str, Any]]:
     """The loop's per-step records of a run, in order."""
-    arts = store.list_artifacts(kind=STEP_KIND, run_id=run_id)
+    arts = store.list_artifacts(kind=LOOP_STEP, run_id=run_id)
     return [a.content for a in sorted(arts, key=lambda a: a.id)]
+
+
+def trajectory_reward_unit(trajectories: list) -> str:
+    """What the rewards of these trajectories measure: the ``meta["reward_unit"]`` their writers recorded
+    (e.g. heuristic scores), else the rollout's task reward (parameter space) or "reward"."""
+    units = sorted({t.meta["reward_unit"] for t in trajectories if t.meta.get("reward_unit")})
+    if units:
+        return "; ".join(units)
+    return "rollout reward of one case" if trajectories and trajectories[0].space == "parameter" else "reward"
+
+
+def step_reward_unit(step: dict[str, Any]) -> str:
+    """What a step record's ``best_reward`` measures (``reward_unit``, else by the evolver's space)."""
+    if step.get("reward_unit"):
+        return step["reward_unit"]
+    return "best ES member reward R_i of the generation" if step.get("space") == "parameter" else "reward"
 
 
 def reward_curves(store: TrajectoryStore, run_id: str) -> dict[str, tuple[list[int], list[float]]]:
@@ -108,30 +106,10 @@ def _plot(run_dir: Path, store: TrajectoryStore, run_id: str, steps: list[dict[s
     return written
 
 
-SECTION_KIND = "report_section"
-
-
-def _evolver_sections(
-    store: TrajectoryStore, run_id: str, evolvers: dict[str, Evolver] | None
-) -> list[tuple[str, str]]:
-    """(evolver name, Markdown) of each evolver's own report section.
-
-    With live evolvers (at the end of a run) the sections are computed and saved in the store, so that a
-    report rebuilt later from the run folder alone (``coevo runs show RUN --report``) still has them.
-    """
-    if evolvers:
-        out = []
-        for name, ev in evolvers.items():
-            section = ev.report_markdown()
-            if section:
-                latest = store.get_artifact(SECTION_KIND, f"{run_id}/{name}")
-                if latest is None or latest.content.get("markdown") != section:
-                    store.put_artifact(run_id, SECTION_KIND, f"{run_id}/{name}", {"evolver": name, "markdown": section})
-                out.append((name, section))
-        return out
-    arts = store.list_artifacts(kind=SECTION_KIND, run_id=run_id)
+def _evolver_sections(store: TrajectoryStore, run_id: str) -> list[tuple[str, str]]:
+    """(evolver name, Markdown) of each evolver's latest stored report section."""
     latest: dict[str, Any] = {}
-    for art in sorted(arts, key=lambda a: a.version):
+    for art in sorted(store.list_artifacts(kind=REPORT_SECTION, run_id=run_id), key=lambda a: a.version):
         latest[art.content["evolver"]] = art.content["markdown"]
     return list(latest.items())
 
@@ -139,19 +117,12 @@ def _evolver_sections(
 def _domain_sections(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool) -> list[str]:
     """Sections computed from the store by domain reports (each returns None when the run has none of its
     trajectories), e.g. the web agent's success rates per task, ES generation and skill version."""
-    from coevo.agents.report import web_report
-
     return [s for s in (web_report(run_dir, store, run_id, plots=plots),) if s]
 
 
-def write_report(
-    run_dir: Path,
-    store: TrajectoryStore,
-    run_id: str,
-    evolvers: dict[str, Evolver] | None = None,
-    plots: bool = True,
-) -> Path:
-    """Write ``report.md`` (and plots) into ``run_dir``; returns the report's path."""
+def write_report(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool = True) -> Path:
+    """Write ``report.md`` (and plots) into ``run_dir`` from what ``store`` holds for ``run_id`` (read only);
+    returns the report's path."""
     run_dir = Path(run_dir)
     steps = step_records(store, run_id)
     lines = [f"# Run report: {run_id}", ""]
@@ -180,11 +151,18 @@ def write_report(
                 f"{100 * len(valid) / len(ts):.1f}%",
                 sum(rewards) / len(rewards) if rewards else None,
                 max(rewards) if rewards else None,
+                trajectory_reward_unit(ts),
             ]
         )
     lines += ["## Evolvers", ""]
-    lines += [md_table(["evolver", "space", "trajectories", "LLM samples", "valid", "mean reward", "best reward"], rows)]
+    lines += [("Rewards of the evolver's trajectories (one per LLM sample or episode; higher is better), in the "
+               "unit named in the last column."), ""]
+    lines += [md_table(["evolver", "space", "trajectories", "LLM samples", "valid", "mean trajectory reward",
+                        "best trajectory reward", "trajectory reward unit"], rows)]
     lines += ["", "## Steps", ""]
+    lines += [("`best reward` is what each step reports, in the unit of its `reward unit` column: parameter-space "
+               "(ES) steps report the best ES member reward R_i of the generation, context-space steps the best "
+               "reward of their samples."), ""]
     step_rows = [
         [
             s["round"],
@@ -193,19 +171,21 @@ def write_report(
             s["samples"],
             s["trajectories"],
             s["best_reward"],
+            step_reward_unit(s),
             s["samples_total"],
             round(s["wall_s"], 1),
-            ", ".join(f"{k}={_fmt(v)}" for k, v in (s.get("metrics") or {}).items()),
+            ", ".join(f"{k}={fmt(v)}" for k, v in (s.get("metrics") or {}).items()),
         ]
         for s in steps
     ]
     lines += [
         md_table(
-            ["round", "evolver", "space", "samples", "trajectories", "best reward", "samples total", "wall s", "metrics"],
+            ["round", "evolver", "space", "samples", "trajectories", "best reward", "reward unit", "samples total",
+             "wall s", "metrics"],
             step_rows,
         )
     ]
-    for name, section in _evolver_sections(store, run_id, evolvers):
+    for name, section in _evolver_sections(store, run_id):
         lines += ["", f"## {name}", "", section]
     for section in _domain_sections(run_dir, store, run_id, plots):
         lines += ["", section]

@@ -10,18 +10,18 @@ the ``key_prefix`` they are given, and a caller that resumes may skip cases whos
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from coevo.registry import Registry
 from coevo.types import ESMember, Trajectory
 
 if TYPE_CHECKING:
     from coevo.backends.base import Policy
-    from coevo.evolvers.base import RunContext
+    from coevo.context import RunContext
 
 Split = Literal["train", "test"]
 
@@ -36,7 +36,7 @@ class RolloutConfig(BaseModel):
 class Rollout(ABC):
     """Evaluates a policy on task cases.
 
-    Constructed as ``cls(config, ctx)``; ``ctx`` is the run's :class:`~coevo.evolvers.base.RunContext`
+    Constructed as ``cls(config, ctx)``; ``ctx`` is the run's :class:`~coevo.context.RunContext`
     (for the run id, rng, the shared board and cooperating evolvers) and may be ``None`` inside Ray actors.
     """
 
@@ -111,50 +111,33 @@ class Rollout(ABC):
         return self.config.model_dump()
 
 
-_REGISTRY: dict[str, type[Rollout]] = {}
-_BUILTIN_MODULES = (
-    "coevo.rollouts.logprob",
-    "coevo.rollouts.countdown",
-    "coevo.ahd.es_rollout",
-    "coevo.agents.web_rollout",
+ROLLOUTS: Registry[Rollout] = Registry(
+    "rollout type", Rollout, package="coevo.rollouts", entry_point_group="coevo.rollouts", name_attr="type_name"
 )
 
 
 def register_rollout(name: str) -> Callable[[type[Rollout]], type[Rollout]]:
-    """Class decorator registering a rollout type under ``name``."""
+    """Class decorator registering a rollout type under ``name``.
 
-    def deco(cls: type[Rollout]) -> type[Rollout]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"rollout type {name!r} already registered by {_REGISTRY[name].__qualname__}")
-        cls.type_name = name
-        _REGISTRY[name] = cls
-        return cls
+    Raises:
+        ValueError: another class is registered under ``name``. TypeError: not a :class:`Rollout` subclass.
+    """
+    return ROLLOUTS.register(name)
 
-    return deco
+
+def registered_rollouts() -> dict[str, type[Rollout]]:
+    """Every rollout type: the modules of :mod:`coevo.rollouts`, classes registered by imported code and
+    ``coevo.rollouts`` entry points."""
+    return ROLLOUTS.items()
 
 
 def resolve_rollout(type_name: str) -> type[Rollout]:
-    """The rollout class for a config's ``type``: a registered name or ``pkg.module:Class``.
+    """The rollout class for a config's ``type``: a registered name, an entry point or ``pkg.module:Class``.
 
     Raises:
-        ValueError: unknown type (the message lists the known ones).
+        ValueError: unknown type (the message lists the known ones), or a dotted path naming no Rollout.
     """
-    if ":" in type_name:
-        mod, _, attr = type_name.partition(":")
-        try:
-            cls = getattr(importlib.import_module(mod), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"rollout type {type_name!r}: cannot import it ({exc})") from exc
-        return cls
-    for mod in _BUILTIN_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name != mod:
-                raise
-    if type_name not in _REGISTRY:
-        raise ValueError(f"unknown rollout type {type_name!r}; known types: {sorted(_REGISTRY)}")
-    return _REGISTRY[type_name]
+    return ROLLOUTS.resolve(type_name)
 
 
 def build_rollout(spec: dict[str, Any], ctx: RunContext | None) -> Rollout:

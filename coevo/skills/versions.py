@@ -22,13 +22,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from coevo.artifacts import SKILL as SKILL_ARTIFACT_KIND
 from coevo.skills.apply import diff_file_maps, read_skill_files
 from coevo.skills.spec import NAME_PATTERN, SKILL_FILE, read_skill_document, resolve_inside
 
 if TYPE_CHECKING:
     from coevo.store import Artifact, TrajectoryStore
 
-SKILL_ARTIFACT_KIND = "skill"
 SNAPSHOT_FORMAT = 1
 
 

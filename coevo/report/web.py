@@ -1,17 +1,17 @@
 """The web-agent section of a run report: success rates per ES generation, per task, per skill version, with
 plots and the skill diffs, rebuilt from the store alone.
 
-Inputs are the trajectories the ``web`` rollout (:mod:`coevo.agents.web_rollout`) wrote (``meta["rollout"] ==
+Inputs are the trajectories the ``web`` rollout (:mod:`coevo.rollouts.web`) wrote (``meta["rollout"] ==
 "web"``) and the ``skill`` artifacts a skill evolver stored (:mod:`coevo.skills.versions`). An episode succeeds
 when it is valid with reward 1.0 (> 0); rates leave out episodes whose *browser* failed (``failure ==
-"runtime"``), as :meth:`~coevo.agents.web_rollout.WebRollout.member_reward` does, and count them separately.
+"runtime"``), as :meth:`~coevo.rollouts.web.WebRollout.member_reward` does, and count them separately.
 
 * train: episodes of ES members (``split == "train"``), grouped by (evolver, generation);
 * held-out: the centre's episodes on the fixed held-out seeds (``split == "test"``), grouped by (evolver,
   generation = number of ES updates applied before the evaluation);
 * gate: Trace2Skill's held-out gate episodes (``meta["t2s_role"] == "gate"``), per skill version only.
 
-Use :func:`web_report` from an evolver's ``report_markdown`` or the run report writer.
+The run report (:mod:`coevo.report.writer`) adds this section to every run that has web trajectories.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from coevo.report.writer import md_table
-from coevo.skills.versions import SKILL_ARTIFACT_KIND
+from coevo.artifacts import SKILL
+from coevo.tables import md_table
 from coevo.types import Trajectory
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ def _skill_version_table(web: list[Trajectory]) -> list[str]:
 def skill_diff_markdown(store: TrajectoryStore, run_id: str, max_diff_lines: int = 80) -> list[str]:
     """Markdown lines listing the run's stored skill versions (changelog, parent, causing trajectories) and each
     version's unified diff from its parent, cut to ``max_diff_lines`` lines."""
-    arts = store.list_artifacts(kind=SKILL_ARTIFACT_KIND, run_id=run_id)
+    arts = store.list_artifacts(kind=SKILL, run_id=run_id)
     if not arts:
         return []
     out = ["### Skill versions", ""]
@@ -178,6 +178,28 @@ def skill_diff_markdown(store: TrajectoryStore, run_id: str, max_diff_lines: int
         out += ["", f"Diff of `{a.name}` v{a.version} (from v{a.parent_version or 0}):", "", "```diff",
                 *diff[:max_diff_lines], *cut, "```"]
     return out
+
+
+def _bars(plt, path: Path, labels: list[str], series: list[tuple[str, list[float | None]]], ylabel: str, title: str,
+          figsize: tuple[float, float], rotation: int) -> Path:
+    """A grouped bar chart (one group per label, one bar per series; None plotted as 0) saved to ``path``."""
+    fig, ax = plt.subplots(figsize=figsize)
+    width = 0.8 / len(series)
+    for j, (name, vals) in enumerate(series):
+        offset = width * (j - (len(series) - 1) / 2)
+        ax.bar([i + offset for i in range(len(labels))], [v or 0 for v in vals], width=width, label=name)
+    if rotation:
+        ax.set_xticks(range(len(labels)), labels, rotation=rotation, ha="right", fontsize=8)
+    else:
+        ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, 105)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _plot(plots_dir: Path, train: list[Trajectory], test: list[Trajectory], web: list[Trajectory],
@@ -211,36 +233,17 @@ def _plot(plots_dir: Path, train: list[Trajectory], test: list[Trajectory], web:
     versions = _by([t for t in web if t.context.skill_version is not None],
                    lambda t: (t.context.skill_name, t.context.skill_version))  # fmt: skip
     if versions:
-        fig, ax = plt.subplots(figsize=(6, 3.6))
-        labels = [f"{n}\nv{v}" for n, v in versions]
-        for j, kind in enumerate(("train", "test", "gate")):
-            vals = [_pct(success_rate(t for t in ts if _kind(t) == kind)) for ts in versions.values()]
-            ax.bar([i + 0.27 * (j - 1) for i in range(len(labels))], [v or 0 for v in vals], width=0.27, label=kind)
-        ax.set_xticks(range(len(labels)), labels, fontsize=8)
-        ax.set_ylabel("success rate (%)")
-        ax.set_ylim(0, 105)
-        ax.set_title("Success per skill version")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        written.append(plots_dir / PLOT_NAMES[1])
-        fig.savefig(written[-1], dpi=120)
-        plt.close(fig)
+        series = [(kind, [_pct(success_rate(t for t in ts if _kind(t) == kind)) for ts in versions.values()])
+                  for kind in ("train", "test", "gate")]  # fmt: skip
+        written.append(_bars(plt, plots_dir / PLOT_NAMES[1], [f"{n}\nv{v}" for n, v in versions], series,
+                             "success rate (%)", "Success per skill version", (6, 3.6), rotation=0))  # fmt: skip
 
     tasks = sorted({_task(t) for t in first + last})
     if tasks:
-        fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(tasks)), 3.6))
-        for j, (label, group) in enumerate((("first generation", first), ("last generation", last))):
-            vals = [_pct(success_rate(t for t in group if _task(t) == task)) for task in tasks]
-            ax.bar([i + 0.4 * (j - 0.5) for i in range(len(tasks))], [v or 0 for v in vals], width=0.4, label=label)
-        ax.set_xticks(range(len(tasks)), tasks, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel("train success rate (%)")
-        ax.set_ylim(0, 105)
-        ax.set_title("Per task: first vs last ES generation")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        written.append(plots_dir / PLOT_NAMES[2])
-        fig.savefig(written[-1], dpi=120)
-        plt.close(fig)
+        series = [(label, [_pct(success_rate(t for t in group if _task(t) == task)) for task in tasks])
+                  for label, group in (("first generation", first), ("last generation", last))]  # fmt: skip
+        written.append(_bars(plt, plots_dir / PLOT_NAMES[2], tasks, series, "train success rate (%)",
+                             "Per task: first vs last ES generation", (max(6, 0.9 * len(tasks)), 3.6), rotation=30))  # fmt: skip
     return written
 
 

@@ -52,7 +52,7 @@ from coevo.types import ContextRef, ESMember, Trajectory
 
 if TYPE_CHECKING:
     from coevo.backends.base import Policy
-    from coevo.evolvers.base import RunContext
+    from coevo.context import RunContext
     from coevo.skills import SkillLibrary
 
 #: the shipped skills the agent starts from when ``skill_dirs`` is not given (relative to

@@ -1,0 +1,372 @@
+"""The sampler service of heuristic design: prompt -> sample -> extract -> evaluate -> record.
+
+One :class:`HeuristicSampler` serves one problem and one training set of a run. Every heuristic-design
+component goes through it: the ``eoh`` and ``sample`` evolvers (:mod:`coevo.evolvers.eoh`,
+:mod:`coevo.evolvers.sampling`) and the ES rollout ``eoh_children`` (:mod:`coevo.rollouts.eoh_children`),
+which writes children of an evolver's population under perturbed weights with that evolver's sampler.
+
+* prompt: :meth:`HeuristicSampler.job` builds one LLM call of an EoH operator (:mod:`coevo.ahd.prompts`);
+  :meth:`HeuristicSampler.operator_jobs` builds a generation's calls, drawing parents from a population by
+  rank (:func:`coevo.ahd.population.select_parents`);
+* sample: :meth:`HeuristicSampler.sample` reuses the jobs whose key is stored (resume), cuts the rest to
+  the sample budget and generates them in one batched ``policy.generate`` call;
+* extract: the braced thought and the code of the problem's function (:func:`coevo.sandbox.extract.extract_code`);
+* evaluate: :func:`coevo.ahd.evaluate.evaluate_many` on the training instances, ``workers`` sandboxed
+  processes at a time;
+* duplicates: with ``reject_duplicates``, a sample whose code is the same (up to formatting, comments and
+  docstrings, :func:`coevo.ahd.population.code_key`) as an existing individual's is not evaluated but
+  recorded as invalid with failure kind ``duplicate``. Existing individuals: every valid heuristic already
+  recorded in the run for this problem and training set, the caller's population (e.g. the seed heuristic)
+  and the earlier samples of the same batch;
+* record: one trajectory per call, valid or not (failure kinds ``llm_error``, ``parse``, ``duplicate`` or
+  the evaluator's), counted against the budget. Reward is the evaluator's score (``-objective`` for minimisation
+  problems, higher is better); the raw objective, code, thought and parents go to ``Trajectory.meta``, with
+  ``meta["sampler"]`` naming the sampler's owner (the evolver whose training set and search it serves) and
+  the best parent's ``parent_objective`` and ``parent_score`` (its reward, in the same score space).
+
+:class:`HeuristicSearch` is what other parts of a run may use of a heuristic-design evolver: its sampler,
+its population and whether it takes parent operators.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from coevo.ahd.evaluate import evaluate_many
+from coevo.ahd.population import Individual, code_key, select_parents
+from coevo.ahd.prompts import build_messages, parents_needed
+from coevo.sandbox import pool
+from coevo.sandbox.extract import extract_code
+from coevo.sandbox.runner import Sandbox, SandboxLimits
+from coevo.types import ContextRef, ESMember, EvalResult, Step, Trajectory
+
+if TYPE_CHECKING:
+    from coevo.ahd.instances import InstanceSet
+    from coevo.ahd.problem import HeuristicProblem
+    from coevo.backends.base import Policy, SamplingParams
+    from coevo.budget import Budget
+    from coevo.store import TrajectoryStore
+
+
+@dataclass
+class SampleJob:
+    """One LLM call to make: the prompt, its operator and parents, and its deterministic key and seed."""
+
+    key: str
+    operator: str
+    messages: list[dict[str, str]]
+    seed: int
+    parents: list[Individual] = field(default_factory=list)
+    extra_meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ParallelSandbox:
+    """A :class:`~coevo.sandbox.runner.Sandbox` whose batch evaluation (used by
+    :func:`coevo.ahd.evaluate.evaluate_many`) runs ``workers`` isolated processes at a time
+    (:func:`coevo.sandbox.pool.evaluate_many`)."""
+
+    sandbox: Sandbox
+    workers: int
+
+    def run(self, code: str, function_name: str, target: str, payload: dict[str, Any]) -> EvalResult:
+        return self.sandbox.run(code, function_name, target, payload)
+
+    def evaluate_many(self, requests: list[dict[str, Any]]) -> list[EvalResult]:
+        return pool.evaluate_many(self.sandbox, requests, max_workers=self.workers)
+
+
+def _messages_text(messages: list[dict[str, str]]) -> str:
+    return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)
+
+
+class HeuristicSampler:
+    """prompt -> sample -> extract -> evaluate -> record for one problem and training set (module docstring).
+
+    Args:
+        problem: the heuristic problem.
+        owner: name of the evolver this sampler serves (recorded as ``meta["sampler"]``).
+        run_id: the run's id. store: the run's trajectory store. budget: the run's sample budget.
+        sampling: decoding settings of every call (the per-call seed is set from the job).
+        train_size, train_count, train_seed: the training instances (generated once, deterministically).
+        limits: limits of one sandboxed evaluation. workers: evaluations run in parallel.
+        default_policy: returns the policy used when :meth:`sample` gets none (called only when a call is
+            actually made, so a fully cached re-run never loads a model).
+        reject_duplicates: record copies of existing individuals as ``duplicate`` without evaluating them.
+    """
+
+    def __init__(
+        self,
+        problem: HeuristicProblem,
+        *,
+        owner: str,
+        run_id: str,
+        store: TrajectoryStore,
+        budget: Budget,
+        sampling: SamplingParams,
+        train_size: int,
+        train_count: int,
+        train_seed: int,
+        limits: SandboxLimits,
+        workers: int,
+        default_policy: Callable[[], Policy] | None = None,
+        reject_duplicates: bool = True,
+    ) -> None:
+        self.problem = problem
+        self.owner = owner
+        self.run_id = run_id
+        self.store = store
+        self.budget = budget
+        self.sampling = sampling
+        self.train_size, self.train_count, self.train_seed = train_size, train_count, train_seed
+        self.train_tag = f"{problem.name}/n{train_size}x{train_count}/s{train_seed}"
+        self.sandbox = ParallelSandbox(Sandbox(limits), workers)
+        self.default_policy = default_policy
+        self.reject_duplicates = reject_duplicates
+        sign = "-" if problem.direction == "minimize" else "+"
+        #: what a trajectory's reward is (recorded as ``meta["reward_unit"]``)
+        self.reward_unit = f"heuristic score = {sign}{problem.objective_name or 'objective'} (higher is better)"
+        self._train: InstanceSet | None = None
+        self._known: dict[str, str] = {}  # code_key -> id of a valid recorded heuristic
+        self._known_cursor = 0  # largest trajectory id folded into _known
+
+    # ------------------------------------------------------------------ instances and evaluation
+    @property
+    def train_instances(self) -> InstanceSet:
+        """The training :class:`~coevo.ahd.instances.InstanceSet` (generated once, deterministic)."""
+        if self._train is None:
+            self._train = self.problem.generate(self.train_size, self.train_count, self.train_seed)
+        return self._train
+
+    def evaluate(self, codes: Sequence[str], instances: InstanceSet | None = None,
+                 with_reference: bool = True, timeout_basis: InstanceSet | tuple[int, int] | None = None
+                 ) -> list[EvalResult]:
+        """Evaluate heuristics in parallel in the sandbox (default: on the training instances); one
+        :class:`~coevo.types.EvalResult` per code, in order, invalid ones never raising. ``timeout_basis``
+        (``(size, count)`` or an InstanceSet) scales the sandbox's time limit from that workload to these
+        instances (:func:`coevo.ahd.evaluate.evaluate_many`)."""
+        if not codes:
+            return []
+        inst = self.train_instances if instances is None else instances
+        return evaluate_many(self.problem, list(codes), inst, sandbox=self.sandbox, with_reference=with_reference,
+                            timeout_basis=timeout_basis)
+
+    def seed_individual(self) -> Individual:
+        """The problem's seed heuristic evaluated on the training instances, as individual ``"seed"``.
+
+        Raises:
+            RuntimeError: the seed heuristic is invalid (a broken problem folder, not a bad sample).
+        """
+        code = self.problem.seed_heuristic_code()
+        res = self.evaluate([code])[0]
+        if not res.valid:
+            raise RuntimeError(f"{self.problem.name}: the seed heuristic is invalid ({res.error_kind}: {res.error})")
+        return Individual(id="seed", thought="the problem's seed heuristic", code=code, objective=res.objective,
+                          reward=res.score, operator="seed", source="seed")  # fmt: skip
+
+    # ------------------------------------------------------------------ prompts
+    def key(self, *parts: object) -> str:
+        """Deterministic trajectory key ``run/part/part/...``."""
+        return "/".join([self.run_id, *map(str, parts)])
+
+    def job(self, operator: str, *, key: str, seed: int, parents: Sequence[Individual] = (),
+            extra_meta: dict[str, Any] | None = None) -> SampleJob:
+        """One call of ``operator`` on ``parents`` (prompt from :func:`coevo.ahd.prompts.build_messages`).
+
+        Raises:
+            ValueError: unknown operator or a parent count it cannot take.
+        """
+        messages = build_messages(operator, self.problem.prompt_spec(), list(parents))
+        return SampleJob(key=key, operator=operator, messages=messages, seed=seed, parents=list(parents),
+                         extra_meta=dict(extra_meta or {}))  # fmt: skip
+
+    def operator_jobs(
+        self,
+        operators: Sequence[str],
+        n: int,
+        rng: random.Random,
+        key_parts: Sequence[Any],
+        *,
+        population: Sequence[Individual],
+        parents_m: int,
+        weights: dict[str, float] | None = None,
+        extra_meta: dict[str, Any] | None = None,
+    ) -> list[SampleJob]:
+        """The calls of ``n`` slots per operator, parents drawn from ``population`` (ranked best first).
+
+        A slot is used with probability ``weights[op]`` (all used when ``weights`` is None). The RNG is drawn
+        for every slot (coin, parents, seed) before any cache lookup, so a resumed step sees the same
+        stream. Keys are ``run/<key_parts>/<op>/<slot>``; ``meta`` gets ``worst_objective`` and
+        ``worst_score`` (the population's worst: objective, and score = reward, higher is better) and
+        ``population_size``.
+
+        Raises:
+            RuntimeError: a parent operator with an empty population. ValueError: unknown operator.
+        """
+        worst = population[-1] if population else None
+        jobs = []
+        for op in operators:
+            need = parents_needed(op, parents_m)
+            if need and not population:
+                raise RuntimeError(f"{self.owner}: operator {op} needs parents but the population is empty "
+                                   "(run an initialisation step first)")  # fmt: skip
+            for j in range(n):
+                use = rng.random() < (1.0 if weights is None else weights[op])
+                parents = select_parents(population, need, rng) if need else []
+                seed = rng.getrandbits(63)
+                if use:
+                    meta = {"worst_objective": worst.objective if worst else None,
+                            "worst_score": worst.reward if worst else None, "population_size": len(population),
+                            **(extra_meta or {})}  # fmt: skip
+                    jobs.append(self.job(op, key=self.key(*key_parts, op, j), seed=seed, parents=parents,
+                                         extra_meta=meta))  # fmt: skip
+        return jobs
+
+    # ------------------------------------------------------------------ sampling and recording
+    def sample(
+        self,
+        jobs: Sequence[SampleJob],
+        *,
+        round_index: int,
+        generation: int,
+        evolver: str | None = None,
+        member: ESMember | None = None,
+        policy: Policy | None = None,
+        existing: Sequence[Individual] = (),
+    ) -> list[Trajectory]:
+        """Run ``jobs`` as LLM calls and return their trajectories (in job order).
+
+        Jobs whose key is stored are reused without a call. The rest are cut to ``budget.allow(n)`` (so the
+        returned list may be shorter than ``jobs``), generated in one ``policy.generate`` call seeded with
+        the first pending job's seed, parsed, evaluated and recorded. Every call is recorded, valid or not.
+
+        Args:
+            round_index, generation: recorded on the trajectories.
+            evolver: the evolver recorded as the trajectories' author (default the owner).
+            member: the ES member the policy is perturbed with (recorded; ``space`` is then "parameter").
+            policy: the model (default ``default_policy()``).
+            existing: individuals a sample must not copy besides the recorded ones (e.g. the population,
+                with the seed heuristic).
+
+        Raises:
+            PolicyError: the backend cannot serve the request at all (not a bad sample).
+            RuntimeError: calls are due but there is no policy.
+        """
+        found = [(job, self.store.get_by_key(job.key)) for job in jobs]
+        pending = [job for job, t in found if t is None]
+        pending = pending[: self.budget.allow(len(pending))]
+        made: dict[str, Trajectory] = {}
+        if pending:
+            if policy is None:
+                if self.default_policy is None:
+                    raise RuntimeError(f"{self.owner}: no policy to sample heuristics with")
+                policy = self.default_policy()
+            params = self.sampling.with_seed(pending[0].seed)
+            started = time.time()
+            completions = policy.generate([job.messages for job in pending], params)
+            fn = self.problem.function_name
+            extractions = [extract_code(c.text, fn) if c.error is None else None for c in completions]
+            coded = [i for i, e in enumerate(extractions) if e is not None and e.code is not None]
+            copies = self._duplicates(pending, [extractions[i].code for i in coded], coded, existing)
+            to_eval = [i for i in coded if i not in copies]
+            results = dict(zip(to_eval, self.evaluate([extractions[i].code for i in to_eval])))
+            for i, (job, comp) in enumerate(zip(pending, completions)):
+                t = self._trajectory(job, comp, extractions[i], results.get(i), round_index, generation,
+                                     evolver or self.owner, member, started, params.seed, copies.get(i))  # fmt: skip
+                made[job.key] = self.store.add_trajectory(t)[0]
+        return [t if t is not None else made[job.key] for job, t in found if t is not None or job.key in made]
+
+    def _duplicates(self, jobs: Sequence[SampleJob], codes: list[str], index: list[int],
+                    existing: Sequence[Individual]) -> dict[int, str]:
+        """Batch position -> id of the individual it copies, for the samples ``codes`` (at ``index``)."""
+        if not self.reject_duplicates:
+            return {}
+        for t in self.recorded(since_id=self._known_cursor):
+            self._known.setdefault(code_key(t.meta["code"]), t.key.split("/", 1)[-1])
+            self._known_cursor = max(self._known_cursor, t.id)
+        known = {**{code_key(i.code): i.id for i in existing}, **self._known}
+        copies: dict[int, str] = {}
+        for i, code in zip(index, codes):
+            k = code_key(code)
+            if k in known:
+                copies[i] = known[k]
+            else:
+                known[k] = jobs[i].key.split("/", 1)[-1]  # a later sample of this batch copying it is a duplicate
+        return copies
+
+    def _trajectory(self, job, comp, extraction, result, round_index, generation, evolver, member, started, seed,
+                    copy_of=None):
+        best = max(job.parents, key=lambda p: p.reward) if job.parents else None  # the child's best parent
+        meta: dict[str, Any] = {
+            "problem": self.problem.name, "sampler": self.owner, "reward_unit": self.reward_unit, "operator": job.operator,
+            "instances": self.train_tag, "parent_ids": [p.id for p in job.parents],
+            "parent_objectives": [p.objective for p in job.parents], "parent_objective": best.objective if best else None,
+            "parent_score": best.reward if best else None,
+            "seed": job.seed, "batch_seed": seed, "finish_reason": comp.finish_reason, "code": None, "thought": None,
+            "objective": None, **job.extra_meta,
+        }  # fmt: skip
+        failure = detail = feedback = None
+        if comp.error is not None:
+            failure, detail = "llm_error", comp.error
+        elif extraction.code is None:
+            failure, detail = extraction.error or "parse", extraction.detail
+            meta["thought"] = extraction.thought
+        elif copy_of is not None:
+            meta.update(code=extraction.code, thought=extraction.thought or "", duplicate_of=copy_of)
+            failure = "duplicate"
+            detail = f"the same code as {copy_of} up to formatting, comments and docstrings (not evaluated)"
+        else:
+            meta.update(code=extraction.code, thought=extraction.thought or "")
+            feedback = result.feedback
+            if result.valid:
+                meta.update(objective=result.objective, metrics=result.metrics)
+            else:
+                failure, detail = result.error_kind or "other", result.error
+        reward = result.score if failure is None else None
+        step = Step(
+            observation=_messages_text(job.messages), model_output=comp.text,
+            action=None if extraction is None else extraction.code, tool_result=feedback or detail, reward=reward,
+        )  # fmt: skip
+        return Trajectory(
+            key=job.key, run_id=self.run_id, evolver=evolver, space="parameter" if member else "context",
+            round=round_index, generation=generation, task_id=self.train_tag, steps=[step], reward=reward,
+            valid=failure is None, failure=failure, failure_detail=detail, member=member,
+            context=ContextRef(heuristic_id=",".join(meta["parent_ids"]) or None, prompt=job.operator),
+            llm_calls=1, prompt_tokens=comp.prompt_tokens, completion_tokens=comp.completion_tokens,
+            started_at=started, duration_s=time.time() - started, meta=meta,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ what was recorded
+    def recorded(self, since_id: int = 0) -> list[Trajectory]:
+        """Valid heuristic trajectories of this run for this problem and training set (by any evolver, any
+        sampler), with trajectory id > ``since_id``, in id order (steps not loaded)."""
+        return [
+            t for t in self.store.query(run_id=self.run_id, task_id=self.train_tag, valid=True, with_steps=False)
+            if t.id > since_id and t.reward is not None and t.meta.get("problem") == self.problem.name
+            and t.meta.get("code") and t.meta.get("objective") is not None
+        ]  # fmt: skip
+
+    def last_id(self) -> int:
+        """The largest trajectory id of the run so far (0 when empty)."""
+        last = self.store.query(run_id=self.run_id, order_by="id", descending=True, limit=1, with_steps=False)
+        return last[0].id if last else 0
+
+
+@runtime_checkable
+class HeuristicSearch(Protocol):
+    """What other parts of a run (the ES rollout ``eoh_children``) may use of a heuristic-design evolver.
+
+    Attributes:
+        sampler: its :class:`HeuristicSampler` (problem, training set, budget, store).
+        population: its current population, ranked best first (empty when it keeps none, e.g. random
+            sampling, or before initialisation).
+        parents_m: parents of the e1/e2 operators, or None when the search takes no parent operators.
+    """
+
+    sampler: HeuristicSampler
+    population: list[Individual]
+    parents_m: int | None
