@@ -16,7 +16,7 @@ from pathlib import Path
 from coevo import __version__
 
 #: modules that contribute sub-commands with ``add_parser(subparsers)``
-_DOMAIN_CLIS = ("coevo.es.cli", "coevo.ahd.cli", "coevo.skills.cli")
+_DOMAIN_CLIS = ("coevo.cli_es", "coevo.ahd.cli", "coevo.skills.cli")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

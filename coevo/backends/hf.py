@@ -16,9 +16,15 @@ from pathlib import Path
 import torch
 
 from coevo.backends import check_conversations, check_sampling_params, cut_at_stop
-from coevo.backends.base import Completion, Message, Policy, PolicyError, SamplingParams
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from coevo.backends.base import (
+    Completion,
+    Message,
+    Policy,
+    PolicyError,
+    SamplingParams,
+    terminal_token_ids,
+    torch_dtype,
+)
 
 
 class HFPolicy(Policy):
@@ -56,8 +62,7 @@ class HFPolicy(Policy):
 
         from coevo.backends.models import load_tokenizer, resolve_model
 
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        self.dtype = torch_dtype(dtype)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         try:
@@ -70,7 +75,6 @@ class HFPolicy(Policy):
             raise PolicyError(f"device {device!r} requested but CUDA is not available")
         self.path = resolve_model(model, cache_dir=cache_dir)
         self.model_id = str(model)
-        self.dtype = DTYPES[dtype]
         self.batch_size = batch_size
         os.environ["HF_HUB_OFFLINE"] = "1"
         try:
@@ -84,19 +88,18 @@ class HFPolicy(Policy):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if self.tokenizer.chat_template is None:
             raise PolicyError(f"tokenizer in {self.path} has no chat template")
-        self._stop_ids = self._terminal_token_ids()
-
-    def _terminal_token_ids(self) -> list[int]:
-        """Token ids that end a completion: the generation config's EOS ids, the tokenizer's EOS and pad."""
-        ids: set[int] = set()
-        eos = self.model.generation_config.eos_token_id
-        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        ids.update(i for i in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if i is not None)
-        return sorted(ids)
+        self._stop_ids = terminal_token_ids(self.tokenizer, self.model.generation_config.eos_token_id)
 
     def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
         """``(HF name, parameter)`` in ``model.named_parameters()`` order; tied weights appear once."""
         return self.model.named_parameters()
+
+    def es_replica(self, scope, *, master_weights: bool = True, restore_mode: str = "exact"):
+        """An in-process :class:`~coevo.backends.hf_replica.HFReplica` over this policy's weights
+        (see :meth:`Policy.es_replica`)."""
+        from coevo.backends.hf_replica import HFReplica
+
+        return HFReplica(self, scope, master_weights, restore_mode)
 
     def _rng_devices(self) -> list[int]:
         if self.device.type != "cuda":

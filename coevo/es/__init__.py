@@ -10,13 +10,14 @@ Backends call these functions with ``(canonical HF name, tensor)`` pairs:
   update    the ES update, exact and device independent; skipped at sigma == 0
   schedule  constant / linear / cosine schedules with warm-up
   hashing   weights_hash
-  history   GenerationRecord and replay
+  history   GenerationRecord and the one replay loop (apply_records, replay)
+  replica   the ESReplica protocol every backend implements (typing only)
 
 Method: Agentic-ESOpt (arXiv 2608.17310), Salimans et al. 2017; see docs/field-notes §1.
 """
 
 from coevo.es.hashing import weights_hash
-from coevo.es.history import GenerationRecord, ReplayMismatchError, replay
+from coevo.es.history import GenerationRecord, ReplayMismatchError, ReplayReport, apply_records, replay
 from coevo.es.noise import (
     NOISE_CHUNK_NUMEL,
     NOISE_SPEC,
@@ -42,9 +43,11 @@ __all__ = [
     "NoiseBuffer",
     "Perturbation",
     "ReplayMismatchError",
+    "ReplayReport",
     "Schedule",
     "ScopeSpec",
     "UpdateStats",
+    "apply_records",
     "centered_ranks",
     "chunk_seed",
     "es_update",

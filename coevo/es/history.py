@@ -117,6 +117,72 @@ class GenerationRecord:
         )
 
 
+@dataclass
+class ReplayReport:
+    """Outcome of :func:`apply_records`.
+
+    Attributes:
+        applied: records applied. weights_hash: ``weights_hash`` of the scope after the last one.
+        stats: the ``UpdateStats`` of each record applied, in order.
+        first_mismatch: generation of the first record whose ``weight_hash_after`` differs from the replayed
+            weights (None: all recorded hashes matched, or none were checked). expected, got: those two hashes.
+    """
+
+    applied: int
+    weights_hash: str
+    first_mismatch: int | None = None
+    expected: str | None = None
+    got: str | None = None
+    stats: list[UpdateStats] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.first_mismatch is None
+
+
+def apply_records(
+    params: ESParams, records: Iterable[GenerationRecord], *, check_hash: bool = True, on_mismatch: str = "raise"
+) -> ReplayReport:
+    """Re-apply recorded updates to ``params`` in place, in order (no rollouts): THE replay loop of coevo.
+
+    Every replay goes through here: :func:`replay`, weight rebuilds from snapshots
+    (``coevo.es.checkpoint.rebuild``), ``coevo es replay`` / ``export``, replicas loading a snapshot plus
+    history (HF, Ray actors, vLLM workers).
+
+    Args:
+        params: the tensors, holding the weights the first record started from.
+        records: in generation order.
+        check_hash: compare ``weights_hash`` after each record that has ``weight_hash_after``.
+        on_mismatch: ``"raise"`` (ReplayMismatchError at the first mismatch) or ``"report"`` (keep applying,
+            report the first mismatching generation).
+
+    Returns:
+        A :class:`ReplayReport`.
+
+    Raises:
+        ValueError: unknown ``on_mismatch``. ReplayMismatchError: see ``on_mismatch``.
+    """
+    if on_mismatch not in ("raise", "report"):
+        raise ValueError(f"on_mismatch must be 'raise' or 'report', got {on_mismatch!r}")
+    report = ReplayReport(applied=0, weights_hash="")
+    digest: str | None = None
+    for r in records:
+        report.stats.append(r.apply(params))
+        report.applied += 1
+        digest = None
+        if check_hash and r.weight_hash_after is not None:
+            digest = params.weights_hash()
+            if digest != r.weight_hash_after and report.first_mismatch is None:
+                report.first_mismatch, report.expected, report.got = r.generation, r.weight_hash_after, digest
+                if on_mismatch == "raise":
+                    raise ReplayMismatchError(
+                        f"generation {r.generation}: replayed weights hash {digest[:16]}… != recorded "
+                        f"{r.weight_hash_after[:16]}… (different initial weights, scope, torch build or CPU?)"
+                    )
+    report.weights_hash = digest if digest is not None else params.weights_hash()
+    return report
+
+
 def replay(
     named_params: torch.nn.Module | Iterable[tuple[str, torch.Tensor]],
     records: Sequence[GenerationRecord | dict[str, Any]],
@@ -160,13 +226,5 @@ def replay(
     params = ESParams(
         select_params(named_params, first.scope), _MASTER_DTYPES[first.master_dtype], fused=fused
     )
-    for r in recs:
-        r.apply(params)
-        if check_hash and r.weight_hash_after is not None:
-            got = params.weights_hash()
-            if got != r.weight_hash_after:
-                raise ReplayMismatchError(
-                    f"generation {r.generation}: replayed weights hash {got[:16]}… != recorded "
-                    f"{r.weight_hash_after[:16]}… (different initial weights, scope, torch build or CPU?)"
-                )
+    apply_records(params, recs, check_hash=check_hash)
     return params

@@ -48,9 +48,10 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from coevo.backends.ray_pool import ESReplica, RayReplicaPool
+from coevo.backends.ray_pool import RayReplicaPool
 from coevo.es import GenerationRecord, Schedule, ScopeSpec, normalize_rewards
-from coevo.es.checkpoint import records_between, snapshot_path
+from coevo.es.checkpoint import rebuild_plan, snapshot_path
+from coevo.es.replica import ESReplica
 from coevo.evolvers.base import Evolver, EvolverConfig, StepReport, register_evolver
 from coevo.rollouts.base import build_rollout, resolve_rollout
 from coevo.types import ESMember, Trajectory
@@ -143,16 +144,12 @@ class ESEvolver(Evolver):
     # ------------------------------------------------------------------ replicas
     @property
     def replica(self) -> ESReplica:
-        """The replica on ``ctx.policy`` (created on first use): in-process for HF policies, or the policy's own
-        (``policy.es_replica``, e.g. a vLLM engine whose workers apply the same ES math)."""
+        """The ES replica of ``ctx.policy`` (created on first use): ``policy.es_replica(...)``, the backend's
+        implementation of :class:`coevo.es.replica.ESReplica` (in-process HF, or a vLLM engine's workers)."""
         if self._replica is None:
             cfg = self.config
-            make = getattr(self.ctx.policy, "es_replica", None)
-            if callable(make):
-                self._replica = make(self.rollout, cfg.scope_spec(), cfg.master_weights, cfg.restore_mode)
-            else:
-                self._replica = ESReplica(self.ctx.policy, self.rollout, cfg.scope_spec(), cfg.master_weights,
-                                          cfg.restore_mode)  # fmt: skip
+            self._replica = self.ctx.policy.es_replica(cfg.scope_spec(), master_weights=cfg.master_weights,
+                                                       restore_mode=cfg.restore_mode)  # fmt: skip
             if self.weights_hash is None:
                 self.weights_hash = self._replica.weights_hash()
         return self._replica
@@ -175,8 +172,8 @@ class ESEvolver(Evolver):
                     "restore_mode": cfg.restore_mode}  # fmt: skip
             self._pool = RayReplicaPool(spec, cfg.workers, cfg.worker_num_cpus, cfg.worker_num_gpus)
             if self.generation > 0:
-                snap, records = self._rebuild_plan(self.generation)
-                self._pool.load(snap, records, expected=self.replica.weights_hash())
+                snap, records = rebuild_plan(self.ctx.run_dir, self._history(), self.generation)
+                self._pool.load(snap[1] if snap else None, records, expected=self.replica.weights_hash())
             else:
                 RayReplicaPool.check(self._pool.start_hashes, self.replica.weights_hash(), "start")
         return self._pool
@@ -204,6 +201,12 @@ class ESEvolver(Evolver):
         restored on exit (for evolvers that score members their own way)."""
         return self.replica.perturbed(member)
 
+    def _run_member(self, member: ESMember, generation: int, round_index: int) -> list[Trajectory]:
+        """Roll out one member's perturbed policy on the train split (restored after, also on errors)."""
+        with self.replica.perturbed(member) as policy:
+            return self.rollout.run(policy, generation=generation, member=member, split="train", evolver=self.name,
+                                    key_prefix=self.key_prefix(generation, member), round_index=round_index)  # fmt: skip
+
     def evaluate_members(self, generation: int, members: list[ESMember], round_index: int) -> list[list[Trajectory]]:
         """Trajectories of each member (stored ones reused, the rest rolled out and recorded), in order."""
         out: list[list[Trajectory] | None] = [self._cached(self.key_prefix(generation, m)) for m in members]
@@ -215,10 +218,8 @@ class ESEvolver(Evolver):
                 out[i] = self._record(self.key_prefix(generation, members[i]), ts, members[i])
         else:
             for i in todo:
-                prefix = self.key_prefix(generation, members[i])
-                ts = self.replica.evaluate_member(members[i], generation=generation, key_prefix=prefix,
-                                                  evolver=self.name, round_index=round_index)  # fmt: skip
-                out[i] = self._record(prefix, ts, members[i])
+                ts = self._run_member(members[i], generation, round_index)
+                out[i] = self._record(self.key_prefix(generation, members[i]), ts, members[i])
         return out  # type: ignore[return-value]
 
     def evaluate_centre(self, generation: int, round_index: int) -> tuple[list[Trajectory], float]:
@@ -226,8 +227,11 @@ class ESEvolver(Evolver):
         prefix = self.key_prefix(generation, None)
         ts = self._cached(prefix)
         if ts is None:
-            ts = self._record(prefix, self.replica.evaluate_centre(generation=generation, key_prefix=prefix,
-                                                                   evolver=self.name, round_index=round_index), None)  # fmt: skip
+            if self.replica.active:
+                raise RuntimeError("a perturbation is active: the centre cannot be evaluated now")
+            ts = self.rollout.run(self.replica.policy, generation=generation, member=None, key_prefix=prefix,
+                                  split="test", evolver=self.name, round_index=round_index)  # fmt: skip
+            ts = self._record(prefix, ts, None)
         return ts, self.rollout.member_reward(ts)
 
     def _cached(self, prefix: str) -> list[Trajectory] | None:
@@ -296,7 +300,7 @@ class ESEvolver(Evolver):
         before = self.replica.weights_hash() if self.weights_hash is None else self.weights_hash
         stats, after = self.replica.apply(record)
         if pool is not None:
-            pool.apply(record, expected=after)
+            pool.apply(record, expected=after)  # the actors apply the same update; hashes compared
         record.weight_hash_after = after
         self._write_history(record, before, stats.to_dict(), rep.metrics.get("test_reward"), round_index)
         self.generation, self.weights_hash = g + 1, after
@@ -347,13 +351,8 @@ class ESEvolver(Evolver):
                               "weights_hash": digest}  # fmt: skip
         return digest
 
-    def _rebuild_plan(self, generation: int) -> tuple[Path | None, list[GenerationRecord]]:
-        from coevo.es.checkpoint import newest_snapshot
-
-        snap = newest_snapshot(self.ctx.run_dir, generation)
-        start = snap[0] if snap else 0
-        records = records_between(self.ctx.store.es_history(self.ctx.run_id, self.name), start, generation)
-        return (snap[1] if snap else None), records
+    def _history(self) -> list[dict[str, Any]]:
+        return self.ctx.store.es_history(self.ctx.run_id, self.name)
 
     def state_dict(self) -> dict[str, Any]:
         return {"generation": self.generation, "weights_hash": self.weights_hash}
@@ -377,8 +376,7 @@ class ESEvolver(Evolver):
         self.generation = int(pointer["generation"])
         if self.generation == 0:
             return
-        rows = self.ctx.store.es_history(self.ctx.run_id, self.name)
-        digest, _ = self.replica.rebuild(self.ctx.run_dir, rows, self.generation)
+        digest, _ = self.replica.rebuild(self.ctx.run_dir, self._history(), self.generation)
         if pointer.get("weights_hash") and digest != pointer["weights_hash"]:
             raise RuntimeError(f"resumed ES weights hash {digest} != checkpointed {pointer['weights_hash']}")
         self.weights_hash, self.last_snapshot = digest, pointer.get("snapshot")
