@@ -37,6 +37,19 @@ def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+def request_seed(seed: int, index: int) -> int:
+    """Sampling seed of request ``index`` of a batch seeded with ``seed``: ``blake2b("seed:index")``, 63 bits.
+
+    Every backend seeds each request separately with it (vLLM per request, HF with one generator per row), so
+    equal prompts in one batch sample independently, a seeded batch is reproducible, and a request's sample
+    does not depend on the other requests of its batch or on how the batch is split.
+    """
+    import hashlib
+
+    digest = hashlib.blake2b(f"{int(seed)}:{int(index)}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
 def terminal_token_ids(tokenizer: Any, eos_token_id: int | Iterable[int] | None) -> list[int]:
     """Token ids that end a completion, as every backend uses them: the model's generation-config EOS id(s)
     (``eos_token_id``: an int, a list or None) plus the tokenizer's EOS and pad ids; sorted, unique."""

@@ -67,6 +67,19 @@ class ReplicaWorker:
             out.append(d)
         return out
 
+    def evaluate_population(self, job: dict[str, Any]) -> list[list[dict[str, Any]]]:
+        """Roll out a group of low-rank members together ``{members, key_prefixes, rank, generation, evolver,
+        round_index}`` (``HFReplica.population`` + ``rollout.run_population``); one trajectory list per member."""
+        members = [ESMember(**m) for m in job["members"]]
+        with self.replica.population(members, int(job["rank"])) as pop:
+            groups = self.rollout.run_population(pop, members, generation=job["generation"], split="train",
+                                                 key_prefixes=job["key_prefixes"], evolver=job["evolver"],
+                                                 round_index=job["round_index"])  # fmt: skip
+        out = []
+        for trajs in groups:
+            out.append([{**t.to_dict(), "meta": {**t.to_dict()["meta"], "worker_pid": self.pid}} for t in trajs])
+        return out
+
     def apply(self, record: dict[str, Any]) -> str:
         return self.replica.apply(GenerationRecord.from_dict(record))[1]
 
@@ -140,6 +153,23 @@ class RayReplicaPool:
         pool = ActorPool(self.actors)
         results = pool.map(lambda actor, job: actor.evaluate.remote(job), jobs)
         return [[Trajectory.from_dict(d) for d in ds] for ds in results]
+
+    def evaluate_population(self, members: Sequence[ESMember], key_prefixes: Sequence[str], *, rank: int,
+                            generation: int, evolver: str, round_index: int) -> list[list[Trajectory]]:  # fmt: skip
+        """Roll out a low-rank population on the actors: the members are cut into ``len(actors)`` contiguous
+        groups (sizes differ by at most one; always the same groups for the same population), each rolled out
+        together on one actor. Returns the trajectories per member, in order."""
+        import ray
+
+        k = len(self.actors)
+        bounds = [len(members) * i // k for i in range(k + 1)]
+        futures = []
+        for actor, lo, hi in zip(self.actors, bounds[:-1], bounds[1:], strict=True):
+            if hi > lo:
+                job = {"members": [asdict(m) for m in members[lo:hi]], "key_prefixes": list(key_prefixes[lo:hi]),
+                       "rank": rank, "generation": generation, "evolver": evolver, "round_index": round_index}  # fmt: skip
+                futures.append(actor.evaluate_population.remote(job))
+        return [[Trajectory.from_dict(d) for d in ds] for group in ray.get(futures) for ds in group]
 
     def weights_hash(self) -> str:
         """The actors' common weights hash (``ReplicaDivergenceError`` when they differ)."""

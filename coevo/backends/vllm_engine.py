@@ -19,7 +19,6 @@ vLLM is imported lazily: without it (``pip install 'coevo[vllm]'``, CUDA only) c
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -36,6 +35,7 @@ from coevo.backends.base import (
     Policy,
     PolicyError,
     SamplingParams,
+    request_seed,
     terminal_token_ids,
     torch_dtype,
 )
@@ -69,17 +69,6 @@ def import_vllm() -> Any:
     if too_old:
         raise PolicyError(f"vLLM {version} is too old: the ES worker extension needs vllm >= {MIN_VLLM}")
     return vllm
-
-
-def request_seed(seed: int, index: int) -> int:
-    """Sampling seed of request ``index`` of a batch seeded with ``seed``: ``blake2b("seed:index")``, 63 bits.
-
-    vLLM seeds each request separately, so equal prompts in one batch would sample equal completions if
-    they shared the seed; deriving one seed per position keeps a seeded batch reproducible and its
-    requests independent.
-    """
-    digest = hashlib.blake2b(f"{int(seed)}:{int(index)}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
 def vllm_sampling_kwargs(params: SamplingParams, index: int, stop_token_ids: list[int] | None = None) -> dict[str, Any]:
@@ -446,6 +435,16 @@ class VLLMReplica:
             yield self.policy
         finally:
             self.policy.es_restore()
+
+    def population(self, members: Sequence[ESMember], rank: int):
+        """Not available on vLLM yet: members as LoRA adapters in one engine batch (vLLM multi-LoRA) is the
+        planned path; the low-rank *update* already runs in the workers (``es_update`` of a lowrank record).
+
+        Raises:
+            NotImplementedError: always (use ``perturbation: full`` on vLLM, or the hf backend).
+        """
+        raise NotImplementedError("perturbation 'lowrank' rollouts are not available on the vllm backend (members "
+                                  "as LoRA adapters); use perturbation 'full' here, or model.backend hf")  # fmt: skip
 
     def weights_hash(self) -> str:
         return self.policy.es_weights_hash()

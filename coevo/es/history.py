@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from coevo.es.lowrank import LOWRANK_SPEC, check_rank, lowrank_update
 from coevo.es.noise import NOISE_SPEC, check_seed
 from coevo.es.normalize import METHODS
 from coevo.es.params import ESParams
@@ -25,6 +26,8 @@ from coevo.es.scope import ScopeSpec, select_params
 from coevo.es.update import UpdateStats, es_update
 
 _MASTER_DTYPES = {None: None, "float32": torch.float32}
+#: perturbation kinds -> the noise definition their records must carry
+PERTURBATIONS = {"full": NOISE_SPEC, "lowrank": LOWRANK_SPEC}
 
 
 class ReplayMismatchError(RuntimeError):
@@ -47,7 +50,11 @@ class GenerationRecord:
         skipped: whether the update was skipped (sigma == 0).
         weight_hash_after: ``weights_hash`` of the tensors in scope after this generation, or None.
         master_dtype: ``"float32"`` when the run kept float32 masters, else None.
-        noise_spec: the noise definition used (``coevo.es.noise.NOISE_SPEC``).
+        noise_spec: the noise definition used (``coevo.es.noise.NOISE_SPEC``; ``coevo.es.lowrank.LOWRANK_SPEC``
+            for low-rank records).
+        perturbation: ``"full"`` (eps of every element, ``coevo.es.update``) or ``"lowrank"`` (EGGROLL factors
+            of rank ``rank``, ``coevo.es.lowrank``).
+        rank: the factors' rank for ``"lowrank"`` (None for ``"full"``).
     """
 
     generation: int
@@ -65,6 +72,8 @@ class GenerationRecord:
     weight_hash_after: str | None = None
     master_dtype: str | None = None
     noise_spec: str = NOISE_SPEC
+    perturbation: str = "full"
+    rank: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.generation, int) or self.generation < 0:
@@ -86,6 +95,14 @@ class GenerationRecord:
             raise ValueError(f"normalization must be one of {METHODS}, got {self.normalization!r}")
         if self.master_dtype not in _MASTER_DTYPES:
             raise ValueError(f"master_dtype must be 'float32' or None, got {self.master_dtype!r}")
+        if self.perturbation not in PERTURBATIONS:
+            raise ValueError(f"perturbation must be one of {sorted(PERTURBATIONS)}, got {self.perturbation!r}")
+        if self.perturbation == "lowrank":
+            check_rank(self.rank)
+            if self.noise_spec == NOISE_SPEC:
+                self.noise_spec = LOWRANK_SPEC
+        elif self.rank is not None:
+            raise ValueError(f"generation {self.generation}: rank is only used with perturbation 'lowrank'")
         self.scope = ScopeSpec.from_dict(dict(self.scope)).to_dict()
         self.seeds, self.signs = list(self.seeds), [int(s) for s in self.signs]
         self.rewards, self.coeffs = [float(r) for r in self.rewards], [float(c) for c in self.coeffs]
@@ -105,6 +122,9 @@ class GenerationRecord:
         """Apply this record's update to ``params`` (``es_update``); a skipped record applies nothing."""
         if self.skipped:
             return UpdateStats(skipped=True, reason="recorded as skipped", n_elements=params.numel)
+        if self.perturbation == "lowrank":
+            return lowrank_update(params, self.seeds, self.signs, self.coeffs, self.alpha, self.sigma, self.rank,
+                                  self.generation, self.divide_by_sigma, self.weight_decay)  # fmt: skip
         return es_update(
             params,
             self.seeds,
@@ -219,10 +239,9 @@ def replay(
             raise ValueError(
                 f"generation {r.generation}: scope/master_dtype differ from generation {first.generation}"
             )
-        if r.noise_spec != NOISE_SPEC:
-            raise ValueError(
-                f"generation {r.generation} used noise {r.noise_spec!r}, this coevo draws {NOISE_SPEC!r}"
-            )
+        if r.noise_spec != PERTURBATIONS[r.perturbation]:
+            raise ValueError(f"generation {r.generation} used noise {r.noise_spec!r}, this coevo draws "
+                             f"{PERTURBATIONS[r.perturbation]!r} for perturbation {r.perturbation!r}")  # fmt: skip
     params = ESParams(
         select_params(named_params, first.scope), _MASTER_DTYPES[first.master_dtype], fused=fused
     )
