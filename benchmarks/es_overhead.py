@@ -173,15 +173,14 @@ def _lowrank_worker(policy, args) -> dict:
     rows = [(m, c) for c in convs for m in members]  # prompt-major: each model batch mixes members
     sp = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
     policy.generate(convs, sp)  # warm-up, not timed
-    plain_tok = plain_s = 0.0
-    for _ in range(2):  # plain before and after: load drift hits both sides
-        if _ == 1:
-            t0 = time.perf_counter()
-            with replica.population(members, args.rank) as pop:
-                outs = pop.generate(rows, sp)
-            es_s = time.perf_counter() - t0
-        n, dt = _timed_generate(policy, [c for _, c in rows], sp)
-        plain_tok, plain_s = plain_tok + n / 2, plain_s + dt / 2
+    half = len(rows) // 2  # plain generation of the same rows: half before, half after (load drift hits both)
+    plain_tok, plain_s = _timed_generate(policy, [c for _, c in rows[:half]], sp)
+    t0 = time.perf_counter()
+    with replica.population(members, args.rank) as pop:
+        outs = pop.generate(rows, sp)
+    es_s = time.perf_counter() - t0
+    n, dt = _timed_generate(policy, [c for _, c in rows[half:]], sp)
+    plain_tok, plain_s = plain_tok + n, plain_s + dt
     rewards = [float(sum(len(o.text) for o, (m, _) in zip(outs, rows) if m is mem)) for mem in members]
     coeffs = normalize_rewards(rewards, "zscore").tolist()
     t0 = time.perf_counter()
@@ -274,7 +273,8 @@ def run_worker(args: argparse.Namespace) -> dict:
 
 # ---------------------------------------------------------------------------------------------- driver
 def spawn(variant: str, args: argparse.Namespace) -> dict:
-    """Run ``variant`` in a fresh interpreter and parse its JSON result line.
+    """Run ``variant`` in a fresh interpreter and parse its JSON result line (kept in ``--save DIR/<variant>.json``
+    when given, and reused from there by a later call with the same settings).
 
     Raises:
         RuntimeError: the worker failed (its stderr tail is in the message).
@@ -283,11 +283,20 @@ def spawn(variant: str, args: argparse.Namespace) -> dict:
            "--dtype", args.dtype, "--batch", str(args.batch), "--max-new-tokens", str(args.max_new_tokens),
            "--members", str(args.members), "--sigma", repr(args.sigma), "--scope", args.scope,
            "--threads", str(args.threads), "--rank", str(args.rank)]  # fmt: skip
+    saved = Path(args.save) / f"{variant}.json" if args.save else None
+    if saved is not None and saved.is_file():
+        data = json.loads(saved.read_text())
+        if data.get("cmd") == cmd[3:]:
+            return data["result"]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=ROOT, timeout=args.worker_timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"worker {variant!r} failed (rc {proc.returncode}): {proc.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    result = json.loads(lines[-1])
+    if saved is not None:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps({"cmd": cmd[3:], "result": result}))
+    return result
 
 
 def metrics(res: dict[str, dict]) -> list[dict]:
@@ -367,6 +376,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--worker-timeout", type=float, default=3600, help="seconds per variant process")
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                     help="variants to run (default all; the metrics of variants not run are left out)")
+    ap.add_argument("--save", help="folder keeping each variant's result (a rerun reuses finished variants)")
     ap.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     for field in ("batch", "max_new_tokens", "members", "rank"):

@@ -20,7 +20,10 @@ path, must draw them exactly so). With the counter-based noise of ``coevo.es.noi
 are the first r columns of those of any larger rank. The draws are tiny
 (``(m + n) r`` per matrix) and made on the CPU, then moved to the tensor's device: the same on every device.
 For vLLM's fused ``qkv_proj`` / ``gate_up_proj`` the factors are those of the HF parts (``q_proj`` ... ),
-i.e. the LoRA weights of each packed sub-module.
+i.e. the LoRA weights of each packed sub-module. As a PEFT LoRA adapter (``y = x W^T + (alpha_lora / r_lora)
+(x lora_A^T) lora_B^T``, ``lora_A``: (r, n), ``lora_B``: (m, r)) member i is ``lora_A = B_i^T``, ``lora_B = s_i sigma
+A_i / sqrt(r)`` with ``alpha_lora = r_lora = r``; the update is the same record (``GenerationRecord.apply``)
+merged into the base weights, so such a history replays on HF and vice versa.
 
 Scope: matrices only. Low-rank ES perturbs and updates the 2-D weights of linear layers (``scope:
 all_linear``): biases and norm gains are vectors, for which a rank-r factorisation saves nothing and a
