@@ -28,6 +28,18 @@ pages swapped out (there is no swap here) or memory of other processes. The tabl
 right after loading: weights memory-mapped from safetensors become resident only when first touched, so it
 can be far below the weights' size. Times are wall-clock seconds on a machine that may be shared.
 
+Low-rank ES (``perturbation: lowrank``, EGGROLL, arXiv 2511.16652; ``coevo.es.lowrank``), variant
+``es-lowrank``: the N members x B prompts are generated as population rows (prompt-major, so every model
+batch of ``--batch`` rows mixes members) through ``HFReplica.population`` with rank ``--rank``, then one
+low-rank update (no float32 masters, stochastic rounding). Beside it, in the same process and alternating,
+plain generation of the same N x B rows at the same batch size. Its metrics (issue 9 benchmarks):
+
+(la) low-rank ES generation throughput / plain inference throughput of the same rollouts: goal >= 0.95 (also
+     with the update's time amortised over the generation);
+(lb) wall-clock speed-up of the low-rank generation (rollouts + update) over today's full-rank sequential
+     generation (``es-inference`` variant: perturb, generate, restore per member, then the update): goal >= 3;
+(lc) peak RSS of the low-rank generation incl. update / peak RSS of plain inference (``inference``): goal <= 1.05.
+
 Prints a table, then one JSON line per metric: ``{"metric", "value", "goal", "met"}``.
 
 Usage::
@@ -51,7 +63,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-VARIANTS = ("inference", "es-inference", "es-exact", "backprop")
+VARIANTS = ("inference", "es-inference", "es-exact", "backprop", "es-lowrank")
 #: coding prompts for the coder model: completions run to the token limit, so every call decodes the same length
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
@@ -148,6 +160,38 @@ def _es_worker(policy, args, mode: str) -> dict:
             "scope_numel": params.numel, "master_bytes": params.master_bytes}  # fmt: skip
 
 
+def _lowrank_worker(policy, args) -> dict:
+    """Alternate plain generation of the N x B rows and the low-rank population generation; then one update."""
+    from coevo.backends.base import SamplingParams
+    from coevo.es import ScopeSpec, normalize_rewards
+    from coevo.es.lowrank import lowrank_update
+    from coevo.types import ESMember
+
+    replica = policy.es_replica(ScopeSpec("all_linear"), master_weights=False)  # low rank: matrices only
+    members = [ESMember(seed=s, sigma=args.sigma, sign=g, index=i) for i, (s, g) in enumerate(member_seeds(args.members))]
+    convs = conversations(args.batch)
+    rows = [(m, c) for c in convs for m in members]  # prompt-major: each model batch mixes members
+    sp = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
+    policy.generate(convs, sp)  # warm-up, not timed
+    half = len(rows) // 2  # plain generation of the same rows: half before, half after (load drift hits both)
+    plain_tok, plain_s = _timed_generate(policy, [c for _, c in rows[:half]], sp)
+    t0 = time.perf_counter()
+    with replica.population(members, args.rank) as pop:
+        outs = pop.generate(rows, sp)
+    es_s = time.perf_counter() - t0
+    n, dt = _timed_generate(policy, [c for _, c in rows[half:]], sp)
+    plain_tok, plain_s = plain_tok + n, plain_s + dt
+    rewards = [float(sum(len(o.text) for o, (m, _) in zip(outs, rows) if m is mem)) for mem in members]
+    coeffs = normalize_rewards(rewards, "zscore").tolist()
+    t0 = time.perf_counter()
+    lowrank_update(replica.params, [m.seed for m in members], [m.sign for m in members], coeffs, alpha=5e-4,
+                   sigma=args.sigma, rank=args.rank, generation=0)  # fmt: skip
+    update_s = time.perf_counter() - t0
+    return {"plain_tokens": plain_tok, "plain_s": plain_s, "es_tokens": sum(o.completion_tokens for o in outs),
+            "es_s": es_s, "perturb_s": 0.0, "restore_s": 0.0, "update_s": update_s,
+            "scope_numel": replica.params.numel, "master_bytes": replica.params.master_bytes}  # fmt: skip
+
+
 def _inference_worker(policy, args) -> dict:
     from coevo.backends.base import SamplingParams
 
@@ -219,6 +263,8 @@ def run_worker(args: argparse.Namespace) -> dict:
         out = _inference_worker(policy, args)
     elif args.worker == "backprop":
         out = _backprop_worker(policy, args)
+    elif args.worker == "es-lowrank":
+        out = _lowrank_worker(policy, args)
     else:
         out = _es_worker(policy, args, args.worker.removeprefix("es-"))
     return {"variant": args.worker, "load_s": load_s, "rss_after_load": rss_loaded, "peak_rss": peak_rss_bytes(),
@@ -227,7 +273,8 @@ def run_worker(args: argparse.Namespace) -> dict:
 
 # ---------------------------------------------------------------------------------------------- driver
 def spawn(variant: str, args: argparse.Namespace) -> dict:
-    """Run ``variant`` in a fresh interpreter and parse its JSON result line.
+    """Run ``variant`` in a fresh interpreter and parse its JSON result line (kept in ``--save DIR/<variant>.json``
+    when given, and reused from there by a later call with the same settings).
 
     Raises:
         RuntimeError: the worker failed (its stderr tail is in the message).
@@ -235,32 +282,61 @@ def spawn(variant: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", variant, "--model", args.model,
            "--dtype", args.dtype, "--batch", str(args.batch), "--max-new-tokens", str(args.max_new_tokens),
            "--members", str(args.members), "--sigma", repr(args.sigma), "--scope", args.scope,
-           "--threads", str(args.threads)]  # fmt: skip
+           "--threads", str(args.threads), "--rank", str(args.rank)]  # fmt: skip
+    saved = Path(args.save) / f"{variant}.json" if args.save else None
+    if saved is not None and saved.is_file():
+        data = json.loads(saved.read_text())
+        if data.get("cmd") == cmd[3:]:
+            return data["result"]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=ROOT, timeout=args.worker_timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"worker {variant!r} failed (rc {proc.returncode}): {proc.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    result = json.loads(lines[-1])
+    if saved is not None:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps({"cmd": cmd[3:], "result": result}))
+    return result
 
 
 def metrics(res: dict[str, dict]) -> list[dict]:
-    """The JSON metric lines from the four variants' results."""
-    inf, esi, esx, bp = (res[v] for v in VARIANTS)
+    """The JSON metric lines from the variants' results (metrics whose variants were not run are left out)."""
+    inf, esi, esx, bp, lr = (res.get(v) for v in VARIANTS)
+
+    def ok(*variants) -> bool:
+        return all(v is not None for v in variants)
 
     def tput(r: dict, update: bool = False) -> float:
         plain = r["plain_tokens"] / r["plain_s"]
         es = r["es_tokens"] / (r["es_s"] + (r["update_s"] if update else 0.0))
         return es / plain
 
-    rows = [
-        ("es_throughput_ratio_inference_mode", tput(esi), ">= 0.95", lambda v: v >= 0.95),
-        ("es_throughput_ratio_exact_mode", tput(esx), ">= 0.95", lambda v: v >= 0.95),
-        ("es_throughput_ratio_with_update_exact_mode", tput(esx, True), ">= 0.95", lambda v: v >= 0.95),
-        ("es_peak_memory_ratio_inference_mode", esi["peak_rss"] / inf["peak_rss"], "<= 1.05", lambda v: v <= 1.05),
-        ("es_peak_memory_ratio_exact_mode", esx["peak_rss"] / inf["peak_rss"], "<= 1.05", lambda v: v <= 1.05),
-        ("es_vs_backprop_peak_memory_ratio", esi["peak_rss"] / bp["peak_rss"], "<= 0.15", lambda v: v <= 0.15),
-        ("es_exact_vs_backprop_peak_memory_ratio", esx["peak_rss"] / bp["peak_rss"], "<= 0.15", lambda v: v <= 0.15),
-    ]
+    rows = []
+    if ok(esi):
+        rows.append(("es_throughput_ratio_inference_mode", tput(esi), ">= 0.95", lambda v: v >= 0.95))
+    if ok(esx):
+        rows += [("es_throughput_ratio_exact_mode", tput(esx), ">= 0.95", lambda v: v >= 0.95),
+                 ("es_throughput_ratio_with_update_exact_mode", tput(esx, True), ">= 0.95", lambda v: v >= 0.95)]
+    if ok(inf, esi):
+        rows.append(("es_peak_memory_ratio_inference_mode", esi["peak_rss"] / inf["peak_rss"], "<= 1.05",
+                     lambda v: v <= 1.05))  # fmt: skip
+    if ok(inf, esx):
+        rows.append(("es_peak_memory_ratio_exact_mode", esx["peak_rss"] / inf["peak_rss"], "<= 1.05",
+                     lambda v: v <= 1.05))  # fmt: skip
+    if ok(esi, bp):
+        rows.append(("es_vs_backprop_peak_memory_ratio", esi["peak_rss"] / bp["peak_rss"], "<= 0.15",
+                     lambda v: v <= 0.15))  # fmt: skip
+    if ok(esx, bp):
+        rows.append(("es_exact_vs_backprop_peak_memory_ratio", esx["peak_rss"] / bp["peak_rss"], "<= 0.15",
+                     lambda v: v <= 0.15))  # fmt: skip
+    if ok(lr):
+        rows += [("lowrank_throughput_ratio", tput(lr), ">= 0.95", lambda v: v >= 0.95),
+                 ("lowrank_throughput_ratio_with_update", tput(lr, True), ">= 0.95", lambda v: v >= 0.95)]
+    if ok(lr, esi):
+        rows.append(("lowrank_vs_full_sequential_speedup", (esi["es_s"] + esi["update_s"]) / (lr["es_s"] + lr["update_s"]),
+                     ">= 3", lambda v: v >= 3))  # fmt: skip
+    if ok(lr, inf):
+        rows.append(("lowrank_peak_memory_ratio", lr["peak_rss"] / inf["peak_rss"], "<= 1.05", lambda v: v <= 1.05))
     return [{"metric": n, "value": round(v, 4), "goal": g, "met": bool(ok(v))} for n, v, g, ok in rows]
 
 
@@ -269,7 +345,7 @@ def table(res: dict[str, dict]) -> str:
     mib = 1024**2
     head = f"{'variant':<13}{'peak RSS MiB':>14}{'RSS loaded':>12}{'tokens':>8}{'seconds':>9}{'tok/s':>8}  notes"
     lines = [head, "-" * len(head)]
-    for v in VARIANTS:
+    for v in (v for v in VARIANTS if v in res):
         r = res[v]
         if v == "backprop":
             tok, secs = r["train_tokens"], r["train_step_s"]
@@ -295,15 +371,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--members", type=int, default=4, help="ES population members (= plain generate calls)")
     ap.add_argument("--sigma", type=float, default=1e-3, help="perturbation scale")
     ap.add_argument("--scope", default="all_linear", choices=("all_linear", "full"), help="ES / trainable tensors")
+    ap.add_argument("--rank", type=int, default=1, help="rank of the low-rank (EGGROLL) perturbations")
     ap.add_argument("--threads", type=int, default=0, help="torch threads per worker (0 = torch default)")
     ap.add_argument("--worker-timeout", type=float, default=3600, help="seconds per variant process")
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
+                    help="variants to run (default all; the metrics of variants not run are left out)")
+    ap.add_argument("--save", help="folder keeping each variant's result (a rerun reuses finished variants)")
     ap.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    for field in ("batch", "max_new_tokens", "members"):
+    for field in ("batch", "max_new_tokens", "members", "rank"):
         if getattr(args, field) < 1:
             ap.error(f"--{field.replace('_', '-')} must be >= 1, got {getattr(args, field)}")
     if not args.sigma > 0:
         ap.error(f"--sigma must be > 0, got {args.sigma}")
+
     return args
 
 
@@ -313,10 +394,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_worker(args)))
         return 0
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    res = {v: spawn(v, args) for v in VARIANTS}
+    res = {v: spawn(v, args) for v in VARIANTS if v in args.variants}
+    any_es = next((r for r in res.values() if "scope_numel" in r), None)
+    scope_note = f" ({any_es['scope_numel']:,} of {any_es['model_numel']:,} parameters)" if any_es else ""
     print(f"model {args.model} ({args.dtype}), batch {args.batch}, {args.max_new_tokens} new tokens, "
-          f"{args.members} members, sigma {args.sigma}, scope {args.scope} "
-          f"({res['es-inference']['scope_numel']:,} of {res['inference']['model_numel']:,} parameters)")  # fmt: skip
+          f"{args.members} members, sigma {args.sigma}, scope {args.scope}, rank {args.rank}{scope_note}")  # fmt: skip
     print(table(res))
     for m in metrics(res):
         print(json.dumps(m))

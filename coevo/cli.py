@@ -19,7 +19,7 @@ from coevo import __version__
 from coevo.errors import RunFolderError, RunInterrupted, UsageError, UserError
 
 #: modules that contribute sub-commands with ``add_parser(subparsers)``
-_DOMAIN_CLIS = ("coevo.es.cli", "coevo.ahd.cli", "coevo.skills.cli")
+_DOMAIN_CLIS = ("coevo.cli_es", "coevo.ahd.cli", "coevo.skills.cli")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

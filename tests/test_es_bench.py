@@ -21,6 +21,10 @@ METRICS = {
     "es_peak_memory_ratio_exact_mode": "<= 1.05",
     "es_vs_backprop_peak_memory_ratio": "<= 0.15",
     "es_exact_vs_backprop_peak_memory_ratio": "<= 0.15",
+    "lowrank_throughput_ratio": ">= 0.95",
+    "lowrank_throughput_ratio_with_update": ">= 0.95",
+    "lowrank_vs_full_sequential_speedup": ">= 3",
+    "lowrank_peak_memory_ratio": "<= 1.05",
 }
 
 
@@ -44,7 +48,7 @@ def test_tiny_run_prints_table_and_metric_lines():
     lines = proc.stdout.splitlines()
     table = [ln for ln in lines if not ln.startswith("{")]
     assert table[0].startswith("model tiny:micro (bfloat16), batch 2, 4 new tokens, 2 members")
-    for variant in ("inference", "es-inference", "es-exact", "backprop"):
+    for variant in ("inference", "es-inference", "es-exact", "backprop", "es-lowrank"):
         assert any(ln.split()[0] == variant for ln in table[1:] if ln.strip()), variant
     rows = [json.loads(ln) for ln in lines if ln.startswith("{")]
     assert [r["metric"] for r in rows] == list(METRICS)
@@ -60,14 +64,16 @@ def test_tiny_run_prints_table_and_metric_lines():
     # backprop builds the autograd graph and optimizer states on top of the same model: never less memory
     assert 0.5 < by["es_vs_backprop_peak_memory_ratio"] <= 1.02
     assert 0.01 < by["es_throughput_ratio_inference_mode"] < 100
+    assert 0.8 < by["lowrank_peak_memory_ratio"] < 1.25 and 0.01 < by["lowrank_throughput_ratio"] < 100
 
 
 def test_metrics_arithmetic_and_goals():
     bench = _bench()
     es = {"plain_tokens": 100, "plain_s": 10.0, "es_tokens": 100, "es_s": 12.5, "update_s": 2.5,
           "peak_rss": 1100}  # fmt: skip
+    lowrank = {"plain_tokens": 100, "plain_s": 10.0, "es_tokens": 100, "es_s": 4.0, "update_s": 1.0, "peak_rss": 1030}
     res = {"inference": {"peak_rss": 1000}, "es-inference": dict(es, peak_rss=1040),
-           "es-exact": dict(es, peak_rss=2000), "backprop": {"peak_rss": 8000}}  # fmt: skip
+           "es-exact": dict(es, peak_rss=2000), "backprop": {"peak_rss": 8000}, "es-lowrank": lowrank}  # fmt: skip
     by = {m["metric"]: m for m in bench.metrics(res)}
     assert by["es_throughput_ratio_inference_mode"]["value"] == 0.8  # (100/12.5) / (100/10)
     assert by["es_throughput_ratio_with_update_exact_mode"]["value"] == round(10 / 15, 4)
@@ -77,6 +83,9 @@ def test_metrics_arithmetic_and_goals():
     assert by["es_vs_backprop_peak_memory_ratio"]["value"] == 0.13
     assert by["es_vs_backprop_peak_memory_ratio"]["met"] is True
     assert by["es_exact_vs_backprop_peak_memory_ratio"]["value"] == 0.25
+    assert by["lowrank_throughput_ratio"]["value"] == 2.5 and by["lowrank_throughput_ratio_with_update"]["value"] == 2.0
+    assert by["lowrank_vs_full_sequential_speedup"]["value"] == 3.0 and by["lowrank_vs_full_sequential_speedup"]["met"]
+    assert by["lowrank_peak_memory_ratio"]["value"] == 1.03
 
 
 def test_peak_rss_tracks_an_allocation():

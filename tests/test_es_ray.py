@@ -12,7 +12,8 @@ ray = pytest.importorskip("ray")
 
 from test_es_evolver import es_config, history, run_loop
 
-from coevo.backends.ray_pool import ESReplica, RayReplicaPool, ReplicaDivergenceError
+from coevo.backends.hf import HFPolicy
+from coevo.backends.ray_pool import RayReplicaPool, ReplicaDivergenceError
 from coevo.es import GenerationRecord, ScopeSpec
 from coevo.store import TrajectoryStore
 from coevo.types import ESMember
@@ -46,7 +47,7 @@ def _spec(model_dir):
 
 def test_actor_noise_equals_in_process_and_divergence_is_detected(local_ray, tiny_model_dir):
     spec = _spec(tiny_model_dir)
-    local = ESReplica.from_spec(spec)
+    local = HFPolicy(spec["model"], dtype=spec["dtype"]).es_replica(ScopeSpec.from_dict(spec["scope"]))
     pool = RayReplicaPool(spec, workers=2)
     try:
         assert pool.start_hashes == [local.weights_hash()] * 2
@@ -54,12 +55,12 @@ def test_actor_noise_equals_in_process_and_divergence_is_detected(local_ray, tin
             expected = local.noise_hash(member)
             assert expected != local.weights_hash()  # the perturbation changes the weights...
             assert pool.noise_hashes(member) == [expected, expected]  # ...identically in every process
-        assert local.params.active is None and pool.start_hashes[0] == local.weights_hash()
+        assert not local.active and pool.start_hashes[0] == local.weights_hash()
 
         record = GenerationRecord(generation=0, seeds=[7, 7], signs=[1, -1], rewards=[1.0, 0.0], coeffs=[1.0, -1.0],
                                   sigma=1e-2, alpha=1e-2, master_dtype="float32")  # fmt: skip
         _, after = local.apply(record)
-        assert pool.apply(record, expected=after) == [after, after]
+        assert pool.apply(record, expected=after) == (None, after) and pool.weights_hash() == after
         ray.get(pool.actors[0].apply.remote(record.to_dict()))  # one replica applies an update twice
         with pytest.raises(ReplicaDivergenceError, match="diverged at resume"):
             pool.load(None, [], expected=after)

@@ -15,6 +15,7 @@ from coevo.es import (
     ReplayMismatchError,
     Schedule,
     ScopeSpec,
+    apply_records,
     es_update,
     generate_noise,
     normalize_rewards,
@@ -178,6 +179,12 @@ def test_replay_detects_a_different_history():
     records[1]["coeffs"][0] += 1e-3
     with pytest.raises(ReplayMismatchError, match="generation 1"):
         replay(tiny_qwen2(seed=8), records)
+    # the one replay loop in "report" mode: keeps applying, names the first mismatching generation
+    params = ESParams(select_params(tiny_qwen2(seed=8), ScopeSpec("all_linear", exclude=("*.v_proj.weight",))))
+    report = apply_records(params, [GenerationRecord.from_dict(r) for r in records], on_mismatch="report")
+    assert (report.applied, report.first_mismatch, len(report.stats)) == (3, 1, 3) and not report.ok
+    assert report.expected == records[1]["weight_hash_after"] != report.got
+    assert report.weights_hash == params.weights_hash() != records[-1]["weight_hash_after"]
     with pytest.raises(ValueError, match="increasing generation"):
         replay(tiny_qwen2(seed=8), [records[1], records[0]])
     with pytest.raises(ValueError, match="unknown GenerationRecord keys"):

@@ -25,9 +25,6 @@ PENDING = {
     ("backends", "config"): "backends/factory.py types its argument with coevo.config.ModelConfig",
     ("evolvers", "config"): "evolvers/trace2skill.py uses coevo.config.ModelConfig for its analyst model",
     ("backends", "rollouts"): "backends/ray_pool.py, vllm_engine.py run rollouts in replicas (issue 12 item 1)",
-    ("es", "backends"): "es/cli.py (replay/export commands) moves out of the ES math package",
-    ("es", "evolvers"): "es/cli.py, as above",
-    ("es", "loop"): "es/cli.py, as above",
 }
 
 

@@ -25,11 +25,10 @@ from torch import nn
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from coevo.backends.base import PolicyError, SamplingParams
-from coevo.backends.ray_pool import ESReplica
 from coevo.backends.vllm_engine import VLLMPolicy, request_seed, vllm_sampling_kwargs
 from coevo.backends.vllm_worker import ESWorkerExtension, canonical_views, fused_map
 from coevo.es import ESParams, GenerationRecord, ScopeSpec, fused_noise, perturb, select_params, weights_hash
-from coevo.rollouts.base import build_rollout
+from coevo.es.replica import ESReplica
 from coevo.types import ESMember
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -291,9 +290,10 @@ def test_vllm_replica_matches_hf_replica_and_snapshots_interchange(tiny_model_di
     vmod = module_from(vllm_layout(dict(hf_policy.model.named_parameters()), hf_policy.model.config.vocab_size))
     engine = EngineHost(WorkerHost(vmod, hf_policy.model.config))
     policy = VLLMPolicy.from_engine(engine, hf_policy.tokenizer, model_id=str(tiny_model_dir))
-    rollout, scope = build_rollout({"type": "target_logprob"}, None), ScopeSpec("all_linear")
-    ref = ESReplica(hf_policy, rollout, scope, master_weights=True)
-    rep = policy.es_replica(rollout, scope, master_weights=True)
+    scope = ScopeSpec("all_linear")
+    ref = hf_policy.es_replica(scope, master_weights=True)
+    rep = policy.es_replica(scope, master_weights=True)
+    assert isinstance(ref, ESReplica) and isinstance(rep, ESReplica) and not isinstance(rep, type(ref))
     assert rep.weights_hash() == ref.weights_hash()
     member = ESMember(seed=99, sigma=1e-2, sign=-1, index=1)
     assert rep.noise_hash(member) == ref.noise_hash(member) != ref.weights_hash()
@@ -305,7 +305,7 @@ def test_vllm_replica_matches_hf_replica_and_snapshots_interchange(tiny_model_di
     (s_ref, h_ref), (s_vl, h_vl) = ref.apply(rec), rep.apply(rec)
     assert h_vl == h_ref and s_vl.update_norm == s_ref.update_norm > 0
     assert rep.save_snapshot(tmp_path / "vllm.safetensors", {"generation": 1}) == h_ref
-    fresh = ESReplica(HFPolicy(tiny_model_dir, dtype="bfloat16"), rollout, scope, master_weights=True)
+    fresh = HFPolicy(tiny_model_dir, dtype="bfloat16").es_replica(scope, master_weights=True)
     assert fresh.load(tmp_path / "vllm.safetensors", []) == h_ref  # a vLLM snapshot loads into HF
     with pytest.raises(TypeError, match="live in the vLLM worker processes"):
         policy.named_parameters()

@@ -8,13 +8,59 @@ API backends (OpenAI-compatible endpoints) have none and serve context evolution
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from coevo.es.replica import ESReplica
+    from coevo.es.scope import ScopeSpec
 
 from coevo.errors import UserError
 
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
+
+#: weight dtypes of the parameter-space backends (HF, vLLM), by config name
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a config dtype name (one of :data:`DTYPE_NAMES`), shared by the HF and vLLM backends.
+
+    Raises:
+        ValueError: an unknown name (the message lists the allowed ones).
+    """
+    import torch
+
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPE_NAMES)}, got {name!r}")
+    return getattr(torch, name)
+
+
+def request_seed(seed: int, index: int) -> int:
+    """Sampling seed of request ``index`` of a batch seeded with ``seed``: ``blake2b("seed:index")``, 63 bits.
+
+    Every backend seeds each request separately with it (vLLM per request, HF with one generator per row), so
+    equal prompts in one batch sample independently, a seeded batch is reproducible, and a request's sample
+    does not depend on the other requests of its batch or on how the batch is split.
+    """
+    import hashlib
+
+    digest = hashlib.blake2b(f"{int(seed)}:{int(index)}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def terminal_token_ids(tokenizer: Any, eos_token_id: int | Iterable[int] | None) -> list[int]:
+    """Token ids that end a completion, as every backend uses them: the model's generation-config EOS id(s)
+    (``eos_token_id``: an int, a list or None) plus the tokenizer's EOS and pad ids; sorted, unique."""
+    ids: set[int] = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
+    if isinstance(eos_token_id, int):
+        ids.add(eos_token_id)
+    elif eos_token_id is not None:
+        ids.update(int(i) for i in eos_token_id)
+    return sorted(ids)
 
 
 @dataclass(frozen=True)
@@ -95,6 +141,22 @@ class Policy(ABC):
 
     def named_parameters(self) -> Iterator[tuple[str, Any]]:
         """Yield ``(canonical HF name, tensor)`` pairs of the weights ES may perturb.
+
+        Raises:
+            TypeError: for backends without a parameter space.
+        """
+        raise TypeError(f"{type(self).__name__} has no parameter space; ES needs an HF or vLLM policy")
+
+    def es_replica(
+        self, scope: ScopeSpec, *, master_weights: bool = True, restore_mode: str = "exact"
+    ) -> ESReplica:
+        """The ES replica of this policy (:class:`coevo.es.replica.ESReplica`): how the ES evolver perturbs,
+        updates, hashes and snapshots its weights.
+
+        Args:
+            scope: the tensors ES perturbs and updates.
+            master_weights: keep float32 masters of bf16/fp16 tensors (``coevo.es.params``).
+            restore_mode: ``"exact"`` or ``"inference"`` (``coevo.es.perturb``).
 
         Raises:
             TypeError: for backends without a parameter space.

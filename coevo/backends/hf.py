@@ -3,22 +3,77 @@
 The policy owns the ``torch.nn.Module`` (``policy.model``) so that ES (``coevo.es``) can perturb its
 parameters in place; :meth:`HFPolicy.named_parameters` yields them under their canonical HF names.
 Generation is batched with the model's chat template and left padding; a given ``SamplingParams.seed``
-makes sampling reproducible without disturbing the global torch RNG (the RNG state is forked).
+makes sampling reproducible without disturbing the global torch RNG: row i of a call seeded ``s`` samples
+from its own generator seeded ``request_seed(s, i)`` (as the vLLM backend seeds its requests), so a row's
+completion does not depend on the other rows of its batch nor on ``batch_size``.
+
+Population batches (low-rank ES, :mod:`coevo.backends.hf_replica`) use :meth:`HFPolicy.generate_rows` and
+the ``batch_hook`` of :meth:`HFPolicy.logprob`: the caller gets each model batch's row range before its
+forward passes run, to tell its forward hooks which member each row belongs to.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import torch
 
 from coevo.backends import check_conversations, check_sampling_params, cut_at_stop
-from coevo.backends.base import Completion, Message, Policy, PolicyError, SamplingParams
+from coevo.backends.base import (
+    Completion,
+    Message,
+    Policy,
+    PolicyError,
+    SamplingParams,
+    request_seed,
+    terminal_token_ids,
+    torch_dtype,
+)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: ``batch_hook(start, stop)``: a context manager entered around the model batch holding rows [start, stop)
+BatchHook = Callable[[int, int], AbstractContextManager]
+
+
+class RowSampler:
+    """A ``transformers`` logits processor that samples every row from its own seeded generator.
+
+    Per decoding step, for each row b: the scores are warped as HF's sampling does (temperature, then top-k,
+    then top-p, with ``transformers``' own warpers), a token is drawn with ``torch.multinomial(softmax(scores_b),
+    1, generator=g_b)``, and the returned scores are ``-inf`` except 0 at that token, so greedy decoding
+    (``do_sample=False``) emits it. Row b's draws depend only on its own scores and generator, not on the
+    other rows of the batch.
+
+    Args:
+        params: decoding settings (temperature > 0). seeds: one generator seed per row. device: of the scores.
+    """
+
+    def __init__(self, params: SamplingParams, seeds: Sequence[int], device: torch.device) -> None:
+        from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        self.warpers = [TemperatureLogitsWarper(float(params.temperature))]
+        if params.top_k > 0:
+            self.warpers.append(TopKLogitsWarper(params.top_k))
+        if params.top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(float(params.top_p)))
+        self.generators = []
+        for seed in seeds:
+            g = torch.Generator(device=device)
+            g.manual_seed(int(seed))
+            self.generators.append(g)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """``scores``: (B, V) next-token scores -> (B, V) with one finite entry per row."""
+        for w in self.warpers:
+            scores = w(input_ids, scores)
+        probs = torch.softmax(scores.float(), dim=-1)
+        picks = torch.cat([torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(self.generators)])
+        out = torch.full_like(scores, float("-inf"))
+        out[torch.arange(out.shape[0], device=out.device), picks] = 0.0
+        return out
 
 
 class HFPolicy(Policy):
@@ -56,8 +111,7 @@ class HFPolicy(Policy):
 
         from coevo.backends.models import load_tokenizer, resolve_model
 
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        self.dtype = torch_dtype(dtype)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         try:
@@ -70,7 +124,6 @@ class HFPolicy(Policy):
             raise PolicyError(f"device {device!r} requested but CUDA is not available")
         self.path = resolve_model(model, cache_dir=cache_dir)
         self.model_id = str(model)
-        self.dtype = DTYPES[dtype]
         self.batch_size = batch_size
         os.environ["HF_HUB_OFFLINE"] = "1"
         try:
@@ -84,24 +137,18 @@ class HFPolicy(Policy):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if self.tokenizer.chat_template is None:
             raise PolicyError(f"tokenizer in {self.path} has no chat template")
-        self._stop_ids = self._terminal_token_ids()
-
-    def _terminal_token_ids(self) -> list[int]:
-        """Token ids that end a completion: the generation config's EOS ids, the tokenizer's EOS and pad."""
-        ids: set[int] = set()
-        eos = self.model.generation_config.eos_token_id
-        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        ids.update(i for i in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if i is not None)
-        return sorted(ids)
+        self._stop_ids = terminal_token_ids(self.tokenizer, self.model.generation_config.eos_token_id)
 
     def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
         """``(HF name, parameter)`` in ``model.named_parameters()`` order; tied weights appear once."""
         return self.model.named_parameters()
 
-    def _rng_devices(self) -> list[int]:
-        if self.device.type != "cuda":
-            return []
-        return [self.device.index if self.device.index is not None else torch.cuda.current_device()]
+    def es_replica(self, scope, *, master_weights: bool = True, restore_mode: str = "exact"):
+        """An in-process :class:`~coevo.backends.hf_replica.HFReplica` over this policy's weights
+        (see :meth:`Policy.es_replica`)."""
+        from coevo.backends.hf_replica import HFReplica
+
+        return HFReplica(self, scope, master_weights, restore_mode)
 
     def _prompts(self, conversations: list[list[Message]]) -> list[str]:
         return [
@@ -113,10 +160,10 @@ class HFPolicy(Policy):
         """Generate one completion per conversation (see :meth:`Policy.generate`).
 
         Decoding is greedy when ``params.temperature == 0``, else multinomial sampling with temperature,
-        top-p and top-k (no repetition penalty). With ``params.seed`` set, the torch RNG is forked, seeded
-        once, and used for all batches in order, so equal inputs give equal outputs on the same device
-        and the global RNG is unchanged. ``completion_tokens`` counts the generated tokens including a
-        terminating EOS; ``prompt_tokens`` counts the templated prompt.
+        top-p and top-k (no repetition penalty). With ``params.seed`` set, row i samples from a generator
+        seeded ``request_seed(params.seed, i)`` (:class:`RowSampler`): equal inputs give equal outputs on the
+        same device, whatever the batch split, and the global RNG is unchanged. ``completion_tokens`` counts
+        the generated tokens including a terminating EOS; ``prompt_tokens`` counts the templated prompt.
 
         Raises:
             ValueError, TypeError: malformed conversations or params (field named).
@@ -124,28 +171,52 @@ class HFPolicy(Policy):
         """
         check_conversations(conversations)
         check_sampling_params(params)
-        if not conversations:
-            return []
-        prompts = self._prompts(conversations)
-        if params.seed is None:
-            return self._generate_all(prompts, params)
-        with torch.random.fork_rng(devices=self._rng_devices()):
-            torch.manual_seed(params.seed)
-            return self._generate_all(prompts, params)
+        seeds = None if params.seed is None else [request_seed(params.seed, i) for i in range(len(conversations))]
+        return self.generate_rows(conversations, params, row_seeds=seeds)
 
-    def _generate_all(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+    def generate_rows(
+        self,
+        conversations: list[list[Message]],
+        params: SamplingParams,
+        *,
+        row_seeds: Sequence[int] | None = None,
+        batch_hook: BatchHook | None = None,
+    ) -> list[Completion]:
+        """:meth:`generate` with explicit per-row sampling seeds and a hook around each model batch.
+
+        Args:
+            conversations: the rows. params: decoding settings (``params.seed`` is not used here).
+            row_seeds: one generator seed per row for sampled decoding (None: HF's sampling from the global
+                torch RNG); unused when greedy.
+            batch_hook: ``batch_hook(start, stop)`` entered around the generation of rows ``[start, stop)``
+                (batches of ``batch_size`` rows, in order).
+
+        Raises:
+            ValueError, TypeError: malformed input, or ``row_seeds`` of the wrong length.
+            PolicyError: out of memory.
+        """
+        check_conversations(conversations)
+        check_sampling_params(params)
+        if row_seeds is not None and len(row_seeds) != len(conversations):
+            raise ValueError(f"row_seeds has {len(row_seeds)} seeds for {len(conversations)} conversations")
+        prompts = self._prompts(conversations)
         out: list[Completion] = []
         for start in range(0, len(prompts), self.batch_size):
+            stop = min(start + self.batch_size, len(prompts))
+            seeds = None if row_seeds is None else row_seeds[start:stop]
             try:
-                out.extend(self._generate_batch(prompts[start : start + self.batch_size], params))
+                with batch_hook(start, stop) if batch_hook is not None else nullcontext():
+                    out.extend(self._generate_batch(prompts[start:stop], params, seeds))
             except torch.OutOfMemoryError as e:
                 raise PolicyError(f"out of memory generating a batch of {self.batch_size}; lower batch_size") from e
         return out
 
-    def _generation_config(self, params: SamplingParams):
+    def _generation_config(self, params: SamplingParams, row_sampling: bool = False):
+        """HF generation settings; with ``row_sampling`` the sampling is done by :class:`RowSampler` and HF
+        decodes greedily over its output."""
         from transformers import GenerationConfig
 
-        sample = params.temperature > 0
+        sample = params.temperature > 0 and not row_sampling
         return GenerationConfig(
             max_new_tokens=params.max_new_tokens,
             do_sample=sample,
@@ -159,13 +230,18 @@ class HFPolicy(Policy):
         )
 
     @torch.inference_mode()
-    def _generate_batch(self, prompts: list[str], params: SamplingParams) -> list[Completion]:
+    def _generate_batch(self, prompts: list[str], params: SamplingParams, seeds: Sequence[int] | None) -> list[Completion]:
+        from transformers import LogitsProcessorList
+
         t0 = time.perf_counter()
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        row_sampling = seeds is not None and params.temperature > 0
+        processors = LogitsProcessorList([RowSampler(params, seeds, self.device)] if row_sampling else [])
         seqs = self.model.generate(
             input_ids=enc["input_ids"],
             attention_mask=enc["attention_mask"],
-            generation_config=self._generation_config(params),
+            generation_config=self._generation_config(params, row_sampling),
+            logits_processor=processors,
             tokenizer=self.tokenizer if params.stop else None,
         )
         duration = time.perf_counter() - t0
@@ -195,7 +271,9 @@ class HFPolicy(Policy):
         return out
 
     @torch.inference_mode()
-    def logprob(self, conversations: list[list[Message]], targets: list[str]) -> torch.Tensor:
+    def logprob(
+        self, conversations: list[list[Message]], targets: list[str], *, batch_hook: BatchHook | None = None
+    ) -> torch.Tensor:
         """Sum log-probability of each target completion given its chat prompt.
 
         ``log p(target | prompt) = sum_j log softmax(logits_{t_j - 1})[target_j]`` over the target's tokens
@@ -204,6 +282,7 @@ class HFPolicy(Policy):
         Args:
             conversations: B conversations.
             targets: B completion texts.
+            batch_hook: ``batch_hook(start, stop)`` entered around the forward pass of rows ``[start, stop)``.
 
         Returns:
             float32 CPU tensor of shape (B,), in nats; 0.0 for an empty target.
@@ -220,8 +299,9 @@ class HFPolicy(Policy):
         prompts = self._prompts(conversations)
         parts = []
         for start in range(0, len(prompts), self.batch_size):
-            stop = start + self.batch_size
-            parts.append(self._logprob_batch(prompts[start:stop], targets[start:stop]))
+            stop = min(start + self.batch_size, len(prompts))
+            with batch_hook(start, stop) if batch_hook is not None else nullcontext():
+                parts.append(self._logprob_batch(prompts[start:stop], targets[start:stop]))
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32)
 
     def _logprob_batch(self, prompts: list[str], targets: list[str]) -> torch.Tensor:

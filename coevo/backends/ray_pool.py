@@ -1,10 +1,6 @@
-"""ES policy replicas: one in-process :class:`ESReplica`, and a pool of them on Ray actors.
+"""A pool of ES replicas on Ray actors.
 
-An :class:`ESReplica` is a parameter-space policy plus its ES parameters (``coevo.es.ESParams``, scope and
-optional float32 masters) and a rollout. It evaluates population members (perturb, roll out, restore:
-exception safe, ``coevo.es.perturb``), applies recorded updates, and saves / loads weight snapshots.
-
-:class:`RayReplicaPool` holds ``workers`` replicas on Ray actors, each built from the same model reference
+:class:`RayReplicaPool` holds ``workers`` :class:`~coevo.backends.hf_replica.HFReplica` copies on Ray actors, each built from the same model reference
 (as in OpenAI ES, Salimans et al. 2017 §2.1, and Agentic-ESOpt's multi-engine setup): the driver sends
 member seeds and history records, the actors return the members' trajectories as plain dicts (the driver
 writes them to the store; actors never write) and their weight hashes, which the driver checks equal after
@@ -21,24 +17,14 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from coevo.es import (
-    ESParams,
-    GenerationRecord,
-    ScopeSpec,
-    UpdateStats,
-    perturb,
-    select_params,
-)
-from coevo.es.checkpoint import apply_records, load_snapshot, rebuild, save_snapshot
-from coevo.rollouts.base import Rollout, Split, build_rollout
+from coevo.es import GenerationRecord, ScopeSpec
 from coevo.types import ESMember, Trajectory
 
 
@@ -46,120 +32,52 @@ class ReplicaDivergenceError(RuntimeError):
     """Policy replicas hold different weights after the same update (different torch build, CPU, or a bug)."""
 
 
-class ESReplica:
-    """A policy with its ES parameters and rollout.
+class ReplicaWorker:
+    """The object a Ray actor holds (wrapped with ``ray.remote`` by :class:`RayReplicaPool`); plain-data API.
 
-    Args:
-        policy: a policy with a parameter space (``policy.has_parameters``), e.g. ``HFPolicy``.
-        rollout: how a (perturbed) policy is scored.
-        scope: the tensors ES perturbs and updates.
-        master_weights: keep float32 masters of bf16/fp16 tensors (``coevo.es.params``).
-        restore_mode: ``"exact"`` (bit-identical restores) or ``"inference"`` (``coevo.es.perturb``).
-
-    Raises:
-        TypeError: the policy has no parameter space. ValueError: the scope selects no tensor.
+    ``spec`` keys: ``model`` (reference for ``HFPolicy``), ``dtype``, ``device``, ``batch_size``, ``rollout``
+    (rollout config mapping, built with ``ctx=None``), ``scope`` (``ScopeSpec`` dict), ``master_weights``,
+    ``restore_mode``, optional ``torch_threads``.
     """
 
-    def __init__(self, policy, rollout: Rollout, scope: ScopeSpec, master_weights: bool = True,
-                 restore_mode: str = "exact") -> None:  # fmt: skip
-        if not getattr(policy, "has_parameters", False):
-            raise TypeError(f"ES needs a policy with a parameter space (hf backend), got {type(policy).__name__}")
-        self.policy = policy
-        self.rollout = rollout
-        self.scope = scope
-        self.restore_mode = restore_mode
-        self.params = ESParams(select_params(policy.named_parameters(), scope),
-                               master_dtype=torch.float32 if master_weights else None)  # fmt: skip
-
-    @classmethod
-    def from_spec(cls, spec: dict[str, Any]) -> ESReplica:
-        """Build a replica from a plain-dict spec (what :class:`RayReplicaPool` sends to its actors).
-
-        Keys: ``model`` (reference for ``HFPolicy``), ``dtype``, ``device``, ``batch_size``, ``rollout``
-        (rollout config mapping, built with ``ctx=None``), ``scope`` (``ScopeSpec`` dict), ``master_weights``,
-        ``restore_mode``.
-        """
-        from coevo.backends.hf import HFPolicy
-
-        policy = HFPolicy(spec["model"], dtype=spec["dtype"], device=spec["device"], batch_size=spec["batch_size"])
-        return cls(policy, build_rollout(spec["rollout"], None), ScopeSpec.from_dict(spec["scope"]),
-                   spec["master_weights"], spec["restore_mode"])  # fmt: skip
-
-    # ------------------------------------------------------------------ evaluation
-    @contextmanager
-    def perturbed(self, member: ESMember) -> Iterator[Any]:
-        """``with replica.perturbed(member) as policy:`` the policy at ``theta + sign * sigma * eps(seed)``;
-        restored on exit, also when the body raises."""
-        with perturb(self.params, member.seed, member.sigma, member.sign, self.restore_mode):
-            yield self.policy
-
-    def evaluate_member(self, member: ESMember, *, generation: int, key_prefix: str, evolver: str,
-                        round_index: int, rollout: Rollout | None = None) -> list[Trajectory]:  # fmt: skip
-        """Roll out the member's perturbed policy on the train split; the weights are restored after."""
-        ro = rollout or self.rollout
-        with self.perturbed(member) as policy:
-            return ro.run(policy, generation=generation, member=member, key_prefix=key_prefix, split="train",
-                          evolver=evolver, round_index=round_index)  # fmt: skip
-
-    def evaluate_centre(self, *, generation: int, key_prefix: str, evolver: str, round_index: int,
-                        split: Split = "test") -> list[Trajectory]:  # fmt: skip
-        """Roll out the unperturbed policy (member None) on ``split``."""
-        if self.params.active is not None:
-            raise RuntimeError("a perturbation is active: the centre cannot be evaluated now")
-        return self.rollout.run(self.policy, generation=generation, member=None, key_prefix=key_prefix,
-                                split=split, evolver=evolver, round_index=round_index)  # fmt: skip
-
-    # ------------------------------------------------------------------ weights
-    def weights_hash(self) -> str:
-        """``weights_hash`` of the tensors in scope (64 hex chars)."""
-        return self.params.weights_hash()
-
-    def noise_hash(self, member: ESMember) -> str:
-        """``weights_hash`` of the tensors in scope while perturbed by ``member`` (restored after): equal
-        across replicas iff they hold the same weights and draw the same noise."""
-        with self.perturbed(member):
-            return self.params.weights_hash()
-
-    def apply(self, record: GenerationRecord) -> tuple[UpdateStats, str]:
-        """Apply one generation's update (skipped records apply nothing); returns (stats, hash after)."""
-        stats = record.apply(self.params)
-        return stats, self.params.weights_hash()
-
-    def save_snapshot(self, path: str | Path, meta: dict[str, Any] | None = None) -> str:
-        """Write the scope's weights (and masters) to ``path``; returns their hash (``coevo.es.checkpoint``)."""
-        return save_snapshot(path, self.params, meta)
-
-    def load(self, snapshot: str | Path | None, records: list[GenerationRecord]) -> str:
-        """Load ``snapshot`` (None: keep the current weights), then re-apply ``records`` checking their
-        hashes; returns the final hash."""
-        if snapshot is not None:
-            load_snapshot(snapshot, self.params)
-        return apply_records(self.params, records)
-
-    def rebuild(self, run_dir: str | Path, rows: list[dict[str, Any]], generation: int):
-        """Weights after ``generation`` from the newest snapshot plus history ``rows`` (``coevo.es.checkpoint``)."""
-        return rebuild(self.params, run_dir, rows, generation)
-
-
-class ReplicaWorker:
-    """The object a Ray actor holds (wrapped with ``ray.remote`` by :class:`RayReplicaPool`); plain-data API."""
-
     def __init__(self, spec: dict[str, Any]) -> None:
+        from coevo.backends.hf import HFPolicy
+        from coevo.rollouts.base import build_rollout
+
         if spec.get("torch_threads"):
             torch.set_num_threads(int(spec["torch_threads"]))
-        self.replica = ESReplica.from_spec(spec)
+        policy = HFPolicy(spec["model"], dtype=spec["dtype"], device=spec["device"], batch_size=spec["batch_size"])
+        self.replica = policy.es_replica(ScopeSpec.from_dict(spec["scope"]), master_weights=spec["master_weights"],
+                                         restore_mode=spec["restore_mode"])  # fmt: skip
+        self.rollout = build_rollout(spec["rollout"], None)
         self.pid = os.getpid()
 
     def evaluate(self, job: dict[str, Any]) -> list[dict[str, Any]]:
-        """Evaluate one member job ``{member, generation, key_prefix, evolver, round_index}``."""
+        """Evaluate one member job ``{member, generation, key_prefix, evolver, round_index}`` (perturb, roll out
+        on the train split, restore)."""
         member = ESMember(**job["member"])
-        trajs = self.replica.evaluate_member(member, generation=job["generation"], key_prefix=job["key_prefix"],
-                                             evolver=job["evolver"], round_index=job["round_index"])  # fmt: skip
+        with self.replica.perturbed(member) as policy:
+            trajs = self.rollout.run(policy, generation=job["generation"], member=member, split="train",
+                                     key_prefix=job["key_prefix"], evolver=job["evolver"],
+                                     round_index=job["round_index"])  # fmt: skip
         out = []
         for t in trajs:
             d = t.to_dict()
             d["meta"] = {**d["meta"], "worker_pid": self.pid}
             out.append(d)
+        return out
+
+    def evaluate_population(self, job: dict[str, Any]) -> list[list[dict[str, Any]]]:
+        """Roll out a group of low-rank members together ``{members, key_prefixes, rank, generation, evolver,
+        round_index}`` (``HFReplica.population`` + ``rollout.run_population``); one trajectory list per member."""
+        members = [ESMember(**m) for m in job["members"]]
+        with self.replica.population(members, int(job["rank"])) as pop:
+            groups = self.rollout.run_population(pop, members, generation=job["generation"], split="train",
+                                                 key_prefixes=job["key_prefixes"], evolver=job["evolver"],
+                                                 round_index=job["round_index"])  # fmt: skip
+        out = []
+        for trajs in groups:
+            out.append([{**t.to_dict(), "meta": {**t.to_dict()["meta"], "worker_pid": self.pid}} for t in trajs])
         return out
 
     def apply(self, record: dict[str, Any]) -> str:
@@ -193,10 +111,12 @@ def ensure_ray(num_cpus: int) -> bool:
 
 
 class RayReplicaPool:
-    """``workers`` :class:`ESReplica` copies on Ray actors.
+    """``workers`` :class:`~coevo.backends.hf_replica.HFReplica` copies on Ray actors; the weight side of
+    :class:`coevo.es.replica.WeightReplica` for all of them at once (hashes checked equal), plus remote
+    member evaluation.
 
     Args:
-        spec: the replica spec (:meth:`ESReplica.from_spec`), plain data.
+        spec: the actors' spec (:class:`ReplicaWorker`), plain data.
         workers: number of actors (>= 1).
         num_cpus, num_gpus: Ray resources per actor (a GPU actor runs its model on ``cuda``).
 
@@ -234,24 +154,48 @@ class RayReplicaPool:
         results = pool.map(lambda actor, job: actor.evaluate.remote(job), jobs)
         return [[Trajectory.from_dict(d) for d in ds] for ds in results]
 
-    def apply(self, record: GenerationRecord, expected: str | None = None) -> list[str]:
-        """Apply a record on every actor; checks their hashes agree (and equal ``expected``)."""
+    def evaluate_population(self, members: Sequence[ESMember], key_prefixes: Sequence[str], *, rank: int,
+                            generation: int, evolver: str, round_index: int) -> list[list[Trajectory]]:  # fmt: skip
+        """Roll out a low-rank population on the actors: the members are cut into ``len(actors)`` contiguous
+        groups (sizes differ by at most one; always the same groups for the same population), each rolled out
+        together on one actor. Returns the trajectories per member, in order."""
+        import ray
+
+        k = len(self.actors)
+        bounds = [len(members) * i // k for i in range(k + 1)]
+        futures = []
+        for actor, lo, hi in zip(self.actors, bounds[:-1], bounds[1:], strict=True):
+            if hi > lo:
+                job = {"members": [asdict(m) for m in members[lo:hi]], "key_prefixes": list(key_prefixes[lo:hi]),
+                       "rank": rank, "generation": generation, "evolver": evolver, "round_index": round_index}  # fmt: skip
+                futures.append(actor.evaluate_population.remote(job))
+        return [[Trajectory.from_dict(d) for d in ds] for group in ray.get(futures) for ds in group]
+
+    def weights_hash(self) -> str:
+        """The actors' common weights hash (``ReplicaDivergenceError`` when they differ)."""
+        import ray
+
+        return self.check(ray.get([a.weights_hash.remote() for a in self.actors]), None, "a hash check")[0]
+
+    def apply(self, record: GenerationRecord, expected: str | None = None) -> tuple[None, str]:
+        """Apply a record on every actor; checks their hashes agree (and equal ``expected``); returns
+        ``(None, hash)`` (the actors' update stats stay in the actors)."""
         import ray
 
         rec = record.to_dict()
         hashes = ray.get([a.apply.remote(rec) for a in self.actors])
-        return self.check(hashes, expected, f"generation {record.generation}")
+        return None, self.check(hashes, expected, f"generation {record.generation}")[0]
 
-    def load(self, snapshot: str | Path | None, records: list[GenerationRecord], expected: str | None = None) -> list[str]:
-        """Load a snapshot and re-apply records on every actor; checks the hashes."""
+    def load(self, snapshot: str | Path | None, records: Sequence[GenerationRecord], expected: str | None = None) -> str:
+        """Load a snapshot and re-apply records on every actor; checks the hashes; returns the common hash."""
         import ray
 
         recs = [r.to_dict() for r in records]
         snap = None if snapshot is None else str(snapshot)
-        return self.check(ray.get([a.load.remote(snap, recs) for a in self.actors]), expected, "resume")
+        return self.check(ray.get([a.load.remote(snap, recs) for a in self.actors]), expected, "resume")[0]
 
     def noise_hashes(self, member: ESMember) -> list[str]:
-        """Each actor's :meth:`ESReplica.noise_hash` for ``member``."""
+        """Each actor's :meth:`HFReplica.noise_hash` for ``member``."""
         import ray
 
         return ray.get([a.noise_hash.remote(asdict(member)) for a in self.actors])

@@ -6,8 +6,8 @@ through the engine; ES goes through ``llm.collective_rpc("es_...")``, which runs
 (:mod:`coevo.es`) on the worker's parameters in place, in canonical HF terms: the same seed gives the same
 noise, the same update gives the same weights and the same ``weights_hash`` as on
 :class:`~coevo.backends.hf.HFPolicy` (field notes §1: vLLM's fused ``qkv_proj`` / ``gate_up_proj`` are split
-into HF-named views). :class:`VLLMReplica` is the ES replica (the :class:`~coevo.backends.ray_pool.ESReplica`
-interface) the ES evolver uses for such a policy: ``policy.es_replica(rollout, scope, ...)``.
+into HF-named views). :class:`VLLMReplica` is the ES replica (the :class:`coevo.es.replica.ESReplica`
+protocol) the ES evolver uses for such a policy: ``policy.es_replica(scope, ...)``.
 
 Prefix cache. vLLM reuses KV blocks of equal prompt prefixes across requests; blocks computed under other
 weights would be stale after a perturbation, restore or update. Every weight change therefore resets the
@@ -19,10 +19,9 @@ vLLM is imported lazily: without it (``pip install 'coevo[vllm]'``, CUDA only) c
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,17 +29,23 @@ from typing import Any
 import torch
 
 from coevo.backends import check_conversations, check_sampling_params
-from coevo.backends.base import Completion, Message, Policy, PolicyError, SamplingParams
-from coevo.backends.ray_pool import ESReplica
+from coevo.backends.base import (
+    Completion,
+    Message,
+    Policy,
+    PolicyError,
+    SamplingParams,
+    request_seed,
+    terminal_token_ids,
+    torch_dtype,
+)
 from coevo.es import GenerationRecord, ScopeSpec, UpdateStats
-from coevo.rollouts.base import Rollout, Split
-from coevo.types import ESMember, Trajectory
+from coevo.types import ESMember
 
 #: ``worker_extension_cls`` given to every engine
 WORKER_EXTENSION = "coevo.backends.vllm_worker.ESWorkerExtension"
 #: oldest vLLM with ``worker_extension_cls`` and ``collective_rpc`` on ``LLM``
 MIN_VLLM = "0.8.3"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _INSTALL_HINT = "pip install 'coevo[vllm]' on a CUDA machine (vLLM is CUDA only), or use model.backend: hf"
 
 
@@ -64,17 +69,6 @@ def import_vllm() -> Any:
     if too_old:
         raise PolicyError(f"vLLM {version} is too old: the ES worker extension needs vllm >= {MIN_VLLM}")
     return vllm
-
-
-def request_seed(seed: int, index: int) -> int:
-    """Sampling seed of request ``index`` of a batch seeded with ``seed``: ``blake2b("seed:index")``, 63 bits.
-
-    vLLM seeds each request separately, so equal prompts in one batch would sample equal completions if
-    they shared the seed; deriving one seed per position keeps a seeded batch reproducible and its
-    requests independent.
-    """
-    digest = hashlib.blake2b(f"{int(seed)}:{int(index)}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
 def vllm_sampling_kwargs(params: SamplingParams, index: int, stop_token_ids: list[int] | None = None) -> dict[str, Any]:
@@ -143,8 +137,7 @@ class VLLMPolicy(Policy):
         cache_dir: str | Path | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        torch_dtype(dtype)  # ValueError naming the allowed dtypes
         if (
             isinstance(tensor_parallel_size, bool)
             or not isinstance(tensor_parallel_size, int)
@@ -179,8 +172,7 @@ class VLLMPolicy(Policy):
                     enable_prefix_caching: bool = True) -> VLLMPolicy:  # fmt: skip
         """Wrap an engine built elsewhere (it must have been created with
         ``worker_extension_cls=WORKER_EXTENSION`` for the ES hooks). ``tokenizer`` is the HF tokenizer."""
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        torch_dtype(dtype)
         self = cls.__new__(cls)
         self._attach(llm, tokenizer, model_id, path, dtype, tensor_parallel_size, enable_prefix_caching)
         return self
@@ -190,7 +182,7 @@ class VLLMPolicy(Policy):
         self.tokenizer = tokenizer
         self.model_id = str(model_id)
         self.path = Path(path) if path is not None else None
-        self.dtype = DTYPES[dtype]
+        self.dtype = torch_dtype(dtype)
         self.tensor_parallel_size = int(tensor_parallel_size)
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.es_active: dict[str, Any] | None = None  # the worker's active perturbation {seed, sigma, sign}
@@ -200,14 +192,14 @@ class VLLMPolicy(Policy):
         self._stop_ids = self._terminal_token_ids()
 
     def _terminal_token_ids(self) -> list[int]:
-        """EOS ids of the model's generation config plus the tokenizer's EOS and pad (as ``HFPolicy``)."""
-        ids: set[int] = {i for i in (self.tokenizer.eos_token_id, self.tokenizer.pad_token_id) if i is not None}
+        """EOS ids of the model's generation config plus the tokenizer's EOS and pad (``terminal_token_ids``,
+        as ``HFPolicy``)."""
+        eos = None
         if self.path is not None and (self.path / "generation_config.json").is_file():
             from transformers import GenerationConfig
 
             eos = GenerationConfig.from_pretrained(self.path, local_files_only=True).eos_token_id
-            ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        return sorted(ids)
+        return terminal_token_ids(self.tokenizer, eos)
 
     def named_parameters(self) -> Iterator[tuple[str, Any]]:
         """Not available: the weights live in the vLLM worker processes.
@@ -215,7 +207,7 @@ class VLLMPolicy(Policy):
         Raises:
             TypeError: always; ES drives a vLLM policy through :meth:`es_replica` / the ``es_*`` hooks.
         """
-        raise TypeError("VLLMPolicy's weights live in the vLLM worker processes; ES uses policy.es_replica(...) "
+        raise TypeError("VLLMPolicy's weights live in the vLLM worker processes; ES uses policy.es_replica(scope) "
                         "and the es_* hooks (collective_rpc), not named_parameters()")  # fmt: skip
 
     # ------------------------------------------------------------------ generation
@@ -393,10 +385,9 @@ class VLLMPolicy(Policy):
             self._weights_changed()
         return out["weights_hash"], out["snapshot_generation"]
 
-    def es_replica(self, rollout: Rollout, scope: ScopeSpec, master_weights: bool = True,
-                   restore_mode: str = "exact") -> VLLMReplica:  # fmt: skip
-        """The ES replica of this policy (what ``ESEvolver`` uses instead of an in-process ``ESReplica``)."""
-        return VLLMReplica(self, rollout, scope, master_weights, restore_mode)
+    def es_replica(self, scope: ScopeSpec, *, master_weights: bool = True, restore_mode: str = "exact") -> VLLMReplica:
+        """The ES replica of this policy (:meth:`Policy.es_replica`): a :class:`VLLMReplica`."""
+        return VLLMReplica(self, scope, master_weights, restore_mode)
 
     def close(self) -> None:
         """Shut the engine down and free GPU memory."""
@@ -409,27 +400,31 @@ class VLLMPolicy(Policy):
             torch.cuda.empty_cache()
 
 
-class VLLMReplica(ESReplica):
-    """:class:`~coevo.backends.ray_pool.ESReplica` over a :class:`VLLMPolicy`: the ES parameters live in the
-    vLLM workers, so every weight operation is an ``es_*`` call; member evaluation is inherited.
+class VLLMReplica:
+    """The :class:`coevo.es.replica.ESReplica` of a :class:`VLLMPolicy`: the ES parameters live in the vLLM
+    workers, so every weight operation is an ``es_*`` call (``collective_rpc``) running the shared ES math.
 
-    ``ESReplica.__init__`` is not called: it would build ``ESParams`` from ``policy.named_parameters()``,
-    which the driver process of a vLLM engine does not hold.
+    Args:
+        policy: the engine. scope, master_weights, restore_mode: as :meth:`VLLMPolicy.es_setup`.
+
+    Attributes:
+        policy, scope, restore_mode: as given. state: the workers' ES state after setup.
 
     Raises:
         TypeError: ``policy`` has no ``es_setup`` hook. ValueError: see :meth:`VLLMPolicy.es_setup`.
     """
 
-    def __init__(self, policy: VLLMPolicy, rollout: Rollout, scope: ScopeSpec, master_weights: bool = True,
+    def __init__(self, policy: VLLMPolicy, scope: ScopeSpec, master_weights: bool = True,
                  restore_mode: str = "exact") -> None:  # fmt: skip
         if not callable(getattr(policy, "es_setup", None)):
             raise TypeError(f"VLLMReplica needs a VLLMPolicy, got {type(policy).__name__}")
-        self.policy, self.rollout, self.scope, self.restore_mode = policy, rollout, scope, restore_mode
+        self.policy, self.scope, self.restore_mode = policy, scope, restore_mode
         self.state = policy.es_setup(scope, master_weights, restore_mode)
 
     @property
-    def params(self):
-        raise TypeError("VLLMReplica's ESParams live in the vLLM workers; use replica.rebuild/load/apply")
+    def active(self) -> bool:
+        """Whether a perturbation is applied in the workers right now."""
+        return self.policy.es_active is not None
 
     @contextmanager
     def perturbed(self, member: ESMember) -> Iterator[Any]:
@@ -441,13 +436,15 @@ class VLLMReplica(ESReplica):
         finally:
             self.policy.es_restore()
 
-    def evaluate_centre(self, *, generation: int, key_prefix: str, evolver: str, round_index: int,
-                        split: Split = "test") -> list[Trajectory]:  # fmt: skip
-        """Roll out the unperturbed engine (member None) on ``split``."""
-        if self.policy.es_active is not None:
-            raise RuntimeError("a perturbation is active: the centre cannot be evaluated now")
-        return self.rollout.run(self.policy, generation=generation, member=None, key_prefix=key_prefix,
-                                split=split, evolver=evolver, round_index=round_index)  # fmt: skip
+    def population(self, members: Sequence[ESMember], rank: int):
+        """Not available on vLLM yet: members as LoRA adapters in one engine batch (vLLM multi-LoRA) is the
+        planned path; the low-rank *update* already runs in the workers (``es_update`` of a lowrank record).
+
+        Raises:
+            NotImplementedError: always (use ``perturbation: full`` on vLLM, or the hf backend).
+        """
+        raise NotImplementedError("perturbation 'lowrank' rollouts are not available on the vllm backend (members "
+                                  "as LoRA adapters); use perturbation 'full' here, or model.backend hf")  # fmt: skip
 
     def weights_hash(self) -> str:
         return self.policy.es_weights_hash()
@@ -461,9 +458,9 @@ class VLLMReplica(ESReplica):
     def save_snapshot(self, path: str | Path, meta: dict[str, Any] | None = None) -> str:
         return self.policy.es_save_snapshot(path, meta)
 
-    def load(self, snapshot: str | Path | None, records: list[GenerationRecord]) -> str:
-        return self.policy.es_load(snapshot, records)
+    def load(self, snapshot: str | Path | None, records: Sequence[GenerationRecord]) -> str:
+        return self.policy.es_load(snapshot, list(records))
 
-    def rebuild(self, run_dir: str | Path, rows: list[dict[str, Any]], generation: int) -> tuple[str, int | None]:
+    def rebuild(self, run_dir: str | Path, rows: Sequence[dict[str, Any]], generation: int) -> tuple[str, int | None]:
         """``coevo.es.checkpoint.rebuild`` in the workers; returns (hash, snapshot generation used or None)."""
-        return self.policy.es_rebuild(run_dir, rows, generation)
+        return self.policy.es_rebuild(run_dir, list(rows), generation)

@@ -43,8 +43,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from coevo.es import ESParams, GenerationRecord, ReplayMismatchError, ScopeSpec, perturb, select_params
-from coevo.es.checkpoint import apply_records, load_snapshot, rebuild, save_snapshot
+from coevo.es import (
+    ESParams,
+    GenerationRecord,
+    ScopeSpec,
+    apply_records,
+    perturb,
+    select_params,
+)
+from coevo.es.checkpoint import load_snapshot, rebuild, save_snapshot
 from coevo.es.noise import FusedPart
 
 #: vLLM packed module -> HF modules in dim-0 concatenation order (Qwen2, Llama, Mistral-style decoders)
@@ -387,12 +394,8 @@ class ESWorkerExtension:
         if rec.scope != self._coevo_es_config["scope"]:
             raise ValueError(f"record.scope {rec.scope} differs from the scope set up on the worker "
                              f"{self._coevo_es_config['scope']}")  # fmt: skip
-        stats = rec.apply(es)
-        digest = es.weights_hash()
-        if check_hash and rec.weight_hash_after is not None and digest != rec.weight_hash_after:
-            raise ReplayMismatchError(
-                f"generation {rec.generation}: weights hash {digest} != recorded {rec.weight_hash_after}"
-            )
+        report = apply_records(es, [rec], check_hash=check_hash)
+        stats, digest = report.stats[0], report.weights_hash
         return {"stats": stats.to_dict(), "weights_hash": digest}
 
     @_grad_free
@@ -411,7 +414,7 @@ class ESWorkerExtension:
         es = self._es()
         if snapshot is not None:
             load_snapshot(Path(snapshot), es)
-        return apply_records(es, [GenerationRecord.from_dict(dict(r)) for r in records])
+        return apply_records(es, [GenerationRecord.from_dict(dict(r)) for r in records]).weights_hash
 
     @_grad_free
     def es_rebuild(self, run_dir: str, rows: list[dict[str, Any]], generation: int) -> dict[str, Any]:

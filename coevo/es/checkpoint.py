@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from coevo.es.history import GenerationRecord, ReplayMismatchError
+from coevo.es.history import GenerationRecord, apply_records
 from coevo.es.params import ESParams
 from coevo.umask import honour_umask
 
@@ -170,29 +170,6 @@ def record_from_row(row: dict[str, Any]) -> GenerationRecord:
     return GenerationRecord.from_dict({k: v for k, v in row.items() if k in fields})
 
 
-def apply_records(
-    params: ESParams, records: Iterable[GenerationRecord], check_hash: bool = True
-) -> str:
-    """Re-apply recorded updates to ``params`` in place, in order (no rollouts).
-
-    Returns:
-        The ``weights_hash`` after the last record (of the current weights if ``records`` is empty).
-
-    Raises:
-        ReplayMismatchError: with ``check_hash``, a record's ``weight_hash_after`` differs from the replayed
-            weights (the message gives the generation and both hashes).
-    """
-    for r in records:
-        r.apply(params)
-        if check_hash and r.weight_hash_after is not None:
-            got = params.weights_hash()
-            if got != r.weight_hash_after:
-                raise ReplayMismatchError(
-                    f"generation {r.generation}: replayed weights hash {got} != recorded {r.weight_hash_after}"
-                )
-    return params.weights_hash()
-
-
 def records_between(rows: Sequence[dict[str, Any]], start: int, stop: int) -> list[GenerationRecord]:
     """The records of generations ``start .. stop-1`` from history rows, checked to be complete.
 
@@ -206,13 +183,26 @@ def records_between(rows: Sequence[dict[str, Any]], start: int, stop: int) -> li
     return [record_from_row(by_gen[g]) for g in range(start, stop)]
 
 
+def rebuild_plan(
+    run_dir: str | Path, rows: Sequence[dict[str, Any]], generation: int, use_snapshots: bool = True
+) -> tuple[tuple[int, Path] | None, list[GenerationRecord]]:
+    """How to reach the weights after ``generation`` updates: the newest snapshot ``<= generation`` (when
+    ``use_snapshots``; ``(generation, path)`` or None for the base model) and the records after it.
+
+    Raises:
+        ValueError: missing history rows.
+    """
+    snap = newest_snapshot(run_dir, generation) if use_snapshots else None
+    return snap, records_between(rows, snap[0] if snap is not None else 0, generation)
+
+
 def rebuild(
     params: ESParams, run_dir: str | Path, rows: Sequence[dict[str, Any]], generation: int, use_snapshots: bool = True
 ) -> tuple[str, int | None]:
     """Bring ``params`` (holding the base weights) to the weights after ``generation`` updates.
 
     Loads the newest snapshot ``<= generation`` (when ``use_snapshots``), then re-applies the history rows
-    after it, checking every recorded hash.
+    after it, checking every recorded hash (``coevo.es.history.apply_records``).
 
     Returns:
         ``(weights_hash, snapshot generation used or None)``.
@@ -220,13 +210,11 @@ def rebuild(
     Raises:
         ValueError: missing history rows. SnapshotError / ReplayMismatchError: see the callees.
     """
-    snap = newest_snapshot(run_dir, generation) if use_snapshots else None
-    start = 0
+    snap, records = rebuild_plan(run_dir, rows, generation, use_snapshots)
     if snap is not None:
         load_snapshot(snap[1], params)
-        start = snap[0]
-    digest = apply_records(params, records_between(rows, start, generation))
-    return digest, (snap[0] if snap is not None else None)
+    report = apply_records(params, records)
+    return report.weights_hash, (snap[0] if snap is not None else None)
 
 
 def export_hf(model: torch.nn.Module, tokenizer: Any, out_dir: str | Path, info: dict[str, Any] | None = None) -> Path:

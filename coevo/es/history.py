@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from coevo.es.lowrank import LOWRANK_SPEC, check_rank, lowrank_update
 from coevo.es.noise import NOISE_SPEC, check_seed
 from coevo.es.normalize import METHODS
 from coevo.es.params import ESParams
@@ -25,6 +26,8 @@ from coevo.es.scope import ScopeSpec, select_params
 from coevo.es.update import UpdateStats, es_update
 
 _MASTER_DTYPES = {None: None, "float32": torch.float32}
+#: perturbation kinds -> the noise definition their records must carry
+PERTURBATIONS = {"full": NOISE_SPEC, "lowrank": LOWRANK_SPEC}
 
 
 class ReplayMismatchError(RuntimeError):
@@ -47,7 +50,11 @@ class GenerationRecord:
         skipped: whether the update was skipped (sigma == 0).
         weight_hash_after: ``weights_hash`` of the tensors in scope after this generation, or None.
         master_dtype: ``"float32"`` when the run kept float32 masters, else None.
-        noise_spec: the noise definition used (``coevo.es.noise.NOISE_SPEC``).
+        noise_spec: the noise definition used (``coevo.es.noise.NOISE_SPEC``; ``coevo.es.lowrank.LOWRANK_SPEC``
+            for low-rank records).
+        perturbation: ``"full"`` (eps of every element, ``coevo.es.update``) or ``"lowrank"`` (EGGROLL factors
+            of rank ``rank``, ``coevo.es.lowrank``).
+        rank: the factors' rank for ``"lowrank"`` (None for ``"full"``).
     """
 
     generation: int
@@ -65,6 +72,8 @@ class GenerationRecord:
     weight_hash_after: str | None = None
     master_dtype: str | None = None
     noise_spec: str = NOISE_SPEC
+    perturbation: str = "full"
+    rank: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.generation, int) or self.generation < 0:
@@ -86,6 +95,14 @@ class GenerationRecord:
             raise ValueError(f"normalization must be one of {METHODS}, got {self.normalization!r}")
         if self.master_dtype not in _MASTER_DTYPES:
             raise ValueError(f"master_dtype must be 'float32' or None, got {self.master_dtype!r}")
+        if self.perturbation not in PERTURBATIONS:
+            raise ValueError(f"perturbation must be one of {sorted(PERTURBATIONS)}, got {self.perturbation!r}")
+        if self.perturbation == "lowrank":
+            check_rank(self.rank)
+            if self.noise_spec == NOISE_SPEC:
+                self.noise_spec = LOWRANK_SPEC
+        elif self.rank is not None:
+            raise ValueError(f"generation {self.generation}: rank is only used with perturbation 'lowrank'")
         self.scope = ScopeSpec.from_dict(dict(self.scope)).to_dict()
         self.seeds, self.signs = list(self.seeds), [int(s) for s in self.signs]
         self.rewards, self.coeffs = [float(r) for r in self.rewards], [float(c) for c in self.coeffs]
@@ -105,6 +122,9 @@ class GenerationRecord:
         """Apply this record's update to ``params`` (``es_update``); a skipped record applies nothing."""
         if self.skipped:
             return UpdateStats(skipped=True, reason="recorded as skipped", n_elements=params.numel)
+        if self.perturbation == "lowrank":
+            return lowrank_update(params, self.seeds, self.signs, self.coeffs, self.alpha, self.sigma, self.rank,
+                                  self.generation, self.divide_by_sigma, self.weight_decay)  # fmt: skip
         return es_update(
             params,
             self.seeds,
@@ -115,6 +135,72 @@ class GenerationRecord:
             self.divide_by_sigma,
             self.weight_decay,
         )
+
+
+@dataclass
+class ReplayReport:
+    """Outcome of :func:`apply_records`.
+
+    Attributes:
+        applied: records applied. weights_hash: ``weights_hash`` of the scope after the last one.
+        stats: the ``UpdateStats`` of each record applied, in order.
+        first_mismatch: generation of the first record whose ``weight_hash_after`` differs from the replayed
+            weights (None: all recorded hashes matched, or none were checked). expected, got: those two hashes.
+    """
+
+    applied: int
+    weights_hash: str
+    first_mismatch: int | None = None
+    expected: str | None = None
+    got: str | None = None
+    stats: list[UpdateStats] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.first_mismatch is None
+
+
+def apply_records(
+    params: ESParams, records: Iterable[GenerationRecord], *, check_hash: bool = True, on_mismatch: str = "raise"
+) -> ReplayReport:
+    """Re-apply recorded updates to ``params`` in place, in order (no rollouts): THE replay loop of coevo.
+
+    Every replay goes through here: :func:`replay`, weight rebuilds from snapshots
+    (``coevo.es.checkpoint.rebuild``), ``coevo es replay`` / ``export``, replicas loading a snapshot plus
+    history (HF, Ray actors, vLLM workers).
+
+    Args:
+        params: the tensors, holding the weights the first record started from.
+        records: in generation order.
+        check_hash: compare ``weights_hash`` after each record that has ``weight_hash_after``.
+        on_mismatch: ``"raise"`` (ReplayMismatchError at the first mismatch) or ``"report"`` (keep applying,
+            report the first mismatching generation).
+
+    Returns:
+        A :class:`ReplayReport`.
+
+    Raises:
+        ValueError: unknown ``on_mismatch``. ReplayMismatchError: see ``on_mismatch``.
+    """
+    if on_mismatch not in ("raise", "report"):
+        raise ValueError(f"on_mismatch must be 'raise' or 'report', got {on_mismatch!r}")
+    report = ReplayReport(applied=0, weights_hash="")
+    digest: str | None = None
+    for r in records:
+        report.stats.append(r.apply(params))
+        report.applied += 1
+        digest = None
+        if check_hash and r.weight_hash_after is not None:
+            digest = params.weights_hash()
+            if digest != r.weight_hash_after and report.first_mismatch is None:
+                report.first_mismatch, report.expected, report.got = r.generation, r.weight_hash_after, digest
+                if on_mismatch == "raise":
+                    raise ReplayMismatchError(
+                        f"generation {r.generation}: replayed weights hash {digest[:16]}… != recorded "
+                        f"{r.weight_hash_after[:16]}… (different initial weights, scope, torch build or CPU?)"
+                    )
+    report.weights_hash = digest if digest is not None else params.weights_hash()
+    return report
 
 
 def replay(
@@ -153,20 +239,11 @@ def replay(
             raise ValueError(
                 f"generation {r.generation}: scope/master_dtype differ from generation {first.generation}"
             )
-        if r.noise_spec != NOISE_SPEC:
-            raise ValueError(
-                f"generation {r.generation} used noise {r.noise_spec!r}, this coevo draws {NOISE_SPEC!r}"
-            )
+        if r.noise_spec != PERTURBATIONS[r.perturbation]:
+            raise ValueError(f"generation {r.generation} used noise {r.noise_spec!r}, this coevo draws "
+                             f"{PERTURBATIONS[r.perturbation]!r} for perturbation {r.perturbation!r}")  # fmt: skip
     params = ESParams(
         select_params(named_params, first.scope), _MASTER_DTYPES[first.master_dtype], fused=fused
     )
-    for r in recs:
-        r.apply(params)
-        if check_hash and r.weight_hash_after is not None:
-            got = params.weights_hash()
-            if got != r.weight_hash_after:
-                raise ReplayMismatchError(
-                    f"generation {r.generation}: replayed weights hash {got[:16]}… != recorded "
-                    f"{r.weight_hash_after[:16]}… (different initial weights, scope, torch build or CPU?)"
-                )
+    apply_records(params, recs, check_hash=check_hash)
     return params

@@ -9,10 +9,14 @@ Per generation t (Agentic-ESOpt, arXiv 2608.17310, field notes §1; Salimans et 
 3. Each member is rolled out under ``theta + sign * sigma_t * eps(seed)`` by the configured rollout
    (any registered ``rollout: {type: ...}``; it gets the run context, so it may call cooperating evolvers such
    as EoH through ``ctx.evolvers``); its trajectories go to the store tagged with the member (seed, sign,
-   sigma, index). ``R_i = rollout.population_rewards(...)``.
+   sigma, index). ``R_i = rollout.population_rewards(...)``. With ``perturbation: lowrank`` (EGGROLL, arXiv
+   2511.16652, ``coevo.es.lowrank``) member i instead adds ``sign * sigma_t * A_i B_i^T / sqrt(rank)`` to every
+   matrix through forward hooks, and all members are rolled out together in batched calls
+   (``rollout.run_population``); the weights are not touched until the update.
 4. The weights are restored exactly (float32 masters or backups; ``coevo.es.perturb``), the rewards shaped
    (``normalization``: zscore / centered_rank / none) and the update applied:
-   ``theta += alpha / N * sum_i c_i * sign_i * eps_i`` (``coevo.es.update``). At ``sigma_t == 0`` (the last
+   ``theta += alpha / N * sum_i c_i * sign_i * eps_i`` (``coevo.es.update``; low rank: ``E_i`` for ``eps_i``,
+   one fixed-order product per matrix, stochastic rounding of bf16 weights without masters). At ``sigma_t == 0`` (the last
    generation of a test-time schedule decaying to 0) nothing is applied: every member equals the centre, so
    the update would be noise; ES then only evaluates and the centre is kept (unlike the reference code).
 5. A history row (``store.add_es_history``): ``GenerationRecord`` fields (seeds, signs, raw rewards,
@@ -49,9 +53,10 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from coevo.artifacts import ES_MEMBER as MEMBER_KIND
-from coevo.backends.ray_pool import ESReplica, RayReplicaPool
+from coevo.backends.ray_pool import RayReplicaPool
 from coevo.es import GenerationRecord, Schedule, ScopeSpec, normalize_rewards
-from coevo.es.checkpoint import records_between, snapshot_path
+from coevo.es.checkpoint import rebuild_plan, snapshot_path
+from coevo.es.replica import ESReplica
 from coevo.evolvers.base import Evolver, EvolverConfig, StepReport, register_evolver
 from coevo.rollouts.base import build_rollout, resolve_rollout
 from coevo.types import ESMember, Trajectory
@@ -77,9 +82,15 @@ class ESConfig(EvolverConfig):
     scope: Literal["full", "all_linear"] = Field("all_linear", description="tensors ES perturbs")
     include: list[str] = Field(default_factory=list, description="glob / re: patterns a name must match")
     exclude: list[str] = Field(default_factory=list, description="glob / re: patterns that drop a name")
+    perturbation: Literal["full", "lowrank"] = Field(
+        "full", description="full: eps of every weight, members one after another, in place (Agentic-ESOpt); "
+        "lowrank: EGGROLL rank-r factors, all members in batched rollouts, weights untouched (scope all_linear)")
+    rank: int = Field(1, ge=1, description="lowrank: rank r of each member's perturbation A B^T / sqrt(r)")
     restore_mode: Literal["exact", "inference"] = Field(
-        "exact", description="how perturbations are undone; 'inference' without masters drifts (no exact replay)")
-    master_weights: bool = Field(True, description="float32 masters of bf16/fp16 weights")
+        "exact", description="full: how perturbations are undone; 'inference' without masters drifts (no exact replay)")
+    master_weights: bool | None = Field(
+        None, description="float32 masters of bf16/fp16 weights (default: on for full; off for lowrank, whose "
+        "updates round stochastically instead)")
     rollout: dict[str, Any] = Field(default_factory=lambda: {"type": "target_logprob"},
                                     description="rollout spec {type: <registered rollout>, ...}")  # fmt: skip
     eval_every: int = Field(5, ge=0, description="held-out evaluation of the centre every k generations (0 = off)")
@@ -104,6 +115,10 @@ class ESConfig(EvolverConfig):
             raise ValueError(f"warmup ({self.warmup}) must be < total_generations ({self.total_generations})")
         if self.alpha * self.weight_decay >= 1:
             raise ValueError(f"alpha * weight_decay must be < 1, got {self.alpha} * {self.weight_decay}")
+        if self.perturbation == "lowrank" and self.scope != "all_linear":
+            raise ValueError("perturbation 'lowrank' perturbs matrices of linear layers only: use scope all_linear")
+        if self.master_weights is None:
+            self.master_weights = self.perturbation == "full"
         self.scope_spec()
         self.sigma_schedule()
         return self
@@ -143,16 +158,12 @@ class ESEvolver(Evolver):
     # ------------------------------------------------------------------ replicas
     @property
     def replica(self) -> ESReplica:
-        """The replica on ``ctx.policy`` (created on first use): in-process for HF policies, or the policy's own
-        (``policy.es_replica``, e.g. a vLLM engine whose workers apply the same ES math)."""
+        """The ES replica of ``ctx.policy`` (created on first use): ``policy.es_replica(...)``, the backend's
+        implementation of :class:`coevo.es.replica.ESReplica` (in-process HF, or a vLLM engine's workers)."""
         if self._replica is None:
             cfg = self.config
-            make = getattr(self.ctx.policy, "es_replica", None)
-            if callable(make):
-                self._replica = make(self.rollout, cfg.scope_spec(), cfg.master_weights, cfg.restore_mode)
-            else:
-                self._replica = ESReplica(self.ctx.policy, self.rollout, cfg.scope_spec(), cfg.master_weights,
-                                          cfg.restore_mode)  # fmt: skip
+            self._replica = self.ctx.policy.es_replica(cfg.scope_spec(), master_weights=cfg.master_weights,
+                                                       restore_mode=cfg.restore_mode)  # fmt: skip
             if self.weights_hash is None:
                 self.weights_hash = self._replica.weights_hash()
         return self._replica
@@ -175,8 +186,8 @@ class ESEvolver(Evolver):
                     "restore_mode": cfg.restore_mode}  # fmt: skip
             self._pool = RayReplicaPool(spec, cfg.workers, cfg.worker_num_cpus, cfg.worker_num_gpus)
             if self.generation > 0:
-                snap, records = self._rebuild_plan(self.generation)
-                self._pool.load(snap, records, expected=self.replica.weights_hash())
+                snap, records = rebuild_plan(self.ctx.run_dir, self._history(), self.generation)
+                self._pool.load(snap[1] if snap else None, records, expected=self.replica.weights_hash())
             else:
                 RayReplicaPool.check(self._pool.start_hashes, self.replica.weights_hash(), "start")
         return self._pool
@@ -204,21 +215,42 @@ class ESEvolver(Evolver):
         restored on exit (for evolvers that score members their own way)."""
         return self.replica.perturbed(member)
 
+    def _run_member(self, member: ESMember, generation: int, round_index: int) -> list[Trajectory]:
+        """Roll out one member's perturbed policy on the train split (restored after, also on errors)."""
+        with self.replica.perturbed(member) as policy:
+            return self.rollout.run(policy, generation=generation, member=member, split="train", evolver=self.name,
+                                    key_prefix=self.key_prefix(generation, member), round_index=round_index)  # fmt: skip
+
     def evaluate_members(self, generation: int, members: list[ESMember], round_index: int) -> list[list[Trajectory]]:
-        """Trajectories of each member (stored ones reused, the rest rolled out and recorded), in order."""
+        """Trajectories of each member (stored ones reused, the rest rolled out and recorded), in order.
+
+        ``perturbation: lowrank`` rolls the whole population out together (``replica.population`` and
+        ``rollout.run_population``; on Ray, one contiguous group of members per actor) whenever a member is
+        missing, so every member always shares its batches with the same members, as in an uninterrupted run
+        (stored members keep their stored trajectories)."""
         out: list[list[Trajectory] | None] = [self._cached(self.key_prefix(generation, m)) for m in members]
         todo = [i for i, ts in enumerate(out) if ts is None]
-        if todo and self.pool is not None:
+        if not todo:
+            return out  # type: ignore[return-value]
+        prefixes = [self.key_prefix(generation, m) for m in members]
+        if self.config.perturbation == "lowrank":
+            if self.pool is not None:
+                fresh = self.pool.evaluate_population(members, prefixes, rank=self.config.rank, generation=generation,
+                                                      evolver=self.name, round_index=round_index)  # fmt: skip
+            else:
+                with self.replica.population(members, self.config.rank) as pop:
+                    fresh = self.rollout.run_population(pop, members, generation=generation, key_prefixes=prefixes,
+                                                        split="train", evolver=self.name, round_index=round_index)  # fmt: skip
+            for i in todo:
+                out[i] = self._record(prefixes[i], fresh[i], members[i])
+        elif self.pool is not None:
             jobs = [{"member": asdict(members[i]), "generation": generation, "round_index": round_index,
-                     "key_prefix": self.key_prefix(generation, members[i]), "evolver": self.name} for i in todo]  # fmt: skip
+                     "key_prefix": prefixes[i], "evolver": self.name} for i in todo]  # fmt: skip
             for i, ts in zip(todo, self.pool.evaluate(jobs), strict=True):
-                out[i] = self._record(self.key_prefix(generation, members[i]), ts, members[i])
+                out[i] = self._record(prefixes[i], ts, members[i])
         else:
             for i in todo:
-                prefix = self.key_prefix(generation, members[i])
-                ts = self.replica.evaluate_member(members[i], generation=generation, key_prefix=prefix,
-                                                  evolver=self.name, round_index=round_index)  # fmt: skip
-                out[i] = self._record(prefix, ts, members[i])
+                out[i] = self._record(prefixes[i], self._run_member(members[i], generation, round_index), members[i])
         return out  # type: ignore[return-value]
 
     def evaluate_centre(self, generation: int, round_index: int) -> tuple[list[Trajectory], float]:
@@ -226,8 +258,11 @@ class ESEvolver(Evolver):
         prefix = self.key_prefix(generation, None)
         ts = self._cached(prefix)
         if ts is None:
-            ts = self._record(prefix, self.replica.evaluate_centre(generation=generation, key_prefix=prefix,
-                                                                   evolver=self.name, round_index=round_index), None)  # fmt: skip
+            if self.replica.active:
+                raise RuntimeError("a perturbation is active: the centre cannot be evaluated now")
+            ts = self.rollout.run(self.replica.policy, generation=generation, member=None, key_prefix=prefix,
+                                  split="test", evolver=self.name, round_index=round_index)  # fmt: skip
+            ts = self._record(prefix, ts, None)
         return ts, self.rollout.member_reward(ts)
 
     def _cached(self, prefix: str) -> list[Trajectory] | None:
@@ -292,11 +327,12 @@ class ESEvolver(Evolver):
             coeffs=coeffs, sigma=sigma, alpha=cfg.alpha, normalization=cfg.normalization,
             scope=cfg.scope_spec().to_dict(), divide_by_sigma=cfg.divide_by_sigma, weight_decay=cfg.weight_decay,
             skipped=sigma == 0.0, master_dtype="float32" if cfg.master_weights else None,
+            perturbation=cfg.perturbation, rank=cfg.rank if cfg.perturbation == "lowrank" else None,
         )
         before = self.replica.weights_hash() if self.weights_hash is None else self.weights_hash
         stats, after = self.replica.apply(record)
         if pool is not None:
-            pool.apply(record, expected=after)
+            pool.apply(record, expected=after)  # the actors apply the same update; hashes compared
         record.weight_hash_after = after
         self._write_history(record, before, stats.to_dict(), rep.metrics.get("test_reward"), round_index)
         self.generation, self.weights_hash = g + 1, after
@@ -347,13 +383,8 @@ class ESEvolver(Evolver):
                               "weights_hash": digest}  # fmt: skip
         return digest
 
-    def _rebuild_plan(self, generation: int) -> tuple[Path | None, list[GenerationRecord]]:
-        from coevo.es.checkpoint import newest_snapshot
-
-        snap = newest_snapshot(self.ctx.run_dir, generation)
-        start = snap[0] if snap else 0
-        records = records_between(self.ctx.store.es_history(self.ctx.run_id, self.name), start, generation)
-        return (snap[1] if snap else None), records
+    def _history(self) -> list[dict[str, Any]]:
+        return self.ctx.store.es_history(self.ctx.run_id, self.name)
 
     def state_dict(self) -> dict[str, Any]:
         return {"generation": self.generation, "weights_hash": self.weights_hash}
@@ -377,8 +408,7 @@ class ESEvolver(Evolver):
         self.generation = int(pointer["generation"])
         if self.generation == 0:
             return
-        rows = self.ctx.store.es_history(self.ctx.run_id, self.name)
-        digest, _ = self.replica.rebuild(self.ctx.run_dir, rows, self.generation)
+        digest, _ = self.replica.rebuild(self.ctx.run_dir, self._history(), self.generation)
         if pointer.get("weights_hash") and digest != pointer["weights_hash"]:
             raise RuntimeError(f"resumed ES weights hash {digest} != checkpointed {pointer['weights_hash']}")
         self.weights_hash, self.last_snapshot = digest, pointer.get("snapshot")
@@ -407,6 +437,8 @@ class ESEvolver(Evolver):
         final = self._cached(self.key_prefix(len(rows), None))
         tail = f"\n\nHeld-out reward after generation {len(rows) - 1}: {self.rollout.member_reward(final):.4g}" if final else ""
         head = (f"### ES `{self.name}`\n\nN={self.config.population_size}, antithetic={self.config.antithetic}, "
-                f"scope={self.config.scope}, rollout={self.config.rollout['type']}; weights hash "
+                f"scope={self.config.scope}, perturbation={self.config.perturbation}"
+                f"{f' (rank {self.config.rank})' if self.config.perturbation == 'lowrank' else ''}, "
+                f"rollout={self.config.rollout['type']}; weights hash "
                 f"`{(self.weights_hash or '')[:16]}`; replay with `coevo es replay RUN_DIR --check`.\n\n")  # fmt: skip
         return head + md_table(["gen", "sigma", "mean member reward R", "max member reward R", "‖update‖", "test R (before)", "update"], table) + tail

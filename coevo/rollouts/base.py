@@ -22,6 +22,7 @@ from coevo.types import ESMember, Trajectory
 if TYPE_CHECKING:
     from coevo.backends.base import Policy
     from coevo.context import RunContext
+    from coevo.es.replica import Population
 
 Split = Literal["train", "test"]
 
@@ -71,6 +72,31 @@ class Rollout(ABC):
         Returns:
             Trajectories with ``reward`` set (higher is better) and ``llm_calls`` counted.
         """
+
+    def run_population(
+        self,
+        population: Population,
+        members: list[ESMember],
+        *,
+        generation: int,
+        key_prefixes: list[str],
+        split: Split = "train",
+        evolver: str = "es",
+        round_index: int = 0,
+    ) -> list[list[Trajectory]]:
+        """Roll out every member of a low-rank population (``coevo.es.replica.Population``); one trajectory list
+        per member, in order, each as :meth:`run` would return it for that member.
+
+        Rollouts that can put different members' requests into one batch override this with
+        ``population.generate`` / ``population.logprob`` over ``(member, conversation)`` rows. The default runs
+        the members one after another through ``population.member_policy(member)``: the same math, still
+        without any weight pass (for agents that drive the policy themselves, e.g. web episodes).
+        """
+        return [
+            self.run(population.member_policy(m), generation=generation, member=m, key_prefix=kp, split=split,
+                     evolver=evolver, round_index=round_index)
+            for m, kp in zip(members, key_prefixes, strict=True)
+        ]  # fmt: skip
 
     def case_trajectory(
         self, *, key_prefix: str, split: Split, index: int, generation: int, member: ESMember | None, evolver: str,

@@ -157,20 +157,54 @@ class CountdownRollout(Rollout):
             n = cfg.cases_per_member
         return [make_case(cfg.task, rng, cfg.max_operand, cfg.n_numbers) for _ in range(n)]
 
-    def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
-        cfg = self.config
+    def _request(self, split: Split, generation: int, member) -> tuple[list[dict], list[list[dict]]]:
         cases = self.cases(split, generation, member.index if member else 0)
-        convs = [[{"role": "user", "content": c["prompt"]}] for c in cases]
-        params = SamplingParams(
-            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0, seed=cfg.seed + generation
-        )
+        return cases, [[{"role": "user", "content": c["prompt"]}] for c in cases]
+
+    def _sampling(self, generation: int) -> SamplingParams:
+        cfg = self.config
+        return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0,
+                              seed=cfg.seed + generation)  # fmt: skip
+
+    def _needs(self, split: Split) -> tuple[bool, bool]:
+        """(generate completions, score the answer's log-probability) for a call on ``split``."""
+        dense = self.config.reward == "answer_logprob"
+        return split == "test" or not dense, dense
+
+    def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
+        cases, convs = self._request(split, generation, member)
+        gen, dense = self._needs(split)
         t0 = time.time()
-        dense = cfg.reward == "answer_logprob"
-        outs = policy.generate(convs, params) if (split == "test" or not dense) else [None] * len(cases)
+        outs = policy.generate(convs, self._sampling(generation)) if gen else [None] * len(cases)
         scored = target_logprobs(policy, convs, [str(c["answer"]) for c in cases]) if dense else []
-        dt = time.time() - t0
+        return self._trajectories(cases, outs, scored, time.time() - t0, generation=generation, member=member,
+                                  key_prefix=key_prefix, split=split, evolver=evolver, round_index=round_index)  # fmt: skip
+
+    def run_population(self, population, members, *, generation, key_prefixes, split: Split = "train", evolver="es",
+                       round_index=0):  # fmt: skip
+        """Every member's cases as rows of one batched generation (and one batched scoring pass)."""
+        requests = [self._request(split, generation, m) for m in members]
+        rows = [(m, conv) for m, (_, convs) in zip(members, requests, strict=True) for conv in convs]
+        answers = [str(c["answer"]) for cases, _ in requests for c in cases] if self.config.reward == "answer_logprob" else []
+        gen, dense = self._needs(split)
+        t0 = time.time()
+        outs = population.generate(rows, self._sampling(generation)) if gen else [None] * len(rows)
+        scored = target_logprobs(population, rows, answers) if dense else []
+        dt = (time.time() - t0) / len(members)
+        result, start = [], 0
+        for m, kp, (cases, _) in zip(members, key_prefixes, requests, strict=True):
+            stop = start + len(cases)
+            result.append(self._trajectories(cases, outs[start:stop], scored[start:stop] if dense else [], dt,
+                                             generation=generation, member=m, key_prefix=kp, split=split,
+                                             evolver=evolver, round_index=round_index))  # fmt: skip
+            start = stop
+        return result
+
+    def _trajectories(self, cases, outs, scored, dt, *, generation, member, key_prefix, split, evolver, round_index):
+        cfg = self.config
+        dense = cfg.reward == "answer_logprob"
         trajs = []
-        for i, (case, out) in enumerate(zip(cases, outs)):
+        for i, (case, out) in enumerate(zip(cases, outs, strict=True)):
             exact, feedback = score_case(cfg.task, case, out.text) if out is not None else (None, "")
             reward = scored[i][0] / scored[i][1] if dense else exact
             if dense:

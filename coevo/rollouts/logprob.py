@@ -31,7 +31,8 @@ class LogProbConfig(RolloutConfig):
 
 def target_logprobs(policy, conversations, targets: list[str]) -> list[tuple[float, int]]:
     """``(log p(target | conversation) in nats, number of target tokens >= 1)`` per conversation, from one batched
-    forward pass (``policy.logprob``); the per-token reward is their ratio."""
+    forward pass (``policy.logprob``); the per-token reward is their ratio. ``policy`` may also be a low-rank
+    ``Population`` with ``(member, conversation)`` rows as ``conversations``."""
     totals = policy.logprob(conversations, targets).tolist()
     return [(v, max(1, len(policy.tokenizer(t, add_special_tokens=False)["input_ids"]))) for v, t in zip(totals, targets)]
 
@@ -43,20 +44,39 @@ class TargetLogProbRollout(Rollout):
     Config = LogProbConfig
 
     def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
-        cfg = self.config
-        prompts = cfg.prompts if split == "train" else cfg.test_prompts
-        convs = [[{"role": "user", "content": p}] for p in prompts]
+        prompts = self._prompts(split)
         t0 = time.time()
-        scored = target_logprobs(policy, convs, [cfg.target] * len(convs))
-        dt = time.time() - t0
+        scored = target_logprobs(policy, [[{"role": "user", "content": p}] for p in prompts],
+                                 [self.config.target] * len(prompts))  # fmt: skip
+        return self._trajectories(scored, time.time() - t0, generation=generation, member=member,
+                                  key_prefix=key_prefix, split=split, evolver=evolver, round_index=round_index)  # fmt: skip
+
+    def run_population(self, population, members, *, generation, key_prefixes, split: Split = "train", evolver="es",
+                       round_index=0):  # fmt: skip
+        """All members' prompts as rows of one batched forward pass (``population.logprob``)."""
+        prompts = self._prompts(split)
+        rows = [(m, [{"role": "user", "content": p}]) for m in members for p in prompts]
+        t0 = time.time()
+        scored = target_logprobs(population, rows, [self.config.target] * len(rows))
+        dt = (time.time() - t0) / len(members)
+        n = len(prompts)
+        return [self._trajectories(scored[i * n : (i + 1) * n], dt, generation=generation, member=m, key_prefix=kp,
+                                   split=split, evolver=evolver, round_index=round_index)
+                for i, (m, kp) in enumerate(zip(members, key_prefixes, strict=True))]  # fmt: skip
+
+    def _prompts(self, split: Split) -> list[str]:
+        return self.config.prompts if split == "train" else self.config.test_prompts
+
+    def _trajectories(self, scored, dt, *, generation, member, key_prefix, split, evolver, round_index):
+        prompts = self._prompts(split)
         out = []
-        for i, (p, (v, n_tok)) in enumerate(zip(prompts, scored)):
+        for i, (p, (v, n_tok)) in enumerate(zip(prompts, scored, strict=True)):
             r = v / n_tok
             out.append(
                 self.case_trajectory(
                     key_prefix=key_prefix, split=split, index=i, generation=generation, member=member,
                     evolver=evolver, round_index=round_index, task_id=f"{split}:{i}",
-                    steps=[Step(observation=p, model_output=cfg.target, reward=r)], reward=r, llm_calls=1,
+                    steps=[Step(observation=p, model_output=self.config.target, reward=r)], reward=r, llm_calls=1,
                     prompt_tokens=0, completion_tokens=n_tok, duration_s=dt / len(prompts),
                     meta={"split": split, "logprob": v},
                 )

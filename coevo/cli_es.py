@@ -1,4 +1,4 @@
-"""``coevo es`` commands: rebuild an ES run's weights from its history, export them as a HF folder.
+"""``coevo es`` commands (the CLI side of ``coevo.es``; it loads runs, so it lives above the loop): rebuild an ES run's weights from its history, export them as a HF folder.
 
 * ``coevo es replay RUN_DIR [--check] [--evolver NAME]``: load the run config's base model, re-apply every
   recorded ES update from the store's history (no rollouts, no snapshots) and print the trained and the
@@ -95,6 +95,7 @@ def _base(cfg, es_cfg):
 
 def replay_run(run_dir: str | Path, evolver: str | None = None) -> ReplayResult:
     """Rebuild an ES run's final weights from the base model and the history alone (module docstring)."""
+    from coevo.es import apply_records
     from coevo.es.checkpoint import records_between
 
     cfg, es_cfg, _name, _run_id, rows = open_es_run(run_dir, evolver)
@@ -102,12 +103,9 @@ def replay_run(run_dir: str | Path, evolver: str | None = None) -> ReplayResult:
     records = records_between(rows, 0, int(rows[-1]["generation"]) + 1)
     before = rows[0].get("weight_hash_before")
     base_matches = None if before is None else params.weights_hash() == before
-    first_mismatch = None
-    for r in records:
-        r.apply(params)
-        if r.weight_hash_after is not None and first_mismatch is None and params.weights_hash() != r.weight_hash_after:
-            first_mismatch = r.generation
-    result = ReplayResult(len(records), records[-1].weight_hash_after, params.weights_hash(), first_mismatch, base_matches)
+    report = apply_records(params, records, on_mismatch="report")
+    result = ReplayResult(len(records), records[-1].weight_hash_after, report.weights_hash, report.first_mismatch,
+                          base_matches)  # fmt: skip
     policy.close()
     return result
 
