@@ -64,13 +64,14 @@ from coevo.types import ESMember
 
 #: ``worker_extension_cls`` given to every engine
 WORKER_EXTENSION = "coevo.backends.vllm_worker.ESWorkerExtension"
-#: oldest vLLM with ``worker_extension_cls`` and ``collective_rpc`` on ``LLM``
-MIN_VLLM = "0.8.3"
+#: oldest vLLM whose API this backend was written against (0.32 / 0.33: ``reset_prefix_cache(reset_running_requests,
+#: reset_connector)``, ``llm_engine.engine_core.shutdown``, ``vllm_config.lora_config``, per-prompt LoRA requests)
+MIN_VLLM = "0.32"
 _INSTALL_HINT = "pip install 'coevo[vllm]' on a CUDA machine (vLLM is CUDA only), or use model.backend: hf"
 
 
 def import_vllm() -> Any:
-    """Import vLLM (>= 0.8.3).
+    """Import vLLM (>= :data:`MIN_VLLM`).
 
     Raises:
         PolicyError: vLLM is missing or too old (the message says how to install it).

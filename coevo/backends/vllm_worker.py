@@ -1,7 +1,7 @@
 """``ESWorkerExtension``: ES perturb / restore / update inside vLLM worker processes, in canonical HF terms.
 
 Mixed into every vLLM worker with ``LLM(model=..., worker_extension_cls=
-"coevo.backends.vllm_worker.ESWorkerExtension")`` (vLLM >= 0.8.3) and called from the driver with
+"coevo.backends.vllm_worker.ESWorkerExtension")`` (vLLM 0.32 / 0.33) and called from the driver with
 ``llm.collective_rpc("es_<method>", args=(...))`` (see :class:`coevo.backends.vllm_engine.VLLMPolicy`). Every
 method runs the shared ES math of :mod:`coevo.es` (noise, perturbation, update, snapshots); none of it is
 copied here. Arguments and results are plain data (dicts, lists, str, int, float) so that they cross vLLM's
