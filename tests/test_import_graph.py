@@ -11,11 +11,12 @@ The package graph is read from the source with ``ast`` (every ``import``, includ
 from __future__ import annotations
 
 import ast
+import itertools
 from collections import defaultdict
 from pathlib import Path
 
 import coevo
-import coevo.artifacts as artifacts
+from coevo import artifacts
 
 ROOT = Path(coevo.__file__).resolve().parent
 
@@ -93,7 +94,7 @@ def test_no_import_cycle_between_packages():
     assert not stale, f"these pending back-edges are gone; delete them from PENDING: {stale}"
     cycle = find_cycle([e for e in edges if e not in PENDING])
     if cycle:
-        where = {f"{a} -> {b}": edges[(a, b)][:3] for a, b in zip(cycle, cycle[1:])}
+        where = {f"{a} -> {b}": edges[(a, b)][:3] for a, b in itertools.pairwise(cycle)}
         raise AssertionError(f"import cycle between packages {' -> '.join(cycle)}: {where}")
 
 

@@ -4,104 +4,30 @@ Real parts: a tiny random transformers ``Qwen2ForCausalLM`` (hidden 32, 2 layers
 vocabulary 250, untied head) and a plain ``torch.nn.Module`` holding the same weights in vLLM's parameter
 layout (``qkv_proj = cat(q, k, v)``, ``gate_up_proj = cat(gate, up)`` on dim 0, embedding and head padded to
 256 rows as vLLM's ``VocabParallelEmbedding`` does). The ES math (``coevo.es``) and
-``ESWorkerExtension`` are the real code. Test doubles, for the vLLM processes only: ``WorkerHost`` mixes the
-extension into an object with vLLM's worker attributes (``model_runner.model``, ``model_config.hf_config``,
-``parallel_config``), as ``worker_extension_cls`` does; ``EngineHost`` offers the two ``vllm.LLM`` methods
-the ES hooks use (``collective_rpc``, passing arguments and results through JSON like vLLM's RPC
-serialisation, and ``reset_prefix_cache``).
+``ESWorkerExtension`` are the real code. The worker and engine stand in for vLLM, which cannot run here
+(``tests/vllm_standin.py``: ``WorkerHost`` mixes the extension into an object with vLLM's worker attributes,
+as ``worker_extension_cls`` does; ``EngineHost`` offers the ``vllm.LLM`` methods the ES hooks use).
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from vllm_standin import EngineHost, WorkerHost, hf_model, module_from, vllm_layout
 
 from coevo.backends.base import PolicyError, SamplingParams
 from coevo.backends.vllm_engine import VLLMPolicy, request_seed, vllm_sampling_kwargs
-from coevo.backends.vllm_worker import ESWorkerExtension, canonical_views, fused_map
+from coevo.backends.vllm_worker import canonical_views, fused_map
 from coevo.es import ESParams, GenerationRecord, ScopeSpec, fused_noise, perturb, select_params, weights_hash
 from coevo.es.replica import ESReplica
 from coevo.types import ESMember
 
 ROOT = Path(__file__).resolve().parents[1]
-PAD_ROWS = 64  # vLLM pads vocabulary rows to a multiple of 64
-FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}  # fmt: skip
-
-
-def hf_model(dtype: torch.dtype, vocab: int = 250) -> Qwen2ForCausalLM:
-    config = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=False)  # fmt: skip
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return Qwen2ForCausalLM(config).to(dtype).eval()
-
-
-def vllm_layout(named: dict[str, torch.Tensor], vocab: int) -> dict[str, torch.Tensor]:
-    """HF weights -> vLLM's parameter names and layout (new tensors)."""
-    out: dict[str, torch.Tensor] = {}
-    for name, t in named.items():
-        t = t.detach()
-        hit = next(((f, ps) for f, ps in FUSED.items() for p in ps if f".{p}." in name), None)
-        if hit is None:
-            padded = name.endswith(("embed_tokens.weight", "lm_head.weight")) and vocab % PAD_ROWS
-            rows = -(-vocab // PAD_ROWS) * PAD_ROWS - vocab if padded else 0
-            out[name] = torch.cat([t, torch.zeros(rows, *t.shape[1:], dtype=t.dtype)]) if rows else t.clone()
-            continue
-        fused_name, parts = hit
-        prefix, kind = name.split(f".{parts[0].split('.')[0]}.")[0], name.rsplit(".", 1)[1]
-        key = f"{prefix}.{fused_name}.{kind}"
-        if key not in out:
-            out[key] = torch.cat([named[f"{prefix}.{p}.{kind}"].detach() for p in parts], 0)
-    return out
-
-
-def module_from(tensors: dict[str, torch.Tensor]) -> nn.Module:
-    """A plain nn.Module tree whose named_parameters() are ``tensors`` (vLLM parameters: no grad)."""
-    root = nn.Module()
-    for name, t in tensors.items():
-        *path, leaf = name.split(".")
-        mod = root
-        for part in path:
-            if not hasattr(mod, part):
-                mod.add_module(part, nn.Module())
-            mod = getattr(mod, part)
-        mod.register_parameter(leaf, nn.Parameter(t.clone(), requires_grad=False))
-    return root
-
-
-class WorkerHost(ESWorkerExtension):
-    """Test double of a vLLM worker process (the attributes the extension reads); the methods are the real ones."""
-
-    def __init__(self, model: nn.Module, config, tensor_parallel_size: int = 1) -> None:
-        self.model_runner = SimpleNamespace(model=model)
-        self.model_config = SimpleNamespace(hf_config=config)
-        self.parallel_config = SimpleNamespace(tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=1)
-
-
-class EngineHost:
-    """Test double of ``vllm.LLM``'s RPC surface: ``collective_rpc`` on one in-process worker host."""
-
-    def __init__(self, worker: WorkerHost) -> None:
-        self.worker = worker
-        self.prefix_cache_resets = 0
-
-    def collective_rpc(self, method: str, args: tuple = ()) -> list:
-        result = getattr(self.worker, method)(*json.loads(json.dumps(list(args))))
-        return [json.loads(json.dumps(result))]
-
-    def reset_prefix_cache(self) -> bool:
-        self.prefix_cache_resets += 1
-        return True
 
 
 @pytest.fixture(params=[torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

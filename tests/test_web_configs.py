@@ -14,7 +14,7 @@ from coevo.rollouts.base import build_rollout
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "web"
 CONFIGS = sorted(CONFIG_DIR.glob("*.yaml"))
-from conftest import SITE_VARS  # noqa: E402,F401  (the deployment fixture lives in conftest)
+from conftest import SITE_VARS
 
 
 def test_all_four_configs_are_shipped():

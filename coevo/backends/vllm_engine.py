@@ -9,9 +9,26 @@ noise, the same update gives the same weights and the same ``weights_hash`` as o
 into HF-named views). :class:`VLLMReplica` is the ES replica (the :class:`coevo.es.replica.ESReplica`
 protocol) the ES evolver uses for such a policy: ``policy.es_replica(scope, ...)``.
 
-Prefix cache. vLLM reuses KV blocks of equal prompt prefixes across requests; blocks computed under other
-weights would be stale after a perturbation, restore or update. Every weight change therefore resets the
-prefix cache (``llm.reset_prefix_cache()``); a failed reset raises :class:`PolicyError`.
+Prefix cache. vLLM reuses KV blocks of equal prompt prefixes across requests, and a KV connector (LMCache,
+native CPU offloading: ``kv_transfer_config``) keeps blocks outside the GPU; blocks computed under other weights
+are stale after a perturbation, restore or update. Every weight change therefore resets the caches the
+engine really has (:func:`engine_cache_settings`, read from ``llm.llm_engine.vllm_config``, whatever coevo
+was told): ``llm.reset_prefix_cache(reset_running_requests=False, reset_connector=<a connector is
+configured>)`` (signature of vLLM 0.32 / 0.33, ``vllm/entrypoints/llm.py``). A reset that returns False
+raises :class:`PolicyError`, after the new ES state has been recorded, so a restore still follows.
+
+Errors. Worker errors come back through vLLM as a plain ``Exception``; :meth:`VLLMPolicy._rpc` re-raises
+coevo's type (``ValueError``, ``RuntimeError``, ``ReplayMismatchError``, ...) from the tag the worker put in
+the message (``coevo.backends.vllm_rpc``).
+
+Shutdown. :meth:`VLLMPolicy.close` calls ``llm.llm_engine.engine_core.shutdown()`` (the engine-core client
+of vLLM's V1 ``LLMEngine``, which has no ``shutdown`` of its own: it stops the engine-core process that holds
+the GPU memory), drops the engine, collects garbage and empties the CUDA cache; an engine that ran in this
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) also has vLLM's distributed state torn down
+(``vllm.distributed.parallel_state.cleanup_dist_env_and_memory``).
+
+Low rank. With ``enable_lora=True`` the engine serves a low-rank population as LoRA adapters, one per member
+in one engine batch (:meth:`VLLMReplica.population`, ``coevo.backends.vllm_lora``).
 
 vLLM is imported lazily: without it (``pip install 'coevo[vllm]'``, CUDA only) constructing a
 :class:`VLLMPolicy` raises :class:`PolicyError`; importing this module needs only torch.
@@ -19,6 +36,8 @@ vLLM is imported lazily: without it (``pip install 'coevo[vllm]'``, CUDA only) c
 
 from __future__ import annotations
 
+import gc
+import inspect
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -39,18 +58,20 @@ from coevo.backends.base import (
     terminal_token_ids,
     torch_dtype,
 )
-from coevo.es import GenerationRecord, ScopeSpec, UpdateStats
+from coevo.backends.vllm_rpc import reraise
+from coevo.es import NOISE_SPEC, GenerationRecord, ScopeSpec, UpdateStats
 from coevo.types import ESMember
 
 #: ``worker_extension_cls`` given to every engine
 WORKER_EXTENSION = "coevo.backends.vllm_worker.ESWorkerExtension"
-#: oldest vLLM with ``worker_extension_cls`` and ``collective_rpc`` on ``LLM``
-MIN_VLLM = "0.8.3"
+#: oldest vLLM whose API this backend was written against (0.32 / 0.33: ``reset_prefix_cache(reset_running_requests,
+#: reset_connector)``, ``llm_engine.engine_core.shutdown``, ``vllm_config.lora_config``, per-prompt LoRA requests)
+MIN_VLLM = "0.32"
 _INSTALL_HINT = "pip install 'coevo[vllm]' on a CUDA machine (vLLM is CUDA only), or use model.backend: hf"
 
 
 def import_vllm() -> Any:
-    """Import vLLM (>= 0.8.3).
+    """Import vLLM (>= :data:`MIN_VLLM`).
 
     Raises:
         PolicyError: vLLM is missing or too old (the message says how to install it).
@@ -69,6 +90,35 @@ def import_vllm() -> Any:
     if too_old:
         raise PolicyError(f"vLLM {version} is too old: the ES worker extension needs vllm >= {MIN_VLLM}")
     return vllm
+
+
+def _engine_config(llm: Any) -> Any:
+    """``llm.llm_engine.vllm_config`` (vLLM's V1 ``LLMEngine``), or None when the engine does not expose it."""
+    return getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+
+
+def engine_cache_settings(llm: Any) -> tuple[bool, bool]:
+    """``(prefix caching on, KV connector configured)`` of a running engine, from its ``vllm_config``
+    (``cache_config.enable_prefix_caching``; ``kv_transfer_config`` with a ``kv_connector``, which vLLM also
+    sets for ``kv_offloading_size``). An engine without a readable config gives ``(True, False)``: reset."""
+    config = _engine_config(llm)
+    if config is None:
+        return True, False
+    cache = getattr(config, "cache_config", None)
+    prefix = bool(getattr(cache, "enable_prefix_caching", True)) if cache is not None else True
+    kv = getattr(config, "kv_transfer_config", None)
+    return prefix, kv is not None and bool(getattr(kv, "kv_connector", None))
+
+
+def engine_lora_settings(llm: Any) -> dict[str, int] | None:
+    """``{"max_loras", "max_lora_rank", "max_cpu_loras"}`` of an engine started with ``enable_lora``
+    (``vllm_config.lora_config``), or None when LoRA is off or the config cannot be read."""
+    lora = getattr(_engine_config(llm), "lora_config", None)
+    if lora is None:
+        return None
+    max_loras = int(lora.max_loras)
+    return {"max_loras": max_loras, "max_lora_rank": int(lora.max_lora_rank),
+            "max_cpu_loras": int(getattr(lora, "max_cpu_loras", None) or max_loras)}  # fmt: skip
 
 
 def vllm_sampling_kwargs(params: SamplingParams, index: int, stop_token_ids: list[int] | None = None) -> dict[str, Any]:
@@ -110,8 +160,14 @@ class VLLMPolicy(Policy):
         enforce_eager: disable CUDA graphs (slower; in-place weight edits work either way, since graphs
             keep the parameters' addresses).
         enable_prefix_caching: reuse KV blocks of shared prefixes (reset after every weight change).
+        enable_lora, max_loras, max_lora_rank: vLLM multi-LoRA, for low-rank ES populations (one adapter per
+            member; ``max_loras`` adapters share a batch step, ``max_lora_rank`` >= the ES rank, one of
+            ``coevo.backends.vllm_lora.LORA_RANKS``).
+        noise_device: full-rank ES noise drawn ``"cpu"`` (canonical, portable) or on the ``"device"``
+            (``coevo.es.device_noise``: no host draws or copies; its history replays on the same GPU model).
         cache_dir: coevo cache root used to resolve names.
-        engine_kwargs: further ``vllm.LLM`` arguments.
+        engine_kwargs: further ``vllm.LLM`` arguments (they win over the ones above; the caches and LoRA
+            settings in force are read back from the engine).
 
     Attributes:
         llm: the ``vllm.LLM``. tokenizer: the HF tokenizer (chat template). model_id, path, dtype.
@@ -134,6 +190,10 @@ class VLLMPolicy(Policy):
         seed: int = 0,
         enforce_eager: bool = False,
         enable_prefix_caching: bool = True,
+        enable_lora: bool = False,
+        max_loras: int = 8,
+        max_lora_rank: int = 1,
+        noise_device: str = "cpu",
         cache_dir: str | Path | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
@@ -146,6 +206,12 @@ class VLLMPolicy(Policy):
             raise ValueError(f"tensor_parallel_size must be an int >= 1, got {tensor_parallel_size!r}")
         if not isinstance(gpu_memory_utilization, (int, float)) or not 0 < gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+        from coevo.backends.vllm_lora import check_lora_settings
+        from coevo.backends.vllm_worker import NOISE_DEVICES
+
+        if noise_device not in NOISE_DEVICES:
+            raise ValueError(f"noise_device must be one of {NOISE_DEVICES}, got {noise_device!r}")
+        lora_kwargs = check_lora_settings(max_loras, max_lora_rank) if enable_lora else {}
         vllm = import_vllm()
         if not torch.cuda.is_available():
             raise PolicyError(
@@ -159,34 +225,36 @@ class VLLMPolicy(Policy):
                   "tensor_parallel_size": tensor_parallel_size, "gpu_memory_utilization": float(gpu_memory_utilization),
                   "enforce_eager": enforce_eager, "enable_prefix_caching": enable_prefix_caching,
                   "worker_extension_cls": WORKER_EXTENSION, **({"max_model_len": max_model_len} if max_model_len else {}),
-                  **(engine_kwargs or {})}  # fmt: skip
+                  **lora_kwargs, **(engine_kwargs or {})}  # fmt: skip
         try:
             llm = vllm.LLM(**kwargs)
         except Exception as e:
             raise PolicyError(f"cannot start a vLLM engine for {path}: {type(e).__name__}: {e}") from e
-        self._attach(llm, load_tokenizer(path), str(model), path, dtype, tensor_parallel_size, enable_prefix_caching)
+        self._attach(llm, load_tokenizer(path), str(model), path, dtype, tensor_parallel_size, noise_device)
 
     @classmethod
     def from_engine(cls, llm: Any, tokenizer: Any, *, model_id: str, path: str | Path | None = None,
                     dtype: str = "bfloat16", tensor_parallel_size: int = 1,
-                    enable_prefix_caching: bool = True) -> VLLMPolicy:  # fmt: skip
+                    noise_device: str = "cpu") -> VLLMPolicy:  # fmt: skip
         """Wrap an engine built elsewhere (it must have been created with
-        ``worker_extension_cls=WORKER_EXTENSION`` for the ES hooks). ``tokenizer`` is the HF tokenizer."""
+        ``worker_extension_cls=WORKER_EXTENSION`` for the ES hooks). ``tokenizer`` is the HF tokenizer. Its
+        prefix-cache, KV-connector and LoRA settings are read from the engine (:func:`engine_cache_settings`)."""
         torch_dtype(dtype)
         self = cls.__new__(cls)
-        self._attach(llm, tokenizer, model_id, path, dtype, tensor_parallel_size, enable_prefix_caching)
+        self._attach(llm, tokenizer, model_id, path, dtype, tensor_parallel_size, noise_device)
         return self
 
-    def _attach(self, llm, tokenizer, model_id, path, dtype, tensor_parallel_size, enable_prefix_caching) -> None:
+    def _attach(self, llm, tokenizer, model_id, path, dtype, tensor_parallel_size, noise_device) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
         self.model_id = str(model_id)
         self.path = Path(path) if path is not None else None
         self.dtype = torch_dtype(dtype)
         self.tensor_parallel_size = int(tensor_parallel_size)
-        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self.noise_device = noise_device
         self.es_active: dict[str, Any] | None = None  # the worker's active perturbation {seed, sigma, sign}
         self.es_ready = False
+        self.noise_spec = NOISE_SPEC  # the full-rank noise stream the workers draw (es_setup reads it back)
         if getattr(tokenizer, "chat_template", None) is None:
             raise PolicyError(f"tokenizer of {model_id} has no chat template")
         self._stop_ids = self._terminal_token_ids()
@@ -229,17 +297,34 @@ class VLLMPolicy(Policy):
             ValueError, TypeError: malformed conversations or params (field named).
             PolicyError: the engine rejects the batch (e.g. a prompt longer than ``max_model_len``).
         """
+        return self.generate_requests(conversations, params)
+
+    def generate_requests(self, conversations: list[list[Message]], params: SamplingParams,
+                          seed_indices: Sequence[int] | None = None,
+                          lora_requests: Sequence[Any] | None = None) -> list[Completion]:  # fmt: skip
+        """:meth:`generate` with per-request options, in one engine call: request i samples with
+        ``request_seed(params.seed, seed_indices[i])`` (default i) and runs under ``lora_requests[i]``
+        (a ``vllm.lora.request.LoRARequest``, or None for the base weights; default: all None).
+
+        Raises:
+            ValueError: option lists of the wrong length; see :meth:`generate`.
+        """
         import vllm
 
         check_conversations(conversations)
         check_sampling_params(params)
+        n = len(conversations)
+        for opt, label in ((seed_indices, "seed_indices"), (lora_requests, "lora_requests")):
+            if opt is not None and len(opt) != n:
+                raise ValueError(f"{label} has {len(opt)} items but conversations has {n}")
         if not conversations:
             return []
         prompts = [{"prompt_token_ids": ids} for ids in self._prompt_ids(conversations)]
-        sps = [vllm.SamplingParams(**vllm_sampling_kwargs(params, i, self._stop_ids)) for i in range(len(prompts))]
+        index = list(range(n)) if seed_indices is None else [int(i) for i in seed_indices]
+        sps = [vllm.SamplingParams(**vllm_sampling_kwargs(params, i, self._stop_ids)) for i in index]
         t0 = time.perf_counter()
         try:
-            outputs = self.llm.generate(prompts, sps, use_tqdm=False)
+            outputs = self.llm.generate(prompts, sps, use_tqdm=False, **self._lora_arg(lora_requests))
         except ValueError as e:
             raise PolicyError(f"vLLM rejected the batch: {e}") from e
         duration = time.perf_counter() - t0
@@ -253,6 +338,13 @@ class VLLMPolicy(Policy):
                                   duration_s=duration))  # fmt: skip
         return out
 
+    @staticmethod
+    def _lora_arg(lora_requests: Sequence[Any] | None) -> dict[str, Any]:
+        """``lora_request=`` of ``LLM.generate`` (a list aligned with the prompts), or nothing."""
+        if lora_requests is None or all(r is None for r in lora_requests):
+            return {}
+        return {"lora_request": list(lora_requests)}
+
     def logprob(self, conversations: list[list[Message]], targets: list[str]) -> torch.Tensor:
         """Sum log-probability (nats) of each target after its chat prompt, from vLLM's prompt logprobs.
 
@@ -264,6 +356,11 @@ class VLLMPolicy(Policy):
         Raises:
             TypeError / ValueError: malformed conversations, targets not a list of str, or length mismatch.
         """
+        return self.logprob_requests(conversations, targets)
+
+    def logprob_requests(self, conversations: list[list[Message]], targets: list[str],
+                         lora_requests: Sequence[Any] | None = None) -> torch.Tensor:  # fmt: skip
+        """:meth:`logprob` with request i under ``lora_requests[i]`` (None: the base weights), in one engine call."""
         import vllm
 
         check_conversations(conversations)
@@ -271,13 +368,16 @@ class VLLMPolicy(Policy):
             raise ValueError("targets must be a list of str")
         if len(targets) != len(conversations):
             raise ValueError(f"targets has {len(targets)} items but conversations has {len(conversations)}")
+        if lora_requests is not None and len(lora_requests) != len(conversations):
+            raise ValueError(f"lora_requests has {len(lora_requests)} items but conversations has {len(conversations)}")
         seqs, n_target = [], []
         for p_ids, t in zip(self._prompt_ids(conversations), targets, strict=True):
             t_ids = self.tokenizer(t, add_special_tokens=False)["input_ids"] if t else []
             seqs.append(p_ids + t_ids)
             n_target.append(len(t_ids))
         sp = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
-        outputs = self.llm.generate([{"prompt_token_ids": s} for s in seqs], sp, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": s} for s in seqs], sp, use_tqdm=False,
+                                    **self._lora_arg(lora_requests))  # fmt: skip
         values = []
         for seq, n, ro in zip(seqs, n_target, outputs, strict=True):
             plp = ro.prompt_logprobs  # per prompt position: None (first) or {token_id: Logprob}
@@ -287,8 +387,16 @@ class VLLMPolicy(Policy):
     # ------------------------------------------------------------------ ES hooks (collective_rpc)
     def _rpc(self, method: str, *args: Any) -> Any:
         """Call ``ESWorkerExtension.<method>`` on every worker; returns worker 0's result after checking that
-        all workers returned the same."""
-        results = self.llm.collective_rpc(method, args=args)
+        all workers returned the same.
+
+        Raises:
+            the worker's error type (``coevo.backends.vllm_rpc.reraise``: ValueError, RuntimeError,
+            ReplayMismatchError, ...), or PolicyError when the RPC itself failed or workers disagree.
+        """
+        try:
+            results = self.llm.collective_rpc(method, args=args)
+        except Exception as e:  # noqa: BLE001 - re-raised as the worker's type
+            reraise(e, method)
         if not results:
             raise PolicyError(f"collective_rpc({method!r}) returned no worker result")
         if any(r != results[0] for r in results[1:]):
@@ -296,14 +404,60 @@ class VLLMPolicy(Policy):
         return results[0]
 
     def _weights_changed(self) -> None:
-        """Drop KV blocks computed under the previous weights (module docstring)."""
-        if self.enable_prefix_caching and self.llm.reset_prefix_cache() is False:
+        """Drop KV blocks computed under the previous weights, in the caches the engine really has (module
+        docstring).
+
+        Raises:
+            PolicyError: the reset returned False (requests still running), or a KV connector is configured
+                but this vLLM's ``reset_prefix_cache`` cannot reset it (no ``reset_connector``).
+        """
+        prefix, connector = engine_cache_settings(self.llm)
+        if not (prefix or connector):
+            return
+        reset = self.llm.reset_prefix_cache
+        kwargs: dict[str, bool] = {}
+        if connector:
+            try:
+                accepted = "reset_connector" in inspect.signature(reset).parameters
+            except (TypeError, ValueError):
+                accepted = True
+            if not accepted:
+                raise PolicyError("this vLLM's reset_prefix_cache has no reset_connector: the KV connector's cache "
+                                  "would keep blocks of the old weights; use vLLM >= 0.32 or no kv_transfer_config")
+            kwargs["reset_connector"] = True
+        if reset(**kwargs) is False:
             raise PolicyError("vLLM could not reset its prefix cache after a weight change (requests running?)")
+
+    def _sync_active(self) -> None:
+        """Re-read the workers' active perturbation after a failed call (best effort, errors ignored)."""
+        try:
+            self.es_active = self._rpc("es_state").get("active")
+        except Exception:  # noqa: BLE001, S110 - the original error is what matters
+            pass
+
+    def _changing(self, method: str, *args: Any) -> Any:
+        """Run a weight-changing RPC: record the resulting ES state first, then reset the caches; on an RPC
+        failure the caches are reset too and the active state is re-read from the workers."""
+        try:
+            state = self._rpc(method, *args)
+        except BaseException as err:
+            self._sync_active()
+            try:
+                self._weights_changed()
+            except Exception as reset_err:  # noqa: BLE001 - keep the RPC's error, note the reset's
+                if hasattr(err, "add_note"):  # Python >= 3.11
+                    err.add_note(f"the prefix-cache reset after the failed {method} also failed: {reset_err!r}")
+            raise
+        if isinstance(state, dict) and "active" in state:
+            self.es_active = state["active"]
+        self._weights_changed()
+        return state
 
     def es_setup(self, scope: ScopeSpec | dict[str, Any] | str = "all_linear", master_weights: bool = True,
                  restore_mode: str = "exact", master_device: str | None = None,
                  backup_device: str | None = None) -> dict[str, Any]:  # fmt: skip
-        """Select the ES tensors in the workers (``ESWorkerExtension.es_setup``); returns the worker state.
+        """Select the ES tensors in the workers (``ESWorkerExtension.es_setup``, with this policy's
+        ``noise_device``); returns the worker state.
 
         Raises:
             ValueError: ``tensor_parallel_size`` > 1 (ES needs one GPU per engine), bad scope or restore mode.
@@ -312,8 +466,10 @@ class VLLMPolicy(Policy):
             raise ValueError(f"ES on vLLM needs tensor_parallel_size == 1, this engine has {self.tensor_parallel_size}: "
                              "its workers hold shards whose noise and hash cannot match the HF model")  # fmt: skip
         spec = scope.to_dict() if isinstance(scope, ScopeSpec) else scope
-        state = self._rpc("es_setup", spec, bool(master_weights), restore_mode, master_device, backup_device)
+        state = self._rpc("es_setup", spec, bool(master_weights), restore_mode, master_device, backup_device,
+                          self.noise_device)  # fmt: skip
         self.es_ready, self.es_active = True, state.get("active")
+        self.noise_spec = state.get("noise_spec", NOISE_SPEC)
         return state
 
     def es_perturb(self, seed: int, sigma: float, sign: int = 1) -> dict[str, Any]:
@@ -321,34 +477,37 @@ class VLLMPolicy(Policy):
 
         Raises:
             RuntimeError: a perturbation is already active, or ES is not set up. On a worker failure the
-            worker has restored what it wrote; the error propagates.
+            worker has restored what it wrote; the error propagates. PolicyError: the cache reset failed
+            (the perturbation is recorded as active: restore it).
         """
         if self.es_active is not None:
             raise RuntimeError(f"a perturbation {self.es_active} is already active; call es_restore first")
-        try:
-            state = self._rpc("es_perturb", int(seed), float(sigma), int(sign))
-        finally:
-            self._weights_changed()
-        self.es_active = state["active"]
-        return state
+        return self._changing("es_perturb", int(seed), float(sigma), int(sign))
 
     def es_restore(self) -> dict[str, Any]:
         """Undo the active perturbation in the workers (no-op if none)."""
-        try:
-            state = self._rpc("es_restore")
-        finally:
-            self._weights_changed()
-        self.es_active = state["active"]
-        return state
+        return self._changing("es_restore")
 
     def es_update(self, record: GenerationRecord | dict[str, Any], check_hash: bool = False) -> tuple[UpdateStats, str]:
-        """Apply a ``GenerationRecord`` in the workers; returns ``(UpdateStats, canonical weights hash after)``."""
-        rec = record.to_dict() if isinstance(record, GenerationRecord) else dict(record)
-        try:
-            out = self._rpc("es_update", rec, bool(check_hash))
-        finally:
-            self._weights_changed()
+        """Apply a ``GenerationRecord`` in the workers; returns ``(UpdateStats, canonical weights hash after)``.
+
+        A full-rank record still carrying the canonical ``NOISE_SPEC`` while the workers draw device noise
+        is stamped with the workers' ``noise_spec`` first (the noise its members were perturbed with), so the
+        history written from it names the stream (``coevo.es.device_noise``).
+        """
+        if isinstance(record, GenerationRecord):
+            self.stamp_noise(record)
+            rec = record.to_dict()
+        else:
+            rec = dict(record)
+        out = self._changing("es_update", rec, bool(check_hash))
         return UpdateStats(**out["stats"]), out["weights_hash"]
+
+    def stamp_noise(self, record: GenerationRecord) -> None:
+        """Set ``record.noise_spec`` to the workers' device stream when the record is full rank and still
+        names the canonical one (see :meth:`es_update`)."""
+        if getattr(record, "perturbation", "full") == "full" and record.noise_spec == NOISE_SPEC:
+            record.noise_spec = self.noise_spec
 
     def es_weights_hash(self) -> str:
         """Canonical ``weights_hash`` of the scope (equals ``HFPolicy``'s for the same weights and dtype)."""
@@ -372,32 +531,49 @@ class VLLMPolicy(Policy):
     def es_load(self, snapshot: str | Path | None, records: list[GenerationRecord]) -> str:
         """Load a snapshot (None: keep weights) and re-apply records in the workers; returns the hash."""
         snap = None if snapshot is None else str(Path(snapshot).resolve())
-        try:
-            return self._rpc("es_load", snap, [r.to_dict() for r in records])
-        finally:
-            self._weights_changed()
+        return self._changing("es_load", snap, [r.to_dict() for r in records])
 
     def es_rebuild(self, run_dir: str | Path, rows: list[dict[str, Any]], generation: int) -> tuple[str, int | None]:
         """Weights after ``generation`` updates from snapshots + history (``coevo.es.checkpoint.rebuild``)."""
-        try:
-            out = self._rpc("es_rebuild", str(Path(run_dir).resolve()), list(rows), int(generation))
-        finally:
-            self._weights_changed()
+        out = self._changing("es_rebuild", str(Path(run_dir).resolve()), list(rows), int(generation))
         return out["weights_hash"], out["snapshot_generation"]
+
+    def es_matrices(self) -> list[tuple[str, tuple[int, int]]]:
+        """``[(HF name, (rows, cols)), ...]`` of the matrices in scope (the LoRA adapters' shapes)."""
+        return [(str(n), (int(s[0]), int(s[1]))) for n, s in self._rpc("es_matrices")]
+
+    def es_compare(self, path: str | Path) -> dict[str, Any]:
+        """Element-wise comparison of the working tensors in scope with a safetensors file of HF-named
+        tensors (``ESWorkerExtension.es_compare``): ``{max_abs_diff, tensors_differ, elements_differ, missing}``."""
+        return self._rpc("es_compare", str(Path(path).resolve()))
 
     def es_replica(self, scope: ScopeSpec, *, master_weights: bool = True, restore_mode: str = "exact") -> VLLMReplica:
         """The ES replica of this policy (:meth:`Policy.es_replica`): a :class:`VLLMReplica`."""
         return VLLMReplica(self, scope, master_weights, restore_mode)
 
     def close(self) -> None:
-        """Shut the engine down and free GPU memory."""
+        """Shut the engine down and free its GPU memory (module docstring); idempotent."""
         llm, self.llm = getattr(self, "llm", None), None
-        shutdown = getattr(getattr(llm, "llm_engine", None), "shutdown", None)
-        if callable(shutdown):
-            shutdown()
-        del llm
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        if llm is None:
+            return
+        engine = getattr(llm, "llm_engine", None)
+        in_process = hasattr(engine, "model_executor")  # vLLM sets it for an in-process engine core only
+        shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+        try:
+            if callable(shutdown):
+                shutdown()
+        finally:
+            del llm, engine, shutdown
+            if in_process:
+                try:
+                    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+                except ImportError:
+                    pass
+                else:
+                    cleanup_dist_env_and_memory()
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
 
 class VLLMReplica:
@@ -426,25 +602,43 @@ class VLLMReplica:
         """Whether a perturbation is applied in the workers right now."""
         return self.policy.es_active is not None
 
+    @property
+    def noise_spec(self) -> str:
+        """The full-rank noise stream the workers draw (``NOISE_SPEC``, or a ``coevo.es.device_noise`` spec)."""
+        return self.policy.noise_spec
+
     @contextmanager
     def perturbed(self, member: ESMember) -> Iterator[Any]:
         """``with replica.perturbed(member) as policy:`` the engine at ``theta + sign * sigma * eps(seed)``;
-        restored on exit, also when the body raises."""
-        self.policy.es_perturb(member.seed, member.sigma, member.sign)
+        restored on exit, also when the body raises, and also when the perturbation was applied but the
+        cache reset after it failed."""
+        try:
+            self.policy.es_perturb(member.seed, member.sigma, member.sign)
+        except BaseException:
+            if self.policy.es_active is not None:
+                self.policy.es_restore()
+            raise
         try:
             yield self.policy
         finally:
             self.policy.es_restore()
 
-    def population(self, members: Sequence[ESMember], rank: int):
-        """Not available on vLLM yet: members as LoRA adapters in one engine batch (vLLM multi-LoRA) is the
-        planned path; the low-rank *update* already runs in the workers (``es_update`` of a lowrank record).
+    @contextmanager
+    def population(self, members: Sequence[ESMember], rank: int) -> Iterator[Any]:
+        """``with replica.population(members, rank) as pop:`` the members' rank-``rank`` perturbations as LoRA
+        adapters of the engine, one per member, served together (``coevo.backends.vllm_lora.VLLMPopulation``);
+        the weights are not modified. Adapters are unloaded and their folders deleted on exit.
 
         Raises:
-            NotImplementedError: always (use ``perturbation: full`` on vLLM, or the hf backend).
+            ValueError: LoRA off or too small for ``rank`` / the population, a scope that is not all matrices
+            of LoRA-capable linear layers. RuntimeError: a full-rank perturbation is active.
         """
-        raise NotImplementedError("perturbation 'lowrank' rollouts are not available on the vllm backend (members "
-                                  "as LoRA adapters); use perturbation 'full' here, or model.backend hf")  # fmt: skip
+        from coevo.backends.vllm_lora import VLLMPopulation
+
+        if self.active:
+            raise RuntimeError("a perturbation is active: restore it before evaluating a low-rank population")
+        with VLLMPopulation.open(self.policy, members, rank) as pop:
+            yield pop
 
     def weights_hash(self) -> str:
         return self.policy.es_weights_hash()

@@ -1,7 +1,7 @@
 """``ESWorkerExtension``: ES perturb / restore / update inside vLLM worker processes, in canonical HF terms.
 
 Mixed into every vLLM worker with ``LLM(model=..., worker_extension_cls=
-"coevo.backends.vllm_worker.ESWorkerExtension")`` (vLLM >= 0.8.3) and called from the driver with
+"coevo.backends.vllm_worker.ESWorkerExtension")`` (vLLM 0.32 / 0.33) and called from the driver with
 ``llm.collective_rpc("es_<method>", args=(...))`` (see :class:`coevo.backends.vllm_engine.VLLMPolicy`). Every
 method runs the shared ES math of :mod:`coevo.es` (noise, perturbation, update, snapshots); none of it is
 copied here. Arguments and results are plain data (dicts, lists, str, int, float) so that they cross vLLM's
@@ -23,6 +23,22 @@ a contiguous tensor is contiguous and shares its storage). ES then runs on those
 vLLM pads embedding / LM-head rows to a multiple of 64; their canonical views keep the first
 ``vocab_size`` rows.
 
+LoRA. With ``enable_lora`` vLLM (0.32 / 0.33, ``vllm/lora/layers/base_linear.py``) replaces every
+LoRA-capable layer by a wrapper that holds the original layer as ``base_layer``, so the parameters are named
+``model.layers.N.self_attn.qkv_proj.base_layer.weight``; the adapters' stacked A / B buffers are plain
+attributes, not parameters. :func:`vllm_canonical_name` drops the ``.base_layer`` segments before the fused
+map and the HF names are derived, so ES sees the same HF tensors with LoRA on or off.
+
+Layouts refused. ES needs dense row-major weights. vLLM 0.33 on ROCm gfx11 pads the row stride of
+unquantized linear weights (``maybe_pad_weight_avoid_cache_aliasing`` in
+``vllm/model_executor/layers/utils.py``: a view with the original shape and a wider stride), and on XPU
+``VLLM_XPU_FORCE_N_CONTIG_WEIGHT`` stores them transposed; such tensors are not contiguous, and
+:meth:`ESWorkerExtension.es_setup` refuses them with a ValueError that says so (disable the padding, or
+exclude the tensors from the scope).
+
+Errors. Every ``es_*`` method re-raises its errors with a type tag in the message
+(``coevo.backends.vllm_rpc``), because vLLM's RPC returns only the message; the driver re-raises the type.
+
 Restrictions. Tensor parallelism and pipeline parallelism must be 1 (each worker would hold a shard, whose
 noise and hash cannot equal the HF model's): :meth:`ESWorkerExtension.es_setup` refuses them. Quantized
 (non-floating) packed weights are refused as well.
@@ -43,6 +59,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from coevo.backends.vllm_rpc import tagged
 from coevo.es import (
     ESParams,
     GenerationRecord,
@@ -52,6 +69,7 @@ from coevo.es import (
     select_params,
 )
 from coevo.es.checkpoint import load_snapshot, rebuild, save_snapshot
+from coevo.es.device_noise import noise_spec_of, use_device_noise
 from coevo.es.noise import FusedPart
 
 #: vLLM packed module -> HF modules in dim-0 concatenation order (Qwen2, Llama, Mistral-style decoders)
@@ -61,6 +79,42 @@ PACKED_MODULES: dict[str, tuple[str, ...]] = {
 }
 _EMBEDDING_RE = re.compile(r"(^|\.)(embed_tokens|lm_head)\.weight$")
 _RUNNER_ATTRS = ("model_runner", "gpu_model_runner")
+#: the segment vLLM's LoRA wrappers insert in parameter names (``BaseLayerWithLoRA.base_layer``)
+LORA_BASE_LAYER = "base_layer"
+#: ``noise_device`` values: the canonical CPU stream, or the stream drawn on the tensors' device
+NOISE_DEVICES = ("cpu", "device")
+
+
+def vllm_canonical_name(name: str) -> str:
+    """A vLLM parameter name without the ``base_layer`` segments of LoRA wrappers
+    (``...qkv_proj.base_layer.weight`` -> ``...qkv_proj.weight``); other names are returned unchanged."""
+    return ".".join(p for p in name.split(".") if p != LORA_BASE_LAYER)
+
+
+def canonical_parameters(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """``(vLLM name without LoRA segments, parameter)`` of every parameter of ``model``.
+
+    Raises:
+        ValueError: two parameters map to one name (a wrapper that keeps a second copy of a weight).
+    """
+    pairs = [(vllm_canonical_name(n), t) for n, t in model.named_parameters()]
+    names = [n for n, _ in pairs]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"vLLM parameters {dup[:4]} appear twice once LoRA's base_layer segments are dropped")
+    return pairs
+
+
+def refuse_strided(pairs: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Raise ValueError naming the tensors of ``pairs`` that are not dense row-major (module docstring)."""
+    bad = [(n, tuple(t.shape), tuple(t.stride())) for n, t in pairs if not t.is_contiguous()]
+    if bad:
+        raise ValueError(
+            f"vLLM stores {len(bad)} tensors in scope with a non-contiguous layout, e.g. {bad[:2]} (name, shape, "
+            "stride): ROCm gfx11 pads the row stride of linear weights (vllm maybe_pad_weight_avoid_cache_aliasing) "
+            "and XPU may store them transposed (VLLM_XPU_FORCE_N_CONTIG_WEIGHT). ES perturbs dense row-major "
+            "weights only: run on CUDA, unset that layout, or exclude these tensors from the ES scope"
+        )
 
 
 def part_rows(config: Any, part: str) -> int:
@@ -157,7 +211,7 @@ def canonical_views(
                     f"{name!r} is {t.dtype}: ES needs floating-point weights (quantized models are unsupported)"
                 )
             if not t.is_contiguous():
-                raise ValueError(f"fused tensor {name!r} is not contiguous; cannot split it into views")
+                refuse_strided([(name, t)])
             rows = [int(s[0]) for _, s in fused[name]]
             out.extend((n, v) for (n, _), v in zip(fused[name], torch.split(t, rows, dim=0), strict=True))
         elif vocab_size is not None and _EMBEDDING_RE.search(name) and t.dim() == 2 and t.shape[0] > vocab_size:
@@ -236,16 +290,34 @@ def parallel_sizes(worker: Any) -> tuple[int, int]:
     return 1, 1
 
 
+def _rpc_method(method: Callable) -> Callable:
+    """A worker ES method as called through ``collective_rpc``: errors re-raised with their type tagged in the
+    message (``coevo.backends.vllm_rpc.tagged``; BaseExceptions such as KeyboardInterrupt pass unchanged)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as e:
+            new = tagged(e)
+            if new is e:
+                raise
+            raise new from e
+
+    return run
+
+
 def _grad_free(method: Callable) -> Callable:
     """Run a worker ES method without autograd: under ``torch.inference_mode()`` when the model's parameters
-    are inference tensors (in-place edits of those are only allowed there), else under ``torch.no_grad()``."""
+    are inference tensors (in-place edits of those are only allowed there), else under ``torch.no_grad()``;
+    errors tagged as :func:`_rpc_method`."""
 
     @functools.wraps(method)
     def run(self, *args, **kwargs):
         with torch.inference_mode() if self._coevo_es_inference else torch.no_grad():
             return method(self, *args, **kwargs)
 
-    return run
+    return _rpc_method(run)
 
 
 class ESWorkerExtension:
@@ -262,6 +334,7 @@ class ESWorkerExtension:
     _coevo_es_inference: bool = False  # the model's parameters are inference tensors
 
     # ------------------------------------------------------------------ setup
+    @_rpc_method
     def es_setup(
         self,
         scope: dict[str, Any] | str = "all_linear",
@@ -269,6 +342,7 @@ class ESWorkerExtension:
         restore_mode: str = "exact",
         master_device: str | None = None,
         backup_device: str | None = None,
+        noise_device: str = "cpu",
     ) -> dict[str, Any]:
         """Select the ES tensors of the worker's model, in canonical HF terms (idempotent for equal arguments).
 
@@ -278,6 +352,9 @@ class ESWorkerExtension:
                 element in scope on ``master_device``).
             restore_mode: ``"exact"`` (bit-identical restores) or ``"inference"`` (``coevo.es.perturb``).
             master_device, backup_device: where masters / exact-mode backups live (default: the GPU).
+            noise_device: ``"cpu"`` (the canonical stream, drawn on the host and copied) or ``"device"``
+                (drawn on the GPU, ``coevo.es.device_noise``: no host draws or copies, but a history that
+                replays only on the same GPU model; ``es_state()["noise_spec"]`` names the stream).
 
         Calling it again with other arguments rebuilds the selection; float32 masters are then re-derived
         from the current (possibly bf16) working weights, so change the setup only before training.
@@ -286,8 +363,9 @@ class ESWorkerExtension:
             :meth:`es_state`.
 
         Raises:
-            ValueError: tensor or pipeline parallel size > 1, a bad scope or restore mode, quantized or
-                sharded fused tensors. RuntimeError: a perturbation is active. TypeError: no model found.
+            ValueError: tensor or pipeline parallel size > 1, a bad scope, restore mode or noise device,
+                quantized, sharded or strided tensors (module docstring). RuntimeError: a perturbation is
+                active. TypeError: no model found.
         """
         tp, pp = parallel_sizes(self)
         if tp != 1 or pp != 1:
@@ -298,9 +376,12 @@ class ESWorkerExtension:
             )
         if restore_mode not in ("exact", "inference"):
             raise ValueError(f"restore_mode must be 'exact' or 'inference', got {restore_mode!r}")
+        if noise_device not in NOISE_DEVICES:
+            raise ValueError(f"noise_device must be one of {NOISE_DEVICES}, got {noise_device!r}")
         spec = ScopeSpec(scope) if isinstance(scope, str) else ScopeSpec.from_dict(dict(scope))
         config = {"scope": spec.to_dict(), "master_weights": bool(master_weights), "restore_mode": restore_mode,
-                  "master_device": master_device, "backup_device": backup_device}  # fmt: skip
+                  "master_device": master_device, "backup_device": backup_device,
+                  "noise_device": noise_device}  # fmt: skip
         if self._coevo_es_params is not None:
             if self._coevo_es_active is not None:
                 raise RuntimeError("es_setup while a perturbation is active; call es_restore first")
@@ -308,16 +389,17 @@ class ESWorkerExtension:
                 return self.es_state()
         model = find_model(self)
         hf_config = find_hf_config(self, model)
-        pairs = list(model.named_parameters())
+        pairs = canonical_parameters(model)
         fused = fused_map(((n, t.shape) for n, t in pairs), hf_config)
         self._coevo_es_inference = any(t.is_inference() for _, t in pairs)
         with torch.inference_mode() if self._coevo_es_inference else torch.no_grad():
             views = canonical_views(pairs, fused, getattr(hf_config, "vocab_size", None))
-            self._coevo_es_params = ESParams(
-                select_params(views, spec),
-                master_dtype=torch.float32 if master_weights else None,
-                master_device=master_device,
-            )
+            selected = select_params(views, spec)
+            refuse_strided(selected)
+            params = ESParams(selected, master_dtype=torch.float32 if master_weights else None,
+                              master_device=master_device)  # fmt: skip
+            use_device_noise(params, noise_device == "device")
+            self._coevo_es_params = params
         self._coevo_es_config = config
         self._coevo_es_fused = len(fused)
         return self.es_state()
@@ -365,6 +447,7 @@ class ESWorkerExtension:
             self._coevo_es_active = None
         return self.es_state()
 
+    @_rpc_method
     def es_noise_hash(self, seed: int, sigma: float, sign: int = 1) -> str:
         """``weights_hash`` of the scope while perturbed by ``(seed, sigma, sign)``; restored after."""
         self.es_perturb(seed, sigma, sign)
@@ -453,10 +536,24 @@ class ESWorkerExtension:
                 n_tensors, n_elems = n_tensors + (differ > 0), n_elems + differ
         return {"max_abs_diff": max_diff, "tensors_differ": n_tensors, "elements_differ": n_elems, "missing": missing}
 
+    @_grad_free
+    def es_matrices(self) -> list[list[Any]]:
+        """``[[HF name, [rows, cols]], ...]`` of the tensors in scope, in canonical order: the shapes of the
+        low-rank factors and LoRA adapters of a population (``coevo.backends.vllm_lora``).
+
+        Raises:
+            ValueError: a tensor in scope is not 2-D (low-rank ES perturbs matrices: scope all_linear).
+        """
+        items = self._es().items()
+        bad = [(n, tuple(t.shape)) for n, t in items if t.dim() != 2]
+        if bad:
+            raise ValueError(f"low-rank ES perturbs matrices only (scope all_linear); not 2-D in scope: {bad[:4]}")
+        return [[n, [int(d) for d in t.shape]] for n, t in items]
+
     def es_state(self) -> dict[str, Any]:
         """Plain-data state: ``ready``, ``config`` (setup arguments), ``n_tensors``, ``numel``, ``master_bytes``,
         ``fused_tensors`` (vLLM tensors split into HF views), ``active`` (``{seed, sigma, sign}`` or None),
-        ``device``, ``dtype``."""
+        ``device``, ``dtype``, ``noise_spec`` (the full-rank noise stream drawn, ``coevo.es.device_noise``)."""
         es = self._coevo_es_params
         if es is None:
             return {"ready": False}
@@ -472,4 +569,5 @@ class ESWorkerExtension:
             "active": None if p is None else {"seed": p.seed, "sigma": p.sigma, "sign": p.sign},
             "device": str(first.device),
             "dtype": str(first.dtype).removeprefix("torch."),
+            "noise_spec": noise_spec_of(es.noise),
         }

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from coevo.es.device_noise import record_noise
 from coevo.es.lowrank import LOWRANK_SPEC, check_rank, lowrank_update
 from coevo.es.noise import NOISE_SPEC, check_seed
 from coevo.es.normalize import METHODS
@@ -119,22 +120,25 @@ class GenerationRecord:
         return cls(**d)
 
     def apply(self, params: ESParams) -> UpdateStats:
-        """Apply this record's update to ``params`` (``es_update``); a skipped record applies nothing."""
+        """Apply this record's update to ``params`` (``es_update``) with the noise stream ``noise_spec`` names
+        (``coevo.es.device_noise.record_noise``: NoiseDeviceError for another device's stream); a skipped
+        record applies nothing."""
         if self.skipped:
             return UpdateStats(skipped=True, reason="recorded as skipped", n_elements=params.numel)
         if self.perturbation == "lowrank":
             return lowrank_update(params, self.seeds, self.signs, self.coeffs, self.alpha, self.sigma, self.rank,
                                   self.generation, self.divide_by_sigma, self.weight_decay)  # fmt: skip
-        return es_update(
-            params,
-            self.seeds,
-            self.signs,
-            self.coeffs,
-            self.alpha,
-            self.sigma,
-            self.divide_by_sigma,
-            self.weight_decay,
-        )
+        with record_noise(params, self.noise_spec):  # the stream the record was drawn with, or NoiseDeviceError
+            return es_update(
+                params,
+                self.seeds,
+                self.signs,
+                self.coeffs,
+                self.alpha,
+                self.sigma,
+                self.divide_by_sigma,
+                self.weight_decay,
+            )
 
 
 @dataclass

@@ -12,7 +12,7 @@ Properties:
   * different tensors and different chunks use unrelated generator seeds, so their noises are
     uncorrelated (unlike seeding every tensor with the member seed, as in Qiu et al. 2025's code);
   * noise is always drawn in float32 on the CPU, then moved to the tensor's device: the same on every
-    device and process. It is bit-identical across processes and machines that run the same torch
+    device and process (``coevo.es.device_noise`` draws it on the device instead, a separate stream). It is bit-identical across processes and machines that run the same torch
     build on the same CPU family (x86-64 with AVX2 uses one vectorised Box-Muller path); a different
     torch version or CPU architecture may change the stream, which ``weights_hash`` checks in
     ``coevo.es.history.replay`` detect;

@@ -12,7 +12,7 @@ divide_by_sigma, weight_decay):
   1. members sharing a seed are folded first, in float64: ``k_j = sum_{i: seed_i = j} s_i * c_i``
      (members in the given order, seeds in order of first appearance); a mirrored pair with equal
      coefficients gives ``k_j = 0`` exactly and is skipped, so it cancels exactly, not to rounding;
-  2. per noise chunk, on the CPU in float32: ``acc = 0; acc += fl32(eps_j * a_j)`` for each seed j with
+  2. per noise chunk, in float32 on the device the noise is drawn on (the CPU; ``coevo.es.device_noise``): ``acc = 0; acc += fl32(eps_j * a_j)`` for each seed j with
      ``a_j = fl32(alpha * k_j / N [/ sigma])``; separate multiply and add (no fused multiply-add), so the
      result does not depend on the device or on how kernels contract operations;
   3. ``new = fl32(base [* (1 - alpha * weight_decay)] + acc)`` where ``base`` is the float32 master or the
@@ -149,8 +149,9 @@ def es_update(
     if not steps and weight_decay == 0.0:
         return stats
     decay = 1.0 - alpha * weight_decay
-    acc = torch.empty(NOISE_CHUNK_NUMEL, dtype=torch.float32)
-    tmp = torch.empty(NOISE_CHUNK_NUMEL, dtype=torch.float32)
+    noise_device = es.noise.buffer.device  # the CPU, or the tensors' device (coevo.es.device_noise)
+    acc = torch.empty(NOISE_CHUNK_NUMEL, dtype=torch.float32, device=noise_device)
+    tmp = torch.empty(NOISE_CHUNK_NUMEL, dtype=torch.float32, device=noise_device)
     sq_norm, max_abs, changed = 0.0, 0.0, 0
     for e in es.entries:
         for seg in e.layout:
