@@ -115,6 +115,8 @@ _REGISTRY: dict[str, type[Rollout]] = {}
 _BUILTIN_MODULES = (
     "coevo.rollouts.logprob",
     "coevo.rollouts.countdown",
+    "coevo.rollouts.sudoku",
+    "coevo.rollouts.react_math",
     "coevo.ahd.es_rollout",
     "coevo.agents.web_rollout",
 )
