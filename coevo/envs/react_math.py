@@ -229,17 +229,20 @@ def mean_and_pass_at_k(successes: dict[str, list[bool]], k: int) -> dict[str, fl
 # ----------------------------------------------------------------------------------------------- the tool
 def tool_target(fn: Any, payload: dict[str, Any]) -> dict[str, Any]:
     """Sandbox target running the agent's code: exec ``payload["source"]`` as ``__main__``, printing the value of
-    a final bare expression (REPL style). Output goes to the process's stdout (line-buffered, so it survives a
+    a final bare expression unless it is None (``repr``, as the REPL does). Output goes to the process's stdout (line-buffered, so it survives a
     kill); exceptions propagate to the sandbox worker, which classifies and reports them. ``fn`` is unused."""
     sys.stdout.reconfigure(line_buffering=True)
     tree = ast.parse(payload["source"], "<candidate>")
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
+    echo = bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
+    if echo:  # the last expression's value goes to a name, printed below unless None (as the REPL does)
         last = tree.body[-1]
-        call = ast.Call(ast.Name("print", ast.Load()), [last.value], [])
-        tree.body[-1] = ast.copy_location(ast.Expr(call), last)
+        tree.body[-1] = ast.copy_location(ast.Assign([ast.Name("_coevo_last", ast.Store())], last.value), last)
         ast.fix_missing_locations(tree)
+    namespace: dict[str, Any] = {"__name__": "__main__"}
     try:
-        exec(compile(tree, "<candidate>", "exec"), {"__name__": "__main__"})  # noqa: S102 - sandboxed by design
+        exec(compile(tree, "<candidate>", "exec"), namespace)  # noqa: S102 - sandboxed by design
+        if echo and namespace.get("_coevo_last") is not None:
+            print(repr(namespace["_coevo_last"]))
     finally:
         sys.stdout.flush()
     return {}
