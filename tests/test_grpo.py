@@ -10,13 +10,13 @@ import torch
 
 pytest.importorskip("trl")
 
-from coevo.backends.base import SamplingParams  # noqa: E402
-from coevo.backends.models import load_tokenizer  # noqa: E402
-from coevo.envs.sudoku import SudokuEpisode, puzzles  # noqa: E402
-from coevo.rl.grpo import GRPOBaseline, GRPOSettings, load_settings, stop_token_ids  # noqa: E402
-from coevo.rl.tokens import ChatTokens, run_token_episodes  # noqa: E402
-from coevo.rollouts.sudoku import SudokuRollout  # noqa: E402
-from coevo.store import TrajectoryStore  # noqa: E402
+from coevo.backends.base import SamplingParams
+from coevo.backends.models import load_tokenizer
+from coevo.envs.sudoku import SudokuEpisode, puzzles
+from coevo.rl.grpo import GRPOBaseline, GRPOSettings, load_settings, stop_token_ids
+from coevo.rl.tokens import ChatTokens, run_token_episodes
+from coevo.rollouts.sudoku import SudokuRollout
+from coevo.store import TrajectoryStore
 
 ROOT = Path(__file__).resolve().parents[1]
 

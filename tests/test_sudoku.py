@@ -124,10 +124,8 @@ def test_turn_limit_is_three_times_horizon_and_reward_is_terminal():
 
 def test_full_but_wrong_board_gets_zero():
     ep = _episode(h=3)
-    wrong = 0
-    for r, c in ep.puzzle.blanks():
-        v = ep.puzzle.solution[r][c] % 4 + 1 if not wrong else ep.puzzle.solution[r][c]
-        wrong += 1
+    for k, (r, c) in enumerate(ep.puzzle.blanks()):  # the first move is wrong, the others right
+        v = ep.puzzle.solution[r][c] % 4 + 1 if k == 0 else ep.puzzle.solution[r][c]
         ep.step(f"set {r + 1} {c + 1} {v}")
     assert ep.full and ep.done and ep.keeps_givens() and ep.reward() == 0.0 and "full" in ep.feedback
 
@@ -233,7 +231,7 @@ def test_sudoku_rollout_with_scripted_policies(context):
     bad = ro.run(SolverPolicy(junk=True), generation=0, member=None, key_prefix="q", split="test")
     assert len(bad) == 6 and all(t.reward == 0.0 and t.llm_calls == 9 and t.meta["malformed"] == 9 for t in bad)
     # generations draw different puzzles from the pool; all members of one generation get the same ones
-    ids = lambda g: [e.puzzle.puzzle_id for e in ro.episodes("train", g)]  # noqa: E731
+    ids = lambda g: [e.puzzle.puzzle_id for e in ro.episodes("train", g)]
     assert ids(4) == ids(4) and ids(4) != ids(5)
 
 
