@@ -90,7 +90,7 @@ class ParityEpisode(SudokuEpisode):
 
 class ParityRollout(SudokuRollout):
     def episode(self, puzzle):
-        return ParityEpisode(puzzle, self.config.max_turns, self.config.list_empty)
+        return ParityEpisode(puzzle, self.config.max_turns, self.config.list_empty, self.config.hints)
 
 
 def test_one_grpo_step_on_tiny_qwen2(tiny_model_dir, tmp_path):

@@ -140,6 +140,15 @@ def test_observation_rerenders_board_and_lists_empty_cells():
     assert render(ep.board).count(".") == 1 and f"Empty cells (row col): {r2} {c2}" in obs and "Turns left: 5" in obs
 
 
+def test_hints_list_each_empty_cells_candidates():
+    p = puzzles(4, 1, "test", 1, 0)[0]
+    (r, c), = p.blanks()
+    ep = SudokuEpisode(p, hints=True)
+    assert ep.candidates(r + 1, c + 1) == [p.solution[r][c]]  # one blank: its candidate is the solution
+    assert f"Candidates (row col: digits): {r + 1} {c + 1}: {p.solution[r][c]}" in ep.observation()
+    assert "Candidates" not in SudokuEpisode(p).observation()
+
+
 # ----------------------------------------------------------------------------------------------- scripted agent
 def read_board(text: str) -> list[list[int]]:
     """Parse the rendered board of an observation back into a grid."""

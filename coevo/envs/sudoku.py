@@ -157,6 +157,8 @@ class SudokuEpisode(TurnEpisode):
         puzzle: the puzzle.
         max_turns: turn limit (default ``3 * puzzle.horizon``, the reference's).
         list_empty: the observation also lists the empty cells' coordinates.
+        hints: the observation also lists each empty cell's candidates (digits not yet in its row, column or
+            box): an easier, assisted variant for small models (off in the reference setting).
 
     Attributes:
         board: current grid (givens plus accepted moves). turns: turns taken (every :meth:`step` counts).
@@ -167,6 +169,7 @@ class SudokuEpisode(TurnEpisode):
     puzzle: Puzzle
     max_turns: int | None = None
     list_empty: bool = True
+    hints: bool = False
     board: Grid = field(init=False)
     turns: int = field(init=False, default=0)
     feedback: str = field(init=False, default="")
@@ -193,6 +196,14 @@ class SudokuEpisode(TurnEpisode):
         """1-based (row, col) of the empty cells, row-major."""
         return [(r + 1, c + 1) for r, row in enumerate(self.board) for c, v in enumerate(row) if v == 0]
 
+    def candidates(self, row: int, col: int) -> list[int]:
+        """Digits not yet in the row, column or box of the 1-based cell (row, col)."""
+        n, b = self.puzzle.size, BOX[self.puzzle.size]
+        r, c = row - 1, col - 1
+        used = set(self.board[r]) | {self.board[i][c] for i in range(n)}
+        used |= {self.board[i][j] for i in range(r // b * b, r // b * b + b) for j in range(c // b * b, c // b * b + b)}
+        return [v for v in range(1, n + 1) if v not in used]
+
     def observation(self) -> str:
         """What the agent sees this turn: last feedback, the re-rendered board, empty cells, turns left."""
         parts = [f"Feedback: {self.feedback}"] if self.feedback else []
@@ -200,6 +211,9 @@ class SudokuEpisode(TurnEpisode):
         empty = self.empty_cells()
         if self.list_empty:
             parts.append(f"Empty cells (row col): {', '.join(f'{r} {c}' for r, c in empty)}")
+        if self.hints:
+            parts.append("Candidates (row col: digits): " + "; ".join(
+                f"{r} {c}: {' '.join(map(str, self.candidates(r, c)))}" for r, c in empty))
         parts.append(f"Turns left: {self.max_turns - self.turns}. Reply with one move: {MOVE_FORMAT}")
         return "\n".join(parts)
 

@@ -42,6 +42,7 @@ class SudokuConfig(RolloutConfig):
     context: Literal["board", "history"] = Field(
         "board", description="board: system + current board each turn (the reference); history: the whole chat")
     list_empty: bool = Field(True, description="the observation lists the empty cells' coordinates")
+    hints: bool = Field(False, description="the observation lists each empty cell's candidate digits (assisted)")
     max_new_tokens: int = Field(64, ge=1, description="tokens per turn (the reference: 64)")
     temperature: float = Field(0.7, ge=0, description="0 = greedy")
     top_p: float = Field(0.8, gt=0, le=1)
@@ -72,7 +73,7 @@ class SudokuRollout(Rollout):
 
     def episode(self, puzzle: Puzzle) -> SudokuEpisode:
         """A fresh episode on ``puzzle`` with this rollout's turn limit and observation settings."""
-        return SudokuEpisode(puzzle, self.config.max_turns, self.config.list_empty)
+        return SudokuEpisode(puzzle, self.config.max_turns, self.config.list_empty, self.config.hints)
 
     def task_id(self, episode: SudokuEpisode) -> str:
         return f"sudoku{self.config.size}:h{self.config.horizon}:{episode.puzzle.puzzle_id}"
