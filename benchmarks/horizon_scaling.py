@@ -165,10 +165,11 @@ def summarise(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
             return None, None
         return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
-    fmt = lambda m: "–" if m[0] is None else f"{m[0]:.3f} ± {m[1]:.3f}"  # noqa: E731
+    fmt = lambda m: "–" if m[0] is None else f"{m[0]:.3f} ± {m[1]:.3f}"
     horizons = sorted({r["horizon"] for r in rows})
-    lines = ["| H* | seeds | base | ES | GRPO | episodes (each) | ES peak RSS MiB | GRPO peak RSS MiB | RSS ratio ES/GRPO "
-             "| ES peak CUDA MiB | GRPO peak CUDA MiB | CUDA ratio |", "|" + "---|" * 12]  # fmt: skip
+    header = ("| H* | seeds | base | ES | GRPO | episodes (each) | ES peak RSS MiB | GRPO peak RSS MiB "
+              "| RSS ratio ES/GRPO | ES peak CUDA MiB | GRPO peak CUDA MiB | CUDA ratio |")
+    lines = [header, "|" + "---|" * 12]
     summary: dict[str, Any] = {}
     for h in horizons:
         es = [r for r in rows if r["horizon"] == h and r["method"] == "es"]
@@ -176,7 +177,7 @@ def summarise(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
         base, es_s, gr_s = ms([r["base"] for r in es]), ms([r["final"] for r in es]), ms([r["final"] for r in gr])
         rss = ms([r["peak_rss_mib"] for r in es]), ms([r["peak_rss_mib"] for r in gr])
         cuda = ms([r["peak_cuda_mib"] for r in es]), ms([r["peak_cuda_mib"] for r in gr])
-        ratio = lambda p: None if p[0][0] is None or not p[1][0] else p[0][0] / p[1][0]  # noqa: E731
+        ratio = lambda p: None if p[0][0] is None or not p[1][0] else p[0][0] / p[1][0]
         summary[h] = {"base": base, "es": es_s, "grpo": gr_s, "rss_ratio": ratio(rss), "cuda_ratio": ratio(cuda),
                       "es_rss": rss[0][0], "grpo_rss": rss[1][0], "seeds": len(es)}  # fmt: skip
         eps = f"{es[0]['episodes']} / {gr[0]['episodes']}" if es and gr else "–"
@@ -277,6 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     table, summary = summarise(rows)
     (out / "table.md").write_text(table + "\n")
     print(table)
+    for h, m in summary.items():
+        for key in ("base", "es", "grpo"):
+            if m[key][0] is not None:
+                print(json.dumps({"metric": f"heldout_success_{key}_h{h}", "value": m[key][0], "sd": m[key][1],
+                                  "seeds": m["seeds"]}))  # fmt: skip
+        ratio = m["cuda_ratio"] if m["cuda_ratio"] is not None else m["rss_ratio"]
+        if ratio is not None:
+            print(json.dumps({"metric": f"peak_memory_ratio_es_over_grpo_h{h}", "value": ratio, "goal": 0.15,
+                              "met": ratio <= 0.15, "measure": "cuda" if m["cuda_ratio"] is not None else "rss"}))
     if any(summary[h]["es"][0] is not None or summary[h]["grpo"][0] is not None for h in summary):
         plot(summary, out / "horizon_scaling.png")
     return 0
