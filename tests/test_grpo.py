@@ -122,3 +122,16 @@ def test_one_grpo_step_on_tiny_qwen2(tiny_model_dir, tmp_path):
 def test_grpo_configs_validate(name):
     s = load_settings(ROOT / "configs/longhorizon" / name, ["steps=2"])
     assert s.steps == 2 and s.rollout["context"] == "history"
+
+
+def test_eval_callback_evaluates_every_k_steps_but_not_the_last():
+    from types import SimpleNamespace
+
+    from coevo.rl.grpo import eval_callback
+
+    seen = []
+    fake = SimpleNamespace(settings=SimpleNamespace(steps=6), evaluate=seen.append)
+    cb = eval_callback(fake, 2)
+    for step in range(1, 7):
+        cb.on_step_end(None, SimpleNamespace(global_step=step), None)
+    assert seen == [2, 4]  # step 6 is the final evaluation run() does itself

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import time
 from collections.abc import Sequence
@@ -185,7 +184,7 @@ class GRPOBaseline:
                                    train_dataset=self.dataset(), processing_class=self.tokenizer,
                                    rollout_func=self.rollout_func)  # fmt: skip
         if s.eval_every:
-            self.trainer.add_callback(_EvalCallback(self, s.eval_every))
+            self.trainer.add_callback(eval_callback(self, s.eval_every))
         return self.trainer
 
     # ------------------------------------------------------------------ evaluation and store
@@ -230,7 +229,6 @@ class GRPOBaseline:
         """Evaluate (optionally), train ``steps`` GRPO steps, evaluate; returns a summary dict."""
         s = self.settings
         t0 = time.time()
-        random.seed(s.seed)
         trainer = self.trainer or self.build_trainer()
         if s.eval_at_start:
             self.evaluate(0)
@@ -246,18 +244,17 @@ class GRPOBaseline:
                 "losses": losses, "train_s": train_s, "wall_s": time.time() - t0}  # fmt: skip
 
 
-class _EvalCallback:
-    """A ``transformers.TrainerCallback`` running the held-out evaluation every k optimizer steps."""
+def eval_callback(baseline: GRPOBaseline, every: int):
+    """A ``transformers.TrainerCallback`` running ``baseline``'s held-out evaluation every ``every`` optimizer steps
+    (the last step is evaluated by :meth:`GRPOBaseline.run`)."""
+    from transformers import TrainerCallback
 
-    def __new__(cls, baseline: GRPOBaseline, every: int):
-        from transformers import TrainerCallback
+    class EvalEvery(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % every == 0 and state.global_step < baseline.settings.steps:
+                baseline.evaluate(state.global_step)
 
-        class EvalEvery(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                if state.global_step % every == 0 and state.global_step < baseline.settings.steps:
-                    baseline.evaluate(state.global_step)
-
-        return EvalEvery()
+    return EvalEvery()
 
 
 def load_settings(path: str | Path, overrides: Sequence[str] = ()) -> GRPOSettings:
