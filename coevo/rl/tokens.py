@@ -90,6 +90,8 @@ def generate_ids(model, seqs: list[list[int]], params: SamplingParams, *, pad_id
                  batch_size: int = 8) -> list[list[int]]:
     """Sample one continuation per id sequence (left-padded batches of ``batch_size``); each ends at and includes
     its first stop token, or has ``params.max_new_tokens`` tokens. ``params.seed`` forks and seeds the torch RNG.
+    ``params.stop`` strings are not applied (a reply runs to a stop token or the length limit; the environments
+    act on the first move / tool call / answer in it, so text after that changes nothing but its length).
 
     Returns:
         New token ids per sequence (list of int lists), in order.
