@@ -1,0 +1,296 @@
+"""ES vs agentic GRPO on horizon-controlled Sudoku: held-out success vs H*, and peak memory side by side.
+
+The horizon-scaling experiment of Agentic ESOpt (arXiv 2608.17310, field notes §1 and §6: success at H* = 15
+ES 53.13 % vs GRPO 40.63 %, peak GPU memory ES 8.41 GB vs GRPO 58.88 GB, ratio 0.143) at a size chosen by the
+command line. For every H* and seed, two child processes run one after the other:
+
+* **ES** (``coevo run`` machinery in-process: :class:`coevo.loop.CoEvolutionLoop` with the ``es`` evolver and the
+  ``sudoku`` rollout): the centre is evaluated on the held-out puzzles before the first generation (this is the
+  **base** model's success) and after the last;
+* **GRPO** (:class:`coevo.rl.grpo.GRPOBaseline`, TRL ``GRPOTrainer``) with the **same number of training
+  episodes** (ES: generations x population x puzzles per member; GRPO: steps x prompts per step x G), evaluated
+  with the same rollout evaluator on the same held-out puzzles and sampling seeds, recording into the ES run's
+  store (one store per (H*, seed) holds both methods' trajectories).
+
+Both use ``context: history`` (the agent sees its chat so far), the only protocol TRL's GRPOTrainer can train
+(see :mod:`coevo.rl.grpo`). Peak memory is measured per child process: peak resident set size
+(``ru_maxrss``), and on CUDA the peak allocated device memory (``torch.cuda.max_memory_allocated``), which is
+what the paper reports. Results: one JSON line per (H*, seed, method) in ``OUT/results.jsonl``, a table on
+stdout and in ``OUT/table.md``, and ``OUT/horizon_scaling.png`` (held-out success vs H*, mean +- sd over seeds).
+
+Examples:
+    # smoke run on a tiny random Qwen2 (seconds per child)
+    python benchmarks/horizon_scaling.py --preset tiny --out /tmp/hs_tiny
+    # the embedded 0.5B model on a CPU, at the smallest size that means something (slow: see the README)
+    python benchmarks/horizon_scaling.py --preset cpu --out runs/horizon_scaling
+    # the paper's setting on a GPU (9x9, H* 5/10/15, population 32, 100 generations, 32 puzzles/generation)
+    python benchmarks/horizon_scaling.py --preset paper --model /path/to/Qwen3.5-4B --out runs/hs_paper
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {"model": "tiny:micro", "size": 4, "horizons": [1, 2, 3], "seeds": [0, 1, 2], "generations": 1,
+             "population": 4, "puzzles_per_member": 2, "grpo_prompts": 2, "grpo_group": 4, "test_puzzles": 4,
+             "max_new_tokens": 6, "hints": False, "sigma": 0.05, "sigma_final": 0.05, "alpha": 0.05, "lr": 1e-4, "dtype": "float32",
+             "device": "cpu", "batch_size": 16},
+    "cpu": {"model": "qwen2.5-coder-0.5b-instruct", "size": 4, "horizons": [1, 2, 3], "seeds": [0, 1, 2],
+            "generations": 1, "population": 2, "puzzles_per_member": 2, "grpo_prompts": 1, "grpo_group": 4,
+            "test_puzzles": 4, "max_new_tokens": 10, "hints": True, "sigma": 1e-3, "sigma_final": 1e-3, "alpha": 5e-4, "lr": 1e-6,
+            "dtype": "float32", "device": "cpu", "batch_size": 16},
+    "paper": {"model": "qwen2.5-coder-0.5b-instruct", "size": 9, "horizons": [5, 10, 15], "seeds": [0, 1, 2],
+              "generations": 100, "population": 32, "puzzles_per_member": 32, "grpo_prompts": 32, "grpo_group": 8,
+              "test_puzzles": 128, "max_new_tokens": 64, "hints": False, "sigma": 1e-3, "sigma_final": 2.5e-4, "alpha": 5e-4,
+              "lr": 1e-6, "dtype": "bfloat16", "device": "cuda", "batch_size": 256},
+}  # fmt: skip
+
+
+def rollout_spec(a: argparse.Namespace, horizon: int, seed: int) -> dict[str, Any]:
+    """The sudoku rollout both methods use (the held-out split and its sampling seeds are identical)."""
+    return {"type": "sudoku", "size": a.size, "horizon": horizon, "puzzles_per_member": a.puzzles_per_member,
+            "train_pool": max(128, a.puzzles_per_member, a.grpo_prompts), "test_puzzles": a.test_puzzles, "seed": seed,
+            "context": "history", "max_new_tokens": a.max_new_tokens, "hints": a.hints}  # fmt: skip
+
+
+def es_episodes(a: argparse.Namespace) -> int:
+    return a.generations * a.population * a.puzzles_per_member
+
+
+def grpo_steps(a: argparse.Namespace) -> int:
+    """GRPO steps with the ES episode budget; the budget must be a multiple of prompts x group size."""
+    per_step = a.grpo_prompts * a.grpo_group
+    if es_episodes(a) % per_step:
+        raise SystemExit(f"ES budget {es_episodes(a)} episodes is not a multiple of GRPO's {per_step} per step; "
+                         "change --population / --puzzles-per-member / --grpo-prompts / --grpo-group")  # fmt: skip
+    return es_episodes(a) // per_step
+
+
+# ----------------------------------------------------------------------------------------------- children
+def peak_memory() -> dict[str, float | None]:
+    """Peak RSS of this process (MiB) and peak CUDA allocated memory (MiB, None without CUDA)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    cuda = None
+    if "torch" in sys.modules:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            cuda = torch.cuda.max_memory_allocated() / 2**20
+    return {"peak_rss_mib": rss, "peak_cuda_mib": cuda}
+
+
+def child_es(spec: dict[str, Any]) -> dict[str, Any]:
+    from coevo.config import parse_config
+    from coevo.loop import CoEvolutionLoop
+    from coevo.store import TrajectoryStore
+
+    a, run_dir = spec["args"], Path(spec["run_dir"])
+    gens = a["generations"]
+    data = {"run": {"name": "es", "seed": spec["seed"]},
+            "model": {"name": a["model"], "backend": "hf", "dtype": a["dtype"], "device": a["device"],
+                      "batch_size": a["batch_size"]},
+            "budget": {"max_rounds": gens}, "report": {"plots": False},
+            "evolvers": [{"name": "es", "type": "es", "population_size": a["population"], "antithetic": True,
+                          "sigma": a["sigma"], "sigma_final": a["sigma_final"], "schedule": "cosine",
+                          "total_generations": gens, "alpha": a["alpha"], "normalization": "zscore",
+                          "scope": "all_linear", "eval_every": gens, "checkpoint_every": max(gens, 1),
+                          "rollout": spec["rollout"]}]}  # fmt: skip
+    t0 = time.time()
+    loop = CoEvolutionLoop(parse_config(data), run_dir, raw_config=data, progress=False)
+    loop.run()
+    wall = time.time() - t0
+    mem = peak_memory()
+    with TrajectoryStore(run_dir / "store.sqlite", readonly=True) as store:
+        centre = [t for t in store.query(evolver="es", with_steps=False) if t.member is None]
+        train = [t for t in store.query(evolver="es", with_steps=False) if t.member is not None]
+    success = {g: [t.reward or 0.0 for t in centre if t.generation == g] for g in (0, gens)}
+    return {"base": statistics.fmean(success[0]), "final": statistics.fmean(success[gens]),
+            "episodes": len(train), "train_reward": statistics.fmean(t.reward or 0.0 for t in train),
+            "wall_s": wall, **mem}  # fmt: skip
+
+
+def child_grpo(spec: dict[str, Any]) -> dict[str, Any]:
+    from coevo.rl.grpo import GRPOBaseline, GRPOSettings
+    from coevo.store import TrajectoryStore
+
+    a = spec["args"]
+    settings = GRPOSettings(run_name="grpo", seed=spec["seed"], model=a["model"], dtype=a["dtype"],
+                            device=a["device"], batch_size=a["batch_size"], rollout=spec["rollout"],
+                            steps=spec["steps"], prompts_per_step=a["grpo_prompts"], num_generations=a["grpo_group"],
+                            learning_rate=a["lr"], eval_at_start=False)  # fmt: skip
+    with TrajectoryStore(spec["store"]) as store:
+        out = GRPOBaseline(settings, Path(spec["run_dir"]) / "trl", store, run_id=spec["run_id"]).run()
+    return {"final": out["final_test_reward"], "episodes": out["episodes"], "train_reward": out["train_reward"],
+            "losses": out["losses"], "wall_s": out["wall_s"], **peak_memory()}  # fmt: skip
+
+
+def run_child(method: str, spec: dict[str, Any], work: Path, timeout_s: float | None) -> dict[str, Any]:
+    """Run one method in a fresh interpreter (so peak memory is the method's own); returns its result dict."""
+    work.mkdir(parents=True, exist_ok=True)
+    spec_path, out_path = work / f"{method}_spec.json", work / f"{method}_result.json"
+    spec_path.write_text(json.dumps(spec))
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", method, str(spec_path), str(out_path)]
+    root = str(Path(__file__).resolve().parents[1])  # the children import this checkout's coevo
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.Popen(cmd, cwd=root, env=env)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise RuntimeError(f"{method} child exceeded {timeout_s} s") from None
+    if proc.returncode != 0:
+        raise RuntimeError(f"{method} child failed with exit code {proc.returncode}")
+    return json.loads(out_path.read_text())
+
+
+# ----------------------------------------------------------------------------------------------- report
+def summarise(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """Markdown table (success per H* and method, mean +- sd over seeds; peak memory and ES/GRPO ratio)."""
+
+    def ms(values):
+        values = [v for v in values if v is not None]
+        if not values:
+            return None, None
+        return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+    fmt = lambda m: "–" if m[0] is None else f"{m[0]:.3f} ± {m[1]:.3f}"
+    horizons = sorted({r["horizon"] for r in rows})
+    header = ("| H* | seeds | base | ES | GRPO | episodes (each) | ES peak RSS MiB | GRPO peak RSS MiB "
+              "| RSS ratio ES/GRPO | ES peak CUDA MiB | GRPO peak CUDA MiB | CUDA ratio |")
+    lines = [header, "|" + "---|" * 12]
+    summary: dict[str, Any] = {}
+    for h in horizons:
+        es = [r for r in rows if r["horizon"] == h and r["method"] == "es"]
+        gr = [r for r in rows if r["horizon"] == h and r["method"] == "grpo"]
+        base, es_s, gr_s = ms([r["base"] for r in es]), ms([r["final"] for r in es]), ms([r["final"] for r in gr])
+        rss = ms([r["peak_rss_mib"] for r in es]), ms([r["peak_rss_mib"] for r in gr])
+        cuda = ms([r["peak_cuda_mib"] for r in es]), ms([r["peak_cuda_mib"] for r in gr])
+        ratio = lambda p: None if p[0][0] is None or not p[1][0] else p[0][0] / p[1][0]
+        summary[h] = {"base": base, "es": es_s, "grpo": gr_s, "rss_ratio": ratio(rss), "cuda_ratio": ratio(cuda),
+                      "es_rss": rss[0][0], "grpo_rss": rss[1][0], "seeds": len(es)}  # fmt: skip
+        eps = f"{es[0]['episodes']} / {gr[0]['episodes']}" if es and gr else "–"
+        r_r, c_r = ratio(rss), ratio(cuda)
+        lines.append(f"| {h} | {len(es)} | {fmt(base)} | {fmt(es_s)} | {fmt(gr_s)} | {eps} | "
+                     f"{rss[0][0] or 0:.0f} | {rss[1][0] or 0:.0f} | {'–' if r_r is None else f'{r_r:.3f}'} | "
+                     f"{'–' if cuda[0][0] is None else f'{cuda[0][0]:.0f}'} | "
+                     f"{'–' if cuda[1][0] is None else f'{cuda[1][0]:.0f}'} | {'–' if c_r is None else f'{c_r:.3f}'} |")  # fmt: skip
+    return "\n".join(lines), summary
+
+
+def plot(summary: dict[int, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hs = sorted(summary)
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for key, label in (("base", "base"), ("es", "ES"), ("grpo", "GRPO")):
+        pts = [(h, *summary[h][key]) for h in hs if summary[h][key][0] is not None]
+        if pts:
+            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
+                        label=label)  # fmt: skip
+    ax.set_xlabel("H* (minimum successful steps)")
+    ax.set_ylabel("held-out success")
+    ax.set_xticks(hs)
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend()
+    ax.set_title("Sudoku horizon scaling")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------- main
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="defaults for every option below")
+    ap.add_argument("--out", required=True, help="output folder")
+    for name, typ in (("model", str), ("size", int), ("generations", int), ("population", int),
+                      ("puzzles-per-member", int), ("grpo-prompts", int), ("grpo-group", int), ("test-puzzles", int),
+                      ("max-new-tokens", int), ("sigma", float), ("sigma-final", float), ("alpha", float),
+                      ("lr", float), ("dtype", str), ("device", str), ("batch-size", int)):  # fmt: skip
+        ap.add_argument(f"--{name}", type=typ)
+    ap.add_argument("--hints", action=argparse.BooleanOptionalAction, default=None,
+                    help="list each empty cell's candidate digits (the cpu preset's default: a 0.5B model solves no "
+                         "4x4 puzzle without them)")
+    ap.add_argument("--horizons", type=int, nargs="+")
+    ap.add_argument("--seeds", type=int, nargs="+")
+    ap.add_argument("--methods", nargs="+", default=["es", "grpo"], choices=["es", "grpo"])
+    ap.add_argument("--child-timeout", type=float, default=None, help="seconds per child process")
+    ap.add_argument("--keep-weights", action="store_true", help="keep ES weight snapshots (large for real models)")
+    a = ap.parse_args(argv)
+    for key, value in PRESETS[a.preset].items():
+        if getattr(a, key) is None:
+            setattr(a, key, value)
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
+        method, spec_path, out_path = sys.argv[2:5]
+        spec = json.loads(Path(spec_path).read_text())
+        result = (child_es if method == "es" else child_grpo)(spec)
+        Path(out_path).write_text(json.dumps(result))
+        return 0
+    a = parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    steps = grpo_steps(a)
+    args = {k: v for k, v in vars(a).items() if k not in ("out",)}
+    print(f"# horizon scaling: preset {a.preset}, model {a.model}, {a.size}x{a.size}, H* {a.horizons}, seeds {a.seeds}; "
+          f"ES {a.generations} gen x N {a.population} x {a.puzzles_per_member} puzzles = {es_episodes(a)} episodes; "
+          f"GRPO {steps} steps x {a.grpo_prompts} puzzles x G {a.grpo_group}", flush=True)  # fmt: skip
+    results = out / "results.jsonl"
+    rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+    done = {(r["horizon"], r["seed"], r["method"]) for r in rows}
+    for h in a.horizons:
+        for seed in a.seeds:
+            work = out / f"h{h}_s{seed}"
+            spec = {"args": args, "seed": seed, "rollout": rollout_spec(a, h, seed), "run_dir": str(work / "es")}
+            for method in a.methods:
+                if (h, seed, method) in done:
+                    continue
+                if method == "grpo":
+                    spec = {**spec, "steps": steps, "store": str(work / "es" / "store.sqlite"), "run_id": "grpo",
+                            "run_dir": str(work / "grpo")}  # fmt: skip
+                    (work / "es").mkdir(parents=True, exist_ok=True)
+                res = run_child(method, spec, work, a.child_timeout)
+                if method == "es" and not a.keep_weights:
+                    shutil.rmtree(work / "es" / "weights", ignore_errors=True)
+                row = {"horizon": h, "seed": seed, "method": method, **res}
+                rows.append(row)
+                with results.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+                print(json.dumps(row), flush=True)
+    table, summary = summarise(rows)
+    (out / "table.md").write_text(table + "\n")
+    print(table)
+    for h, m in summary.items():
+        for key in ("base", "es", "grpo"):
+            if m[key][0] is not None:
+                print(json.dumps({"metric": f"heldout_success_{key}_h{h}", "value": m[key][0], "sd": m[key][1],
+                                  "seeds": m["seeds"]}))  # fmt: skip
+        ratio = m["cuda_ratio"] if m["cuda_ratio"] is not None else m["rss_ratio"]
+        if ratio is not None:
+            print(json.dumps({"metric": f"peak_memory_ratio_es_over_grpo_h{h}", "value": ratio, "goal": 0.15,
+                              "met": ratio <= 0.15, "measure": "cuda" if m["cuda_ratio"] is not None else "rss"}))
+    if any(summary[h]["es"][0] is not None or summary[h]["grpo"][0] is not None for h in summary):
+        plot(summary, out / "horizon_scaling.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

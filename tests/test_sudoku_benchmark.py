@@ -1,0 +1,48 @@
+"""benchmarks/horizon_scaling.py: equal episode budgets, the summary table and the plot (the child runs themselves
+are the ES loop and the GRPO baseline, covered by test_sudoku.py and test_grpo.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def hs():
+    spec = importlib.util.spec_from_file_location("horizon_scaling", ROOT / "benchmarks/horizon_scaling.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_budgets_are_equal(hs):
+    for preset in hs.PRESETS:
+        a = hs.parse_args(["--preset", preset, "--out", "x"])
+        assert hs.grpo_steps(a) * a.grpo_prompts * a.grpo_group == hs.es_episodes(a)
+    a = hs.parse_args(["--preset", "paper", "--out", "x"])
+    assert (a.size, a.horizons, a.population, a.generations, a.puzzles_per_member) == (9, [5, 10, 15], 32, 100, 32)
+    assert (a.sigma, a.sigma_final, a.alpha) == (1e-3, 2.5e-4, 5e-4) and hs.es_episodes(a) == 102_400
+    with pytest.raises(SystemExit, match="multiple"):
+        hs.grpo_steps(hs.parse_args(["--out", "x", "--grpo-group", "3"]))
+    spec = hs.rollout_spec(a, 10, 2)
+    assert spec["context"] == "history" and spec["horizon"] == 10 and spec["seed"] == 2
+
+
+def test_summary_table_and_plot(hs, tmp_path):
+    rows = []
+    for h, (b, e, g) in {1: (0.5, 0.75, 0.5), 2: (0.25, 0.5, 0.25)}.items():
+        for seed in (0, 1):
+            rows.append({"horizon": h, "seed": seed, "method": "es", "base": b, "final": e + 0.05 * seed,
+                         "episodes": 8, "peak_rss_mib": 1000.0, "peak_cuda_mib": None})
+            rows.append({"horizon": h, "seed": seed, "method": "grpo", "final": g, "episodes": 8,
+                         "peak_rss_mib": 4000.0, "peak_cuda_mib": None})
+    table, summary = hs.summarise(rows)
+    assert summary[1]["es"] == (pytest.approx(0.775), pytest.approx(0.0353553, rel=1e-4))
+    assert summary[2]["base"] == (0.25, 0.0) and summary[1]["rss_ratio"] == 0.25 and summary[1]["cuda_ratio"] is None
+    assert "| 1 | 2 | 0.500 ± 0.000 | 0.775 ± 0.035 | 0.500 ± 0.000 | 8 / 8 | 1000 | 4000 | 0.250 |" in table
+    hs.plot(summary, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000
