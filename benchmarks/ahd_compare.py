@@ -10,7 +10,7 @@ heuristic is then evaluated on the held-out sizes (``--sizes``, default the conf
 A *setting* is (problem, held-out size, baseline method); the ES variant beats its baseline when its mean
 best objective over the seeds is better (direction-aware), counting runs without any valid heuristic as
 losses: the variant wins if it found a valid heuristic in more seeds, or in as many seeds and with a better
-mean over them. Agentic ESOpt reports wins in 28 of 36 settings (field-notes §1).
+mean over them. Agentic ESOpt reports wins in 28 of 36 settings (docs/references.md §1).
 
 Output: a table (per method / problem / size: runs with a best heuristic, mean +- std over seeds of the
 best objective and of its gap to the problem's named reference, the seed heuristic's objective, samples
@@ -140,8 +140,14 @@ def run_one(problem: str, method: str, seed: int, args: argparse.Namespace) -> R
     path = ROOT / "configs" / "ahd" / method / f"{problem}.yaml"
     cfg, _ = load_config(path)
     ahd = ahd_spec(cfg)
-    sets = [f"run.seed={seed}", f"model.name={args.model}", f"budget.max_samples={args.max_samples}",
-            f"budget.max_rounds={4 * args.max_samples}", "report.plots=false", *args.set]  # fmt: skip
+    sets = [
+        f"run.seed={seed}",
+        f"model.name={args.model}",
+        f"budget.max_samples={args.max_samples}",
+        f"budget.max_rounds={4 * args.max_samples}",
+        "report.plots=false",
+        *args.set,
+    ]
     if args.model.startswith("tiny:"):
         sets.append("model.dtype=float32")
     if args.seed_heuristic and ahd.type == "eoh":
@@ -159,8 +165,13 @@ def run_one(problem: str, method: str, seed: int, args: argparse.Namespace) -> R
     wall = time.time() - started
     rows = {}
     for size, _n, seed_obj, seed_gap, best_obj, best_gap, ref in ev.comparison_rows():
-        rows[int(size)] = {"seed_objective": seed_obj, "seed_gap": seed_gap, "best_objective": best_obj,
-                           "best_gap": best_gap, "reference": ref}  # fmt: skip
+        rows[int(size)] = {
+            "seed_objective": seed_obj,
+            "seed_gap": seed_gap,
+            "best_objective": best_obj,
+            "best_gap": best_gap,
+            "reference": ref,
+        }
     with TrajectoryStore(out / "store.sqlite", readonly=True) as store:
         valid = len(store.query(run_id=loop.run_id, valid=True, with_steps=False))
     return RunResult(problem, method, seed, args.max_samples, summary.samples, valid, wall, summary.stop_reason, rows)
@@ -189,10 +200,19 @@ def summarise(results: list[RunResult], directions: dict[str, str]) -> tuple[lis
             gaps = [r.rows[size]["best_gap"] for r in runs if r.rows[size]["best_gap"] is not None]
             cells[(problem, size, method)] = (objs, len(runs))
             seed_obj = runs[0].rows[size]["seed_objective"]
-            table.append([problem, str(size), method, f"{len(objs)}/{len(runs)}", _fmt(*_mean_std(objs)),
-                          _fmt(*_mean_std(gaps), digits=2), "-" if seed_obj is None else f"{seed_obj:.4f}",
-                          f"{statistics.fmean(r.samples for r in runs):.1f}",
-                          f"{statistics.fmean(r.valid_samples for r in runs):.1f}"])  # fmt: skip
+            table.append(
+                [
+                    problem,
+                    str(size),
+                    method,
+                    f"{len(objs)}/{len(runs)}",
+                    _fmt(*_mean_std(objs)),
+                    _fmt(*_mean_std(gaps), digits=2),
+                    "-" if seed_obj is None else f"{seed_obj:.4f}",
+                    f"{statistics.fmean(r.samples for r in runs):.1f}",
+                    f"{statistics.fmean(r.valid_samples for r in runs):.1f}",
+                ]
+            )
     settings = []
     for problem, size in keys:
         sign = 1.0 if directions[problem] == "minimize" else -1.0
@@ -204,9 +224,19 @@ def summarise(results: list[RunResult], directions: dict[str, str]) -> tuple[lis
                 win = len(vo) > len(bo)
             else:
                 win = bool(vo) and sign * statistics.fmean(vo) < sign * statistics.fmean(bo)
-            settings.append({"problem": problem, "size": size, "variant": variant, "baseline": base, "win": win,
-                             "variant_mean": _mean_std(vo)[0], "baseline_mean": _mean_std(bo)[0],
-                             "variant_found": f"{len(vo)}/{vn}", "baseline_found": f"{len(bo)}/{bn}"})  # fmt: skip
+            settings.append(
+                {
+                    "problem": problem,
+                    "size": size,
+                    "variant": variant,
+                    "baseline": base,
+                    "win": win,
+                    "variant_mean": _mean_std(vo)[0],
+                    "baseline_mean": _mean_std(bo)[0],
+                    "variant_found": f"{len(vo)}/{vn}",
+                    "baseline_found": f"{len(bo)}/{bn}",
+                }
+            )
     return table, settings
 
 
@@ -224,8 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     from coevo.ahd.problem import load_problem
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--problems", default="tsp_construct,kp_construct,cvrp_construct,bpp_online",
-                   help="comma-separated problem names")  # fmt: skip
+    p.add_argument(
+        "--problems",
+        default="tsp_construct,kp_construct,cvrp_construct,bpp_online",
+        help="comma-separated problem names",
+    )
     p.add_argument("--sizes", default="", help="comma-separated held-out sizes (default: each config's test_sizes)")
     p.add_argument("--seeds", default="2024,2025,2026", help="comma-separated run seeds (>= 3 for the std)")
     p.add_argument("--max-samples", type=int, default=36, help="LLM-sample budget of every run (matched)")
@@ -253,42 +286,75 @@ def main(argv: list[str] | None = None) -> int:
             for seed in seeds:
                 r = run_one(problem, method, seed, args)
                 results.append(r)
-                print(f"# {problem} {method} seed {seed}: {r.samples}/{r.max_samples} samples, {r.valid_samples} "
-                      f"valid, {r.wall_s:.0f} s; {r.stop_reason}", file=sys.stderr)  # fmt: skip
+                print(
+                    f"# {problem} {method} seed {seed}: {r.samples}/{r.max_samples} samples, {r.valid_samples} "
+                    f"valid, {r.wall_s:.0f} s; {r.stop_reason}",
+                    file=sys.stderr,
+                )
     (Path(args.out) / "results.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
 
     table, settings = summarise(results, directions)
     print(f"AHD comparison: {len(seeds)} seeds, {args.max_samples} LLM samples per run, model {args.model}")
-    _print_table(["problem", "size", "method", "found", "best objective (mean +- std)", "gap % (mean +- std)",
-                  "seed heur.", "samples", "valid samples"], table)  # fmt: skip
+    _print_table(
+        [
+            "problem",
+            "size",
+            "method",
+            "found",
+            "best objective (mean +- std)",
+            "gap % (mean +- std)",
+            "seed heur.",
+            "samples",
+            "valid samples",
+        ],
+        table,
+    )
     wins = sum(s["win"] for s in settings)
-    print(f"\nES variant beats its matched baseline in {wins} of {len(settings)} settings "
-          f"(paper: {PAPER_WINS} of {PAPER_SETTINGS})")  # fmt: skip
+    print(
+        f"\nES variant beats its matched baseline in {wins} of {len(settings)} settings "
+        f"(paper: {PAPER_WINS} of {PAPER_SETTINGS})"
+    )
     for s in settings:
-        print(f"  {s['problem']} n={s['size']}: {s['variant']} {s['variant_found']} vs {s['baseline']} "
-              f"{s['baseline_found']}: {'win' if s['win'] else 'no win'}")  # fmt: skip
+        print(
+            f"  {s['problem']} n={s['size']}: {s['variant']} {s['variant_found']} vs {s['baseline']} "
+            f"{s['baseline_found']}: {'win' if s['win'] else 'no win'}"
+        )
 
     budgets = {(r.problem, r.method, r.seed): r.max_samples for r in results}
-    matched = all(n == budgets[(pr, BASELINE[m], sd)] for (pr, m, sd), n in budgets.items()
-                  if m in BASELINE and (pr, BASELINE[m], sd) in budgets)  # fmt: skip
+    matched = all(
+        n == budgets[(pr, BASELINE[m], sd)]
+        for (pr, m, sd), n in budgets.items()
+        if m in BASELINE and (pr, BASELINE[m], sd) in budgets
+    )
     frac = wins / len(settings) if settings else 0.0
-    metric("ahd_es_win_fraction", round(frac, 4), f">= {PAPER_WINS}/{PAPER_SETTINGS} = "
-           f"{PAPER_WINS / PAPER_SETTINGS:.3f} of settings won by the ES variant (paper)", bool(settings) and
-           frac >= PAPER_WINS / PAPER_SETTINGS)  # fmt: skip
+    metric(
+        "ahd_es_win_fraction",
+        round(frac, 4),
+        f">= {PAPER_WINS}/{PAPER_SETTINGS} = "
+        f"{PAPER_WINS / PAPER_SETTINGS:.3f} of settings won by the ES variant (paper)",
+        bool(settings) and frac >= PAPER_WINS / PAPER_SETTINGS,
+    )
     metric("ahd_es_wins", wins, f"count of the {len(settings)} settings won by the ES variant", wins > 0)
     metric("ahd_matched_budgets", matched, "every ES variant run has its baseline's max_samples", matched)
     over = max((r.samples / r.max_samples for r in results), default=0.0)
     metric("ahd_max_budget_use", round(over, 4), "<= 1.0 (no run exceeds its sample budget)", over <= 1.0)
     found = sum(r.valid_samples > 0 for r in results)
-    metric("ahd_runs_with_valid_samples", f"{found}/{len(results)}", "> 0 runs drew a valid LLM heuristic",
-           found > 0)  # fmt: skip
+    metric("ahd_runs_with_valid_samples", f"{found}/{len(results)}", "> 0 runs drew a valid LLM heuristic", found > 0)
     for method in methods:
-        gaps = [row["best_gap"] for r in results if r.method == method for row in r.rows.values()
-                if row["best_gap"] is not None]  # fmt: skip
+        gaps = [
+            row["best_gap"]
+            for r in results
+            if r.method == method
+            for row in r.rows.values()
+            if row["best_gap"] is not None
+        ]
         m = statistics.fmean(gaps) if gaps else math.nan
-        metric(f"ahd_mean_gap_percent/{method}", None if math.isnan(m) else round(m, 3),
-               "informational: mean gap of the best heuristic to the reference over problems, sizes, seeds",
-               bool(gaps))  # fmt: skip
+        metric(
+            f"ahd_mean_gap_percent/{method}",
+            None if math.isnan(m) else round(m, 3),
+            "informational: mean gap of the best heuristic to the reference over problems, sizes, seeds",
+            bool(gaps),
+        )
     metric("ahd_wall_s", round(time.time() - started, 1), "informational: total wall time", True)
     return 0
 

@@ -34,8 +34,13 @@ def run_one(config: Path, out: Path, kind: str, seed: int, args: argparse.Namesp
     run_dir = out / f"{kind}-s{seed}"
     if (run_dir / "report.md").exists():
         return run_dir
-    sets = [f"run.seed={seed}", f"budget.max_wall_s={args.wall}", f"evolvers.es.perturbation={kind}",
-            f"evolvers.es.eval_every={args.eval_every}", "report.plots=false"]  # fmt: skip
+    sets = [
+        f"run.seed={seed}",
+        f"budget.max_wall_s={args.wall}",
+        f"evolvers.es.perturbation={kind}",
+        f"evolvers.es.eval_every={args.eval_every}",
+        "report.plots=false",
+    ]
     if kind == "lowrank":
         sets += [f"evolvers.es.rank={args.rank}", "evolvers.es.master_weights=false"]
     cmd = [sys.executable, "-m", "coevo.cli", "run", str(config), "--out", str(run_dir), "--no-progress"]
@@ -61,9 +66,14 @@ def curve(run_dir: Path) -> dict:
     for g in sorted(evals):
         ts = evals[g]
         exact = [t.meta.get("exact") for t in ts if t.meta.get("exact") is not None]
-        points.append({"generation": g, "wall_s": max(t.started_at + t.duration_s for t in ts) - t0,
-                       "reward": sum(t.reward for t in ts) / len(ts),
-                       "exact": sum(exact) / len(exact) if exact else None})  # fmt: skip
+        points.append(
+            {
+                "generation": g,
+                "wall_s": max(t.started_at + t.duration_s for t in ts) - t0,
+                "reward": sum(t.reward for t in ts) / len(ts),
+                "exact": sum(exact) / len(exact) if exact else None,
+            }
+        )
     return {"run": run_dir.name, "generations": len(rows), "points": points}
 
 
@@ -73,11 +83,19 @@ def summarise(results: dict[str, list[dict]]) -> list[dict]:
         first = [r["points"][0]["reward"] for r in runs]
         last = [r["points"][-1]["reward"] for r in runs]
         gain = [b - a for a, b in zip(first, last, strict=True)]
-        sd = (lambda v: statistics.stdev(v) if len(v) > 1 else 0.0)
-        out.append({"perturbation": kind, "seeds": len(runs), "generations": statistics.mean(r["generations"] for r in runs),
-                    "reward_gen0": statistics.mean(first), "reward_last": statistics.mean(last),
-                    "gain_mean": statistics.mean(gain), "gain_std": sd(gain),
-                    "last_wall_s": statistics.mean(r["points"][-1]["wall_s"] for r in runs)})  # fmt: skip
+        sd = lambda v: statistics.stdev(v) if len(v) > 1 else 0.0
+        out.append(
+            {
+                "perturbation": kind,
+                "seeds": len(runs),
+                "generations": statistics.mean(r["generations"] for r in runs),
+                "reward_gen0": statistics.mean(first),
+                "reward_last": statistics.mean(last),
+                "gain_mean": statistics.mean(gain),
+                "gain_std": sd(gain),
+                "last_wall_s": statistics.mean(r["points"][-1]["wall_s"] for r in runs),
+            }
+        )
     return out
 
 
@@ -90,8 +108,14 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for kind, colour in (("full", "tab:blue"), ("lowrank", "tab:orange")):
         for i, r in enumerate(results.get(kind, [])):
-            ax.plot([p["wall_s"] for p in r["points"]], [p["reward"] for p in r["points"]], "o-", color=colour,
-                    alpha=0.8, label=kind if i == 0 else None)  # fmt: skip
+            ax.plot(
+                [p["wall_s"] for p in r["points"]],
+                [p["reward"] for p in r["points"]],
+                "o-",
+                color=colour,
+                alpha=0.8,
+                label=kind if i == 0 else None,
+            )
     ax.set_xlabel("wall-clock seconds since the run's first rollout")
     ax.set_ylabel("held-out reward (log p(answer) per token)")
     ax.set_title("ES on configs/es/arithmetic_dense.yaml: full vs low-rank, same wall budget")
@@ -119,11 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.json").write_text(json.dumps(results, indent=1))
     plot(results, out / "curves.png")
     table = summarise(results)
-    print("| perturbation | seeds | generations | held-out R gen 0 | held-out R last | gain (mean +- std) | last eval at s |")
+    print(
+        "| perturbation | seeds | generations | held-out R gen 0 | held-out R last | gain (mean +- std) | last eval at s |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in table:
-        print(f"| {r['perturbation']} | {r['seeds']} | {r['generations']:.1f} | {r['reward_gen0']:.4f} | "
-              f"{r['reward_last']:.4f} | {r['gain_mean']:+.4f} +- {r['gain_std']:.4f} | {r['last_wall_s']:.0f} |")
+        print(
+            f"| {r['perturbation']} | {r['seeds']} | {r['generations']:.1f} | {r['reward_gen0']:.4f} | "
+            f"{r['reward_last']:.4f} | {r['gain_mean']:+.4f} +- {r['gain_std']:.4f} | {r['last_wall_s']:.0f} |"
+        )
     for r in table:
         print(json.dumps(r))
     return 0

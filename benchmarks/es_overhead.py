@@ -3,7 +3,7 @@
 Measured side by side on the same model, dtype, prompts and decoding (greedy, ``--max-new-tokens``):
 
 (a) throughput: tokens/s of ES member evaluations (perturb ``theta + sign * sigma * eps(seed)``, generate the
-    batch, restore; Agentic-ESOpt's per-member loop, field notes §1 steps 2-4) divided by tokens/s of plain
+    batch, restore; Agentic-ESOpt's per-member loop, docs/references.md §1 steps 2-4) divided by tokens/s of plain
     generation of the same batch. Plain and perturbed generations alternate in one process (a plain call before
     even members, after odd ones, after one untimed warm-up call), so a change of machine load hits both alike. Goal >= 0.95 (EGGROLL, arXiv 2511.16652,
     reaches 0.91 of pure batch inference with batched low-rank perturbations; here perturbations are full-rank
@@ -155,9 +155,17 @@ def _es_worker(policy, args, mode: str) -> dict:
     t0 = time.perf_counter()
     es_update(params, [s for s, _ in seeds], [g for _, g in seeds], coeffs, alpha=5e-4, sigma=args.sigma)
     update_s = time.perf_counter() - t0
-    return {"plain_tokens": plain_tok, "plain_s": plain_s, "es_tokens": es_tok, "es_s": es_s,
-            "perturb_s": perturb_s, "restore_s": restore_s, "update_s": update_s,
-            "scope_numel": params.numel, "master_bytes": params.master_bytes}  # fmt: skip
+    return {
+        "plain_tokens": plain_tok,
+        "plain_s": plain_s,
+        "es_tokens": es_tok,
+        "es_s": es_s,
+        "perturb_s": perturb_s,
+        "restore_s": restore_s,
+        "update_s": update_s,
+        "scope_numel": params.numel,
+        "master_bytes": params.master_bytes,
+    }
 
 
 def _lowrank_worker(policy, args) -> dict:
@@ -168,7 +176,9 @@ def _lowrank_worker(policy, args) -> dict:
     from coevo.types import ESMember
 
     replica = policy.es_replica(ScopeSpec("all_linear"), master_weights=False)  # low rank: matrices only
-    members = [ESMember(seed=s, sigma=args.sigma, sign=g, index=i) for i, (s, g) in enumerate(member_seeds(args.members))]
+    members = [
+        ESMember(seed=s, sigma=args.sigma, sign=g, index=i) for i, (s, g) in enumerate(member_seeds(args.members))
+    ]
     convs = conversations(args.batch)
     rows = [(m, c) for c in convs for m in members]  # prompt-major: each model batch mixes members
     sp = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
@@ -184,12 +194,28 @@ def _lowrank_worker(policy, args) -> dict:
     rewards = [float(sum(len(o.text) for o, (m, _) in zip(outs, rows) if m is mem)) for mem in members]
     coeffs = normalize_rewards(rewards, "zscore").tolist()
     t0 = time.perf_counter()
-    lowrank_update(replica.params, [m.seed for m in members], [m.sign for m in members], coeffs, alpha=5e-4,
-                   sigma=args.sigma, rank=args.rank, generation=0)  # fmt: skip
+    lowrank_update(
+        replica.params,
+        [m.seed for m in members],
+        [m.sign for m in members],
+        coeffs,
+        alpha=5e-4,
+        sigma=args.sigma,
+        rank=args.rank,
+        generation=0,
+    )
     update_s = time.perf_counter() - t0
-    return {"plain_tokens": plain_tok, "plain_s": plain_s, "es_tokens": sum(o.completion_tokens for o in outs),
-            "es_s": es_s, "perturb_s": 0.0, "restore_s": 0.0, "update_s": update_s,
-            "scope_numel": replica.params.numel, "master_bytes": replica.params.master_bytes}  # fmt: skip
+    return {
+        "plain_tokens": plain_tok,
+        "plain_s": plain_s,
+        "es_tokens": sum(o.completion_tokens for o in outs),
+        "es_s": es_s,
+        "perturb_s": 0.0,
+        "restore_s": 0.0,
+        "update_s": update_s,
+        "scope_numel": replica.params.numel,
+        "master_bytes": replica.params.master_bytes,
+    }
 
 
 def _inference_worker(policy, args) -> dict:
@@ -217,8 +243,9 @@ def _backprop_worker(policy, args) -> dict:
     tok, model = policy.tokenizer, policy.model
     rows, labels = [], []
     for conv, out in zip(convs, outs, strict=True):
-        p_ids = tok(tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True),
-                    add_special_tokens=False)["input_ids"]  # fmt: skip
+        p_ids = tok(
+            tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True), add_special_tokens=False
+        )["input_ids"]
         c_ids = tok(out.text, add_special_tokens=False)["input_ids"] or [tok.pad_token_id]
         rows.append(p_ids + c_ids)
         labels.append([-100] * len(p_ids) + c_ids)
@@ -228,7 +255,10 @@ def _backprop_worker(policy, args) -> dict:
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, (r, lb) in enumerate(zip(rows, labels, strict=True)):
         ids[i, width - len(r) :], lab[i, width - len(r) :], mask[i, width - len(r) :] = (
-            torch.tensor(r), torch.tensor(lb), 1)  # fmt: skip
+            torch.tensor(r),
+            torch.tensor(lb),
+            1,
+        )
     trainable = [t for _, t in select_params(model.named_parameters(), args.scope)]
     keep = {id(t) for t in trainable}
     for p in model.parameters():
@@ -237,14 +267,22 @@ def _backprop_worker(policy, args) -> dict:
     model.train()
     t0 = time.perf_counter()
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    loss = model(input_ids=ids.to(policy.device), attention_mask=mask.to(policy.device),
-                 position_ids=pos.to(policy.device), labels=lab.to(policy.device)).loss  # fmt: skip
+    loss = model(
+        input_ids=ids.to(policy.device),
+        attention_mask=mask.to(policy.device),
+        position_ids=pos.to(policy.device),
+        labels=lab.to(policy.device),
+    ).loss
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
     step_s = time.perf_counter() - t0
-    return {"train_tokens": int(mask.sum()), "train_step_s": step_s, "loss": float(loss),
-            "trainable_numel": sum(t.numel() for t in trainable)}  # fmt: skip
+    return {
+        "train_tokens": int(mask.sum()),
+        "train_step_s": step_s,
+        "loss": float(loss),
+        "trainable_numel": sum(t.numel() for t in trainable),
+    }
 
 
 def run_worker(args: argparse.Namespace) -> dict:
@@ -267,8 +305,14 @@ def run_worker(args: argparse.Namespace) -> dict:
         out = _lowrank_worker(policy, args)
     else:
         out = _es_worker(policy, args, args.worker.removeprefix("es-"))
-    return {"variant": args.worker, "load_s": load_s, "rss_after_load": rss_loaded, "peak_rss": peak_rss_bytes(),
-            "model_numel": sum(p.numel() for p in policy.model.parameters()), **out}  # fmt: skip
+    return {
+        "variant": args.worker,
+        "load_s": load_s,
+        "rss_after_load": rss_loaded,
+        "peak_rss": peak_rss_bytes(),
+        "model_numel": sum(p.numel() for p in policy.model.parameters()),
+        **out,
+    }
 
 
 # ---------------------------------------------------------------------------------------------- driver
@@ -279,10 +323,30 @@ def spawn(variant: str, args: argparse.Namespace) -> dict:
     Raises:
         RuntimeError: the worker failed (its stderr tail is in the message).
     """
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", variant, "--model", args.model,
-           "--dtype", args.dtype, "--batch", str(args.batch), "--max-new-tokens", str(args.max_new_tokens),
-           "--members", str(args.members), "--sigma", repr(args.sigma), "--scope", args.scope,
-           "--threads", str(args.threads), "--rank", str(args.rank)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--worker",
+        variant,
+        "--model",
+        args.model,
+        "--dtype",
+        args.dtype,
+        "--batch",
+        str(args.batch),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--members",
+        str(args.members),
+        "--sigma",
+        repr(args.sigma),
+        "--scope",
+        args.scope,
+        "--threads",
+        str(args.threads),
+        "--rank",
+        str(args.rank),
+    ]
     saved = Path(args.save) / f"{variant}.json" if args.save else None
     if saved is not None and saved.is_file():
         data = json.loads(saved.read_text())
@@ -315,26 +379,40 @@ def metrics(res: dict[str, dict]) -> list[dict]:
     if ok(esi):
         rows.append(("es_throughput_ratio_inference_mode", tput(esi), ">= 0.95", lambda v: v >= 0.95))
     if ok(esx):
-        rows += [("es_throughput_ratio_exact_mode", tput(esx), ">= 0.95", lambda v: v >= 0.95),
-                 ("es_throughput_ratio_with_update_exact_mode", tput(esx, True), ">= 0.95", lambda v: v >= 0.95)]
+        rows += [
+            ("es_throughput_ratio_exact_mode", tput(esx), ">= 0.95", lambda v: v >= 0.95),
+            ("es_throughput_ratio_with_update_exact_mode", tput(esx, True), ">= 0.95", lambda v: v >= 0.95),
+        ]
     if ok(inf, esi):
-        rows.append(("es_peak_memory_ratio_inference_mode", esi["peak_rss"] / inf["peak_rss"], "<= 1.05",
-                     lambda v: v <= 1.05))  # fmt: skip
+        rows.append(
+            ("es_peak_memory_ratio_inference_mode", esi["peak_rss"] / inf["peak_rss"], "<= 1.05", lambda v: v <= 1.05)
+        )
     if ok(inf, esx):
-        rows.append(("es_peak_memory_ratio_exact_mode", esx["peak_rss"] / inf["peak_rss"], "<= 1.05",
-                     lambda v: v <= 1.05))  # fmt: skip
+        rows.append(
+            ("es_peak_memory_ratio_exact_mode", esx["peak_rss"] / inf["peak_rss"], "<= 1.05", lambda v: v <= 1.05)
+        )
     if ok(esi, bp):
-        rows.append(("es_vs_backprop_peak_memory_ratio", esi["peak_rss"] / bp["peak_rss"], "<= 0.15",
-                     lambda v: v <= 0.15))  # fmt: skip
+        rows.append(
+            ("es_vs_backprop_peak_memory_ratio", esi["peak_rss"] / bp["peak_rss"], "<= 0.15", lambda v: v <= 0.15)
+        )
     if ok(esx, bp):
-        rows.append(("es_exact_vs_backprop_peak_memory_ratio", esx["peak_rss"] / bp["peak_rss"], "<= 0.15",
-                     lambda v: v <= 0.15))  # fmt: skip
+        rows.append(
+            ("es_exact_vs_backprop_peak_memory_ratio", esx["peak_rss"] / bp["peak_rss"], "<= 0.15", lambda v: v <= 0.15)
+        )
     if ok(lr):
-        rows += [("lowrank_throughput_ratio", tput(lr), ">= 0.95", lambda v: v >= 0.95),
-                 ("lowrank_throughput_ratio_with_update", tput(lr, True), ">= 0.95", lambda v: v >= 0.95)]
+        rows += [
+            ("lowrank_throughput_ratio", tput(lr), ">= 0.95", lambda v: v >= 0.95),
+            ("lowrank_throughput_ratio_with_update", tput(lr, True), ">= 0.95", lambda v: v >= 0.95),
+        ]
     if ok(lr, esi):
-        rows.append(("lowrank_vs_full_sequential_speedup", (esi["es_s"] + esi["update_s"]) / (lr["es_s"] + lr["update_s"]),
-                     ">= 3", lambda v: v >= 3))  # fmt: skip
+        rows.append(
+            (
+                "lowrank_vs_full_sequential_speedup",
+                (esi["es_s"] + esi["update_s"]) / (lr["es_s"] + lr["update_s"]),
+                ">= 3",
+                lambda v: v >= 3,
+            )
+        )
     if ok(lr, inf):
         rows.append(("lowrank_peak_memory_ratio", lr["peak_rss"] / inf["peak_rss"], "<= 1.05", lambda v: v <= 1.05))
     return [{"metric": n, "value": round(v, 4), "goal": g, "met": bool(ok(v))} for n, v, g, ok in rows]
@@ -354,11 +432,15 @@ def table(res: dict[str, dict]) -> str:
             tok, secs, note = r["plain_tokens"], r["plain_s"], "plain generate"
         else:
             tok, secs = r["es_tokens"], r["es_s"]
-            note = (f"perturb {r['perturb_s']:.2f}s restore {r['restore_s']:.2f}s update {r['update_s']:.2f}s; "
-                    f"plain in same proc {r['plain_tokens'] / r['plain_s']:.2f} tok/s; masters "
-                    f"{r['master_bytes'] / mib:.0f} MiB")  # fmt: skip
-        lines.append(f"{v:<13}{r['peak_rss'] / mib:>14.1f}{r['rss_after_load'] / mib:>12.1f}{tok:>8.0f}"
-                     f"{secs:>9.2f}{tok / max(secs, 1e-9):>8.2f}  {note}")  # fmt: skip
+            note = (
+                f"perturb {r['perturb_s']:.2f}s restore {r['restore_s']:.2f}s update {r['update_s']:.2f}s; "
+                f"plain in same proc {r['plain_tokens'] / r['plain_s']:.2f} tok/s; masters "
+                f"{r['master_bytes'] / mib:.0f} MiB"
+            )
+        lines.append(
+            f"{v:<13}{r['peak_rss'] / mib:>14.1f}{r['rss_after_load'] / mib:>12.1f}{tok:>8.0f}"
+            f"{secs:>9.2f}{tok / max(secs, 1e-9):>8.2f}  {note}"
+        )
     return "\n".join(lines)
 
 
@@ -374,8 +456,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rank", type=int, default=1, help="rank of the low-rank (EGGROLL) perturbations")
     ap.add_argument("--threads", type=int, default=0, help="torch threads per worker (0 = torch default)")
     ap.add_argument("--worker-timeout", type=float, default=3600, help="seconds per variant process")
-    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
-                    help="variants to run (default all; the metrics of variants not run are left out)")
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        choices=VARIANTS,
+        default=list(VARIANTS),
+        help="variants to run (default all; the metrics of variants not run are left out)",
+    )
     ap.add_argument("--save", help="folder keeping each variant's result (a rerun reuses finished variants)")
     ap.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -397,8 +484,10 @@ def main(argv: list[str] | None = None) -> int:
     res = {v: spawn(v, args) for v in VARIANTS if v in args.variants}
     any_es = next((r for r in res.values() if "scope_numel" in r), None)
     scope_note = f" ({any_es['scope_numel']:,} of {any_es['model_numel']:,} parameters)" if any_es else ""
-    print(f"model {args.model} ({args.dtype}), batch {args.batch}, {args.max_new_tokens} new tokens, "
-          f"{args.members} members, sigma {args.sigma}, scope {args.scope}, rank {args.rank}{scope_note}")  # fmt: skip
+    print(
+        f"model {args.model} ({args.dtype}), batch {args.batch}, {args.max_new_tokens} new tokens, "
+        f"{args.members} members, sigma {args.sigma}, scope {args.scope}, rank {args.rank}{scope_note}"
+    )
     print(table(res))
     for m in metrics(res):
         print(json.dumps(m))

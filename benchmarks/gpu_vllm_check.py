@@ -114,10 +114,20 @@ def dump(params, path: Path) -> Path:
 
 
 def conversations(n: int) -> list[list[dict]]:
-    tasks = ["reverse a string", "sum a list", "check for a prime", "merge two sorted lists", "count vowels",
-             "flatten a nested list", "compute a factorial", "parse a CSV line"]  # fmt: skip
-    return [[{"role": "user", "content": f"Write a Python function to {tasks[i % len(tasks)]} (variant {i})."}]
-            for i in range(n)]  # fmt: skip
+    tasks = [
+        "reverse a string",
+        "sum a list",
+        "check for a prime",
+        "merge two sorted lists",
+        "count vowels",
+        "flatten a nested list",
+        "compute a factorial",
+        "parse a CSV line",
+    ]
+    return [
+        [{"role": "user", "content": f"Write a Python function to {tasks[i % len(tasks)]} (variant {i})."}]
+        for i in range(n)
+    ]
 
 
 def per_token(values, n_tokens: int) -> list[float]:
@@ -195,9 +205,15 @@ def main(argv: list[str] | None = None) -> int:
 
     used_before = gpu_memory_used()
     t0 = time.perf_counter()  # vLLM first, before this process touches CUDA
-    vl = VLLMPolicy(path, dtype=args.dtype, gpu_memory_utilization=args.gpu_memory_utilization,
-                    max_model_len=args.max_model_len, enable_lora=True, max_loras=args.members,
-                    max_lora_rank=args.rank)  # fmt: skip
+    vl = VLLMPolicy(
+        path,
+        dtype=args.dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_model_len=args.max_model_len,
+        enable_lora=True,
+        max_loras=args.members,
+        max_lora_rank=args.rank,
+    )
     rep.add("vllm_engine_start_s", round(time.perf_counter() - t0, 2))
     print(f"GPU {torch.cuda.get_device_name(0)}", flush=True)
     state = vl.es_setup(scope, master_weights=True, restore_mode="exact")
@@ -243,8 +259,10 @@ def main(argv: list[str] | None = None) -> int:
             # a stale engine (old CUDA graph / prefix cache) would miss HF by about the whole effect
             rep.add("perturbed_diff_over_hf_effect", d1 / max(effect, 1e-12), "<= 0.25", d1 <= 0.25 * effect)
             greedy_perturbed = [c.text for c in vl.generate(batch, sp_greedy)]
-            rep.add("greedy_completions_changed_by_perturbation", sum(a != b for a, b in zip(greedy_before,
-                                                                                          greedy_perturbed)))  # fmt: skip
+            rep.add(
+                "greedy_completions_changed_by_perturbation",
+                sum(a != b for a, b in zip(greedy_before, greedy_perturbed)),
+            )
         finally:
             vl.es_restore()
     restored = vl.es_weights_hash() == start and hp.weights_hash() == start
@@ -253,9 +271,18 @@ def main(argv: list[str] | None = None) -> int:
     rep.add("greedy_after_restore_identical", same_greedy, "True", same_greedy)
 
     def record(g: int, base: int, **kw) -> GenerationRecord:
-        return GenerationRecord(generation=g, seeds=[base, base, base + 1, base + 1], signs=[1, -1, 1, -1],
-                                rewards=[0.9, 0.1, 0.4, 0.6], coeffs=[1.2, -1.2, -0.4, 0.4], sigma=args.sigma,
-                                alpha=5e-4, scope=scope.to_dict(), master_dtype="float32", **kw)  # fmt: skip
+        return GenerationRecord(
+            generation=g,
+            seeds=[base, base, base + 1, base + 1],
+            signs=[1, -1, 1, -1],
+            rewards=[0.9, 0.1, 0.4, 0.6],
+            coeffs=[1.2, -1.2, -0.4, 0.4],
+            sigma=args.sigma,
+            alpha=5e-4,
+            scope=scope.to_dict(),
+            master_dtype="float32",
+            **kw,
+        )
 
     rec = record(0, SEED + 1)
     t0 = time.perf_counter()
@@ -267,8 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     rep.add("update_hash_equal", after == hp.weights_hash(), "True", after == hp.weights_hash())
     compare("update")
     rep.add("update_changed_fraction", stats_vl.changed_fraction)
-    rep.add("update_norm_equal", stats_vl.update_norm == stats_hf.update_norm, "True",
-            stats_vl.update_norm == stats_hf.update_norm)  # fmt: skip
+    rep.add(
+        "update_norm_equal",
+        stats_vl.update_norm == stats_hf.update_norm,
+        "True",
+        stats_vl.update_norm == stats_hf.update_norm,
+    )
 
     def perturb_restore_s(n: int) -> float:
         t = time.perf_counter()

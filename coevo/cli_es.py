@@ -72,8 +72,11 @@ def open_es_run(run_dir: str | Path, evolver: str | None = None):
     if evolver is None and len(es_specs) == 1:
         evolver = next(iter(es_specs))
     if evolver not in es_specs:
-        raise RunError(f"{run_dir}: choose the ES evolver with --evolver among {sorted(es_specs)}" if es_specs
-                       else f"{run_dir}: the run has no ES evolver (type: es)")  # fmt: skip
+        raise RunError(
+            f"{run_dir}: choose the ES evolver with --evolver among {sorted(es_specs)}"
+            if es_specs
+            else f"{run_dir}: the run has no ES evolver (type: es)"
+        )
     with TrajectoryStore(run_dir / "store.sqlite", readonly=True) as store:
         ids = store.run_ids()
         run_id = run_dir.name if run_dir.name in ids or len(ids) != 1 else ids[0]
@@ -88,8 +91,10 @@ def _base(cfg, es_cfg):
     from coevo.es import ESParams, select_params
 
     policy = make_policy(cfg.model)
-    params = ESParams(select_params(policy.named_parameters(), es_cfg.scope_spec()),
-                      master_dtype=torch.float32 if es_cfg.master_weights else None)  # fmt: skip
+    params = ESParams(
+        select_params(policy.named_parameters(), es_cfg.scope_spec()),
+        master_dtype=torch.float32 if es_cfg.master_weights else None,
+    )
     return policy, params
 
 
@@ -104,13 +109,16 @@ def replay_run(run_dir: str | Path, evolver: str | None = None) -> ReplayResult:
     before = rows[0].get("weight_hash_before")
     base_matches = None if before is None else params.weights_hash() == before
     report = apply_records(params, records, on_mismatch="report")
-    result = ReplayResult(len(records), records[-1].weight_hash_after, report.weights_hash, report.first_mismatch,
-                          base_matches)  # fmt: skip
+    result = ReplayResult(
+        len(records), records[-1].weight_hash_after, report.weights_hash, report.first_mismatch, base_matches
+    )
     policy.close()
     return result
 
 
-def export_run(run_dir: str | Path, out: str | Path, evolver: str | None = None, replay_only: bool = False) -> tuple[Path, str]:
+def export_run(
+    run_dir: str | Path, out: str | Path, evolver: str | None = None, replay_only: bool = False
+) -> tuple[Path, str]:
     """Write the final weights of an ES run as a HF folder; returns (folder, weights hash of the ES scope).
 
     Raises:
@@ -123,8 +131,15 @@ def export_run(run_dir: str | Path, out: str | Path, evolver: str | None = None,
     policy, params = _base(cfg, es_cfg)
     final = int(rows[-1]["generation"]) + 1
     digest, snap = rebuild(params, run_dir, rows, final, use_snapshots=not replay_only)
-    info = {"run_id": run_id, "evolver": name, "generations": final, "weights_hash": digest,
-            "from_snapshot": snap, "base_model": cfg.model.name, "dtype": cfg.model.dtype}  # fmt: skip
+    info = {
+        "run_id": run_id,
+        "evolver": name,
+        "generations": final,
+        "weights_hash": digest,
+        "from_snapshot": snap,
+        "base_model": cfg.model.name,
+        "dtype": cfg.model.dtype,
+    }
     path = export_hf(policy.model, policy.tokenizer, out, info)
     policy.close()
     return path, digest

@@ -90,8 +90,11 @@ class SamplingConfig(_Strict):
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
-    stop: list[str] = Field(default_factory=list, description="strings at which a completion is cut (removed), "
-                            "e.g. the closing code fence; honoured by the hf, openai and vllm backends")
+    stop: list[str] = Field(
+        default_factory=list,
+        description="strings at which a completion is cut (removed), "
+        "e.g. the closing code fence; honoured by the hf, openai and vllm backends",
+    )
 
 
 class BudgetConfig(_Strict):
@@ -250,9 +253,11 @@ def check_combinations(cfg: RunConfig) -> list[str]:
         params = spec.params.model_dump()
         # (no model at all: the loop checks, as a policy may be passed to it in code)
         if cls.space == "parameter" and cfg.model is not None and backend not in BACKENDS_WITH_WEIGHTS:
-            errors.append(f"{where}.type / model.backend: {spec.type!r} evolves the model's weights (parameter "
-                          f"space), but backend {backend!r} has none; use model.backend "
-                          f"{' or '.join(BACKENDS_WITH_WEIGHTS)}, or a context-space evolver")
+            errors.append(
+                f"{where}.type / model.backend: {spec.type!r} evolves the model's weights (parameter "
+                f"space), but backend {backend!r} has none; use model.backend "
+                f"{' or '.join(BACKENDS_WITH_WEIGHTS)}, or a context-space evolver"
+            )
         for field_path, refs in _evolver_refs(params, where):
             unknown = [r for r in refs if r not in names] if isinstance(refs, list) else refs not in names
             if unknown:
@@ -265,12 +270,16 @@ def check_combinations(cfg: RunConfig) -> list[str]:
             rollout = params.get("rollout") if isinstance(params.get("rollout"), dict) else {}
             needs = [k for k in _CONTEXT_FIELDS if rollout.get(k)]
             if needs:
-                errors.append(f"{where}.workers / {where}.rollout.{needs[0]}: rollout {rollout.get('type')!r} with "
-                              f"{needs[0]}={rollout[needs[0]]!r} needs the run context, which the Ray actors of "
-                              f"workers={workers} do not have; set workers: 0")
+                errors.append(
+                    f"{where}.workers / {where}.rollout.{needs[0]}: rollout {rollout.get('type')!r} with "
+                    f"{needs[0]}={rollout[needs[0]]!r} needs the run context, which the Ray actors of "
+                    f"workers={workers} do not have; set workers: 0"
+                )
             if backend is not None and backend != "hf":
-                errors.append(f"{where}.workers / model.backend: workers={workers} builds HF replicas on Ray actors "
-                              f"and needs model.backend hf, not {backend!r}; set workers: 0")
+                errors.append(
+                    f"{where}.workers / model.backend: workers={workers} builds HF replicas on Ray actors "
+                    f"and needs model.backend hf, not {backend!r}; set workers: 0"
+                )
     return errors
 
 

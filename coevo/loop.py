@@ -134,8 +134,10 @@ def check_runnable(config: RunConfig, policy_factory=None) -> None:
     if policy_factory is None and config.model is None:
         weightful = [s.name for s in config.evolvers if resolve_evolver(s.type).space == "parameter"]
         if weightful:
-            raise ConfigError(f"evolvers.{weightful[0]}.type: a parameter-space evolver evolves the model's "
-                              "weights, but the config has no `model` section; add one (backend hf or vllm)")
+            raise ConfigError(
+                f"evolvers.{weightful[0]}.type: a parameter-space evolver evolves the model's "
+                "weights, but the config has no `model` section; add one (backend hf or vllm)"
+            )
 
 
 def resume_command(run_dir: Path) -> str:
@@ -206,7 +208,9 @@ class CoEvolutionLoop:
         try:
             self.store = TrajectoryStore(self.run_dir / "store.sqlite")
         except sqlite3.DatabaseError as exc:
-            raise RunFolderError(f"{self.run_dir / 'store.sqlite'} is not a readable trajectory store ({exc})") from None
+            raise RunFolderError(
+                f"{self.run_dir / 'store.sqlite'} is not a readable trajectory store ({exc})"
+            ) from None
         # checked again under the lock: another process may have run here since the caller looked
         if not resume and (self.store.count() or (self.run_dir / "checkpoints" / "LATEST").exists()):
             raise RunFolderError(f"{self.run_dir} already holds a run; use --resume {self.run_dir} to continue it")
@@ -244,8 +248,14 @@ class CoEvolutionLoop:
         self._stopping = False
         if resume:
             self._restore()
-        self.tracker = RunTracker(config.tracking, self.run_dir, self.run_id, config.run.name,
-                                  config.model_dump(mode="json", exclude_none=True), self.store)
+        self.tracker = RunTracker(
+            config.tracking,
+            self.run_dir,
+            self.run_id,
+            config.run.name,
+            config.model_dump(mode="json", exclude_none=True),
+            self.store,
+        )
 
     def close(self) -> None:
         """Release the policy, the store and the run folder's lock (idempotent; :meth:`run` calls it)."""
@@ -265,7 +275,9 @@ class CoEvolutionLoop:
             log.warning("%s", self.checkpoint_note)
         if loaded is None:
             log.info("no checkpoint in %s: starting the run from its first step", self.run_dir)
-            self.resumed = f"resumed {self.run_dir} from its first step ({self.budget.samples_used()} samples already used)"
+            self.resumed = (
+                f"resumed {self.run_dir} from its first step ({self.budget.samples_used()} samples already used)"
+            )
             return
         path, state, _note = loaded
         self.round, self.slot, self.steps_done = state["round"], state["slot"], state["steps_done"]
@@ -277,8 +289,10 @@ class CoEvolutionLoop:
             if sub.exists():
                 ev.load_checkpoint(sub)
         self.last_checkpoint = path.name
-        self.resumed = (f"resumed {self.run_dir} at round {self.round}, slot {self.slot} "
-                        f"({self.budget.samples_used()} samples already used)")  # fmt: skip
+        self.resumed = (
+            f"resumed {self.run_dir} at round {self.round}, slot {self.slot} "
+            f"({self.budget.samples_used()} samples already used)"
+        )
 
     def _checkpoint(self) -> None:
         path = self.checkpoints.begin()
@@ -370,15 +384,23 @@ class CoEvolutionLoop:
             handle_signals: install SIGINT / SIGTERM handlers for the run (main thread only), see the
                 module docstring; without them a Ctrl-C raises KeyboardInterrupt as usual.
         """
-        self.progress = RunProgress(self.progress_mode, interval_s=self.progress_interval_s,
-                                    max_rounds=self.config.budget.max_rounds,
-                                    max_samples=self.config.budget.max_samples, quiet=self.quiet)  # fmt: skip
+        self.progress = RunProgress(
+            self.progress_mode,
+            interval_s=self.progress_interval_s,
+            max_rounds=self.config.budget.max_rounds,
+            max_samples=self.config.budget.max_samples,
+            quiet=self.quiet,
+        )
         self.ctx.progress = self.progress.event
         self._current: tuple[int, str] | None = None
         try:
             with self._run_log(), self._signals(handle_signals):
-                log.info("session start: pid %d, %s, argv %s", os.getpid(),
-                         "resume" if self.resumed else "new run", " ".join(sys.argv))  # fmt: skip
+                log.info(
+                    "session start: pid %d, %s, argv %s",
+                    os.getpid(),
+                    "resume" if self.resumed else "new run",
+                    " ".join(sys.argv),
+                )
                 self.progress.start(self.round, self.budget.samples_used())
                 if self.resumed:
                     self.progress.note(self.resumed)
@@ -386,8 +408,10 @@ class CoEvolutionLoop:
                     stop_reason = self._rounds()
                 except BudgetExhausted as stop:
                     r, name = self._current or (self.round, "?")
-                    stop_reason = (f"{stop.reason} inside round {r}, step {name}: the samples it finished are "
-                                   "stored, the step re-runs on resume")  # fmt: skip
+                    stop_reason = (
+                        f"{stop.reason} inside round {r}, step {name}: the samples it finished are "
+                        "stored, the step re-runs on resume"
+                    )
                 except RunInterrupted as stop:
                     self._stopping = True
                     return self._interrupted(stop)
@@ -447,15 +471,29 @@ class CoEvolutionLoop:
         """Summary of an interrupted session: what is saved and how to resume (nothing else is written)."""
         self.progress.close()
         n_traj = self.store.count(run_id=self.run_id)
-        where = (f"during round {self._current[0]}, step {self._current[1]} (dropped; it re-runs on resume)"
-                 if self._current else "between steps")  # fmt: skip
-        saved = (f"checkpoint {self.last_checkpoint} (round {self.round}, slot {self.slot})" if self.last_checkpoint
-                 else "no checkpoint yet")  # fmt: skip
-        reason = (f"{stop.reason} {where}; saved: {saved}, {n_traj} trajectories and {self.budget.samples_used()} LLM samples in "
-                  f"{self.run_dir / 'store.sqlite'}; resume with: {resume_command(self.run_dir)}")  # fmt: skip
+        where = (
+            f"during round {self._current[0]}, step {self._current[1]} (dropped; it re-runs on resume)"
+            if self._current
+            else "between steps"
+        )
+        saved = (
+            f"checkpoint {self.last_checkpoint} (round {self.round}, slot {self.slot})"
+            if self.last_checkpoint
+            else "no checkpoint yet"
+        )
+        reason = (
+            f"{stop.reason} {where}; saved: {saved}, {n_traj} trajectories and {self.budget.samples_used()} LLM samples in "
+            f"{self.run_dir / 'store.sqlite'}; resume with: {resume_command(self.run_dir)}"
+        )
         log.info("%s", reason)
-        return RunSummary(run_dir=self.run_dir, rounds_completed=self.round, steps=self.steps_done,
-                          samples=self.budget.samples_used(), stop_reason=reason, interrupted=stop.signum)  # fmt: skip
+        return RunSummary(
+            run_dir=self.run_dir,
+            rounds_completed=self.round,
+            steps=self.steps_done,
+            samples=self.budget.samples_used(),
+            stop_reason=reason,
+            interrupted=stop.signum,
+        )
 
     def store_best(self, evolver: str) -> float | None:
         top = self.store.top_k(1, run_id=self.run_id, evolver=evolver)

@@ -46,8 +46,16 @@ class RunProgress:
         quiet: :meth:`note` only logs (in every mode, including "off", notes are printed otherwise).
     """
 
-    def __init__(self, mode: str = "auto", *, stream: TextIO | None = None, interval_s: float = 10.0,
-                 max_rounds: int | None = None, max_samples: int | None = None, quiet: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        mode: str = "auto",
+        *,
+        stream: TextIO | None = None,
+        interval_s: float = 10.0,
+        max_rounds: int | None = None,
+        max_samples: int | None = None,
+        quiet: bool = False,
+    ) -> None:
         if mode not in ("auto", "bar", "lines", "off"):
             raise ValueError(f"progress mode must be auto, bar, lines or off, got {mode!r}")
         if not interval_s > 0:
@@ -82,13 +90,20 @@ class RunProgress:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
-                                 console=Console(file=self.stream), transient=False)  # fmt: skip
+            self._bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+                console=Console(file=self.stream),
+                transient=False,
+            )
             self._bar.start()
             self._tasks["rounds"] = self._bar.add_task("rounds", total=self.max_rounds, completed=round_index, info="")
-            self._tasks["samples"] = self._bar.add_task("LLM samples", total=self.max_samples, completed=samples_used,
-                                                        info="")  # fmt: skip
+            self._tasks["samples"] = self._bar.add_task(
+                "LLM samples", total=self.max_samples, completed=samples_used, info=""
+            )
         self._thread = threading.Thread(target=self._heartbeat, name="coevo-progress", daemon=True)
         self._thread.start()
 
@@ -170,14 +185,20 @@ class RunProgress:
     def _refresh(self) -> None:
         if self._bar is None:
             return
-        self._bar.update(self._tasks["rounds"], completed=self.round,
-                         info=f"round {self.round} · {self.step[0]} ({self.step[1]})" if self.step else "")  # fmt: skip
+        self._bar.update(
+            self._tasks["rounds"],
+            completed=self.round,
+            info=f"round {self.round} · {self.step[0]} ({self.step[1]})" if self.step else "",
+        )
         step = f"step: {self.step_samples} samples, {self.step_trajectories} trajectories" if self.step else ""
         if self.pending:
             step += f", drawing {self.pending}"
         best = " ".join(f"{k}={v:.4g}" for k, v in self.best.items())
-        self._bar.update(self._tasks["samples"], completed=self.samples_base + self.step_samples,
-                         info=" · ".join(p for p in (step, f"best {best}" if best else "") if p))  # fmt: skip
+        self._bar.update(
+            self._tasks["samples"],
+            completed=self.samples_base + self.step_samples,
+            info=" · ".join(p for p in (step, f"best {best}" if best else "") if p),
+        )
 
     def _line(self, force: bool = False) -> None:
         now = time.monotonic()

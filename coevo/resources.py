@@ -74,8 +74,9 @@ def shipped_dir(name: ShippedFolder) -> Path:
     for path in candidates:
         if path.is_dir():
             return path
-    raise ShippedResourceError(f"coevo's shipped {name}/ folder not found (looked in "
-                               f"{', '.join(map(str, candidates))}); reinstall coevo")
+    raise ShippedResourceError(
+        f"coevo's shipped {name}/ folder not found (looked in {', '.join(map(str, candidates))}); reinstall coevo"
+    )
 
 
 def shipped_root() -> Path:

@@ -85,7 +85,11 @@ def flatten_params(config: dict[str, Any], prefix: str = "", limit: int = 500) -
         if key == "evolvers" and isinstance(value, list):
             for i, ev in enumerate(value):
                 name = ev.get("name", str(i)) if isinstance(ev, dict) else str(i)
-                out.update(flatten_params(ev, f"{path}.{name}.", limit) if isinstance(ev, dict) else {f"{path}.{i}": str(ev)[:limit]})
+                out.update(
+                    flatten_params(ev, f"{path}.{name}.", limit)
+                    if isinstance(ev, dict)
+                    else {f"{path}.{i}": str(ev)[:limit]}
+                )
         elif isinstance(value, dict):
             out.update(flatten_params(value, f"{path}.", limit))
         else:
@@ -173,8 +177,9 @@ class _WandB:
         (folder / "wandb").mkdir(parents=True, exist_ok=True)
         id_file = folder / "wandb_run_id"
         wid = id_file.read_text().strip() if id_file.is_file() else None
-        self.run = wandb.init(project=project, name=run_id, id=wid, resume="allow", mode="offline",
-                              dir=str(folder), config=params)  # fmt: skip
+        self.run = wandb.init(
+            project=project, name=run_id, id=wid, resume="allow", mode="offline", dir=str(folder), config=params
+        )
         id_file.write_text(self.run.id)
         self._defined: set[str] = set()
 
@@ -206,8 +211,15 @@ class RunTracker:
     Never raises after construction; a failing tracker is switched off with one warning.
     """
 
-    def __init__(self, config: TrackingConfig | None, run_dir: Path, run_id: str, run_name: str,
-                 params: dict[str, Any] | None = None, store: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: TrackingConfig | None,
+        run_dir: Path,
+        run_id: str,
+        run_name: str,
+        params: dict[str, Any] | None = None,
+        store: Any = None,
+    ) -> None:
         self.config = config or TrackingConfig()
         self.run_id = run_id
         self.store = store
@@ -219,10 +231,15 @@ class RunTracker:
         folder = Path(self.config.dir) if self.config.dir else Path(run_dir) / "tracking"
         flat = flatten_params(params or {})
         experiment = self.config.experiment or run_name
-        wanted = [("tensorboard", self.config.tensorboard, lambda: _TensorBoard(folder, flat)),
-                  ("mlflow", self.config.mlflow,
-                   lambda: _MLflow(folder, flat, run_id, experiment, self.config.mlflow_tracking_uri)),
-                  ("wandb", self.config.wandb, lambda: _WandB(folder, flat, run_id, experiment))]  # fmt: skip
+        wanted = [
+            ("tensorboard", self.config.tensorboard, lambda: _TensorBoard(folder, flat)),
+            (
+                "mlflow",
+                self.config.mlflow,
+                lambda: _MLflow(folder, flat, run_id, experiment, self.config.mlflow_tracking_uri),
+            ),
+            ("wandb", self.config.wandb, lambda: _WandB(folder, flat, run_id, experiment)),
+        ]
         for name, on, make in wanted:
             if not on:
                 continue
@@ -248,8 +265,13 @@ class RunTracker:
             try:
                 getattr(backend, method)(*args)
             except Exception as exc:  # noqa: BLE001
-                log.warning("tracking: %s failed in %s and is off for the rest of the run: %s: %s",
-                            backend.name, method, type(exc).__name__, exc)  # fmt: skip
+                log.warning(
+                    "tracking: %s failed in %s and is off for the rest of the run: %s: %s",
+                    backend.name,
+                    method,
+                    type(exc).__name__,
+                    exc,
+                )
                 self.backends.remove(backend)
 
     def _stored_generations(self) -> dict[str, int]:
@@ -263,7 +285,9 @@ class RunTracker:
         if not self.backends:
             return
         name = str(record.get("evolver"))
-        scalars = _scalars({f"{name}/step/{k}": record.get(k) for k in ("samples", "trajectories", "best_reward", "wall_s")})
+        scalars = _scalars(
+            {f"{name}/step/{k}": record.get(k) for k in ("samples", "trajectories", "best_reward", "wall_s")}
+        )
         scalars.update(_scalars({f"{name}/step/{k}": v for k, v in (record.get("metrics") or {}).items()}))
         scalars.update(_scalars({"run/samples_total": record.get("samples_total"), "run/round": record.get("round")}))
         best = _finite(record.get("best_reward"))
@@ -301,8 +325,12 @@ class RunTracker:
                     else:
                         backend.log(scalars, g, hists)
                 except Exception as exc:  # noqa: BLE001
-                    log.warning("tracking: %s failed in log and is off for the rest of the run: %s: %s",
-                                backend.name, type(exc).__name__, exc)  # fmt: skip
+                    log.warning(
+                        "tracking: %s failed in log and is off for the rest of the run: %s: %s",
+                        backend.name,
+                        type(exc).__name__,
+                        exc,
+                    )
                     self.backends.remove(backend)
             self.es_done[evolver] = g
 

@@ -11,7 +11,7 @@ Two models:
   others, in call order. Everything else (prompts, code extraction, sandboxed evaluation on real TSP
   instances, the SQLite store, ES, EoH, the loop, the report) runs for real.
 
-Member rewards (field-notes §2): EoH child ``parent - child``; invalid or worse than the population's worst
+Member rewards (docs/references.md §2): EoH child ``parent - child``; invalid or worse than the population's worst
 ``max(parent - worst, -1)``; sampling ``-child``, invalid ``min(valid) - std(valid)`` over the generation.
 """
 
@@ -104,9 +104,13 @@ class ScriptedTinyQwen(HFPolicy):
 
 
 SMALL_AHD = {
-    "train_size": 8, "train_count": 2, "test_sizes": [8, 10], "test_count": 2, "eval_timeout_s": 10,
+    "train_size": 8,
+    "train_count": 2,
+    "test_sizes": [8, 10],
+    "test_count": 2,
+    "eval_timeout_s": 10,
     "eval_memory_mb": 1024,
-}  # fmt: skip
+}
 
 
 @pytest.fixture(autouse=True)
@@ -116,8 +120,13 @@ def _private_cache(tmp_path, monkeypatch):
 
 def shipped(ahd: str, model: str, **over) -> list[str]:
     """--set overrides shrinking a shipped config (configs/ahd/...) to test size."""
-    sets = [f"model.name={model}", "model.dtype=float32", "sampling.max_new_tokens=4", "report.plots=false",
-            "budget.max_wall_s=null"]  # fmt: skip
+    sets = [
+        f"model.name={model}",
+        "model.dtype=float32",
+        "sampling.max_new_tokens=4",
+        "report.plots=false",
+        "budget.max_wall_s=null",
+    ]
     sets += [f"evolvers.{ahd}.{k}={v}" for k, v in SMALL_AHD.items()]
     sets += [f"{k}={v}" for k, v in over.items()]
     return sets
@@ -126,8 +135,9 @@ def shipped(ahd: str, model: str, **over) -> list[str]:
 def make_loop(tmp_path: Path, config: str, sets: list[str], policy=None) -> CoEvolutionLoop:
     cfg, raw = load_config(CONFIGS / config, sets)
     factory = (lambda: policy) if policy is not None else None
-    return CoEvolutionLoop(cfg, new_run_dir(cfg, tmp_path / "run"), raw_config=raw, progress=False,
-                           policy_factory=factory)  # fmt: skip
+    return CoEvolutionLoop(
+        cfg, new_run_dir(cfg, tmp_path / "run"), raw_config=raw, progress=False, policy_factory=factory
+    )
 
 
 def objectives(problem, instances, codes: dict[str, str]) -> dict[str, float]:
@@ -141,13 +151,16 @@ def objectives(problem, instances, codes: dict[str, str]) -> dict[str, float]:
 
 
 def paper_rewards(children: list[list[dict]]) -> list[float]:
-    """The paper's member rewards, written out independently of coevo (field-notes §2).
+    """The paper's member rewards, written out independently of coevo (docs/references.md §2).
 
     ``children[i]`` lists member i's children as dicts {objective (None = invalid), parent, worst}.
     """
     sampled = [c["objective"] for cs in children for c in cs if c["parent"] is None and c["objective"] is not None]
-    fill = (min(-o for o in sampled) - (statistics.pstdev([-o for o in sampled]) if len(sampled) > 1 else 0.0)
-            if sampled else 0.0)  # fmt: skip
+    fill = (
+        min(-o for o in sampled) - (statistics.pstdev([-o for o in sampled]) if len(sampled) > 1 else 0.0)
+        if sampled
+        else 0.0
+    )
     rewards = []
     for cs in children:
         rs = []
@@ -175,12 +188,26 @@ def es_children(store: TrajectoryStore, run_id: str, history: list[dict]) -> dic
 def _child(objective, parent=None, worst=None, valid=True, sign=-1.0) -> Trajectory:
     """A recorded child of a minimisation problem (``sign=-1``: score = -objective) or of a maximisation one
     (``sign=+1``), with its best parent's and the population's worst objective and score."""
-    meta = {"objective": objective if valid else None, "parent_objective": parent, "worst_objective": worst,
-            "parent_score": None if parent is None else sign * parent,
-            "worst_score": None if worst is None else sign * worst}  # fmt: skip
-    return Trajectory(key=f"k{objective}{parent}{valid}", run_id="r", evolver="es", space="parameter", round=0,
-                      generation=0, task_id="t", steps=[Step(observation="p")], reward=None if not valid else
-                      sign * objective, valid=valid, meta=meta)  # fmt: skip
+    meta = {
+        "objective": objective if valid else None,
+        "parent_objective": parent,
+        "worst_objective": worst,
+        "parent_score": None if parent is None else sign * parent,
+        "worst_score": None if worst is None else sign * worst,
+    }
+    return Trajectory(
+        key=f"k{objective}{parent}{valid}",
+        run_id="r",
+        evolver="es",
+        space="parameter",
+        round=0,
+        generation=0,
+        task_id="t",
+        steps=[Step(observation="p")],
+        reward=None if not valid else sign * objective,
+        valid=valid,
+        meta=meta,
+    )
 
 
 def test_member_rewards_follow_the_paper_rule_on_a_constructed_case():
@@ -222,14 +249,24 @@ def test_rank_rewards_separate_members_whose_children_are_all_invalid():
     members equal rewards, so ES would apply no update."""
     ro = EoHChildrenRollout(EoHChildrenConfig(reward="rank"), None)
     paper = EoHChildrenRollout(EoHChildrenConfig(), None)
-    invalid = [[_failed("parse")], [_failed("syntax")], [_failed("runtime")], [_failed("return_type")],
-               [_failed("duplicate")]]  # fmt: skip
+    invalid = [
+        [_failed("parse")],
+        [_failed("syntax")],
+        [_failed("runtime")],
+        [_failed("return_type")],
+        [_failed("duplicate")],
+    ]
     assert len(set(paper.population_rewards(invalid))) == 1
     assert ro.population_rewards(invalid) == pytest.approx([-0.5, -0.25, 0.0, 0.25, 0.5])
-    mixed = [[_child(6.0, 5.0, 7.0), _failed("parse")], [_child(4.0, 5.0, 7.0), _failed("parse")],
-             [_failed("syntax"), _failed("parse")]]  # rewards of the valid ones: -1 and +1 (parent - child)
+    mixed = [
+        [_child(6.0, 5.0, 7.0), _failed("parse")],
+        [_child(4.0, 5.0, 7.0), _failed("parse")],
+        [_failed("syntax"), _failed("parse")],
+    ]  # rewards of the valid ones: -1 and +1 (parent - child)
     r = ro.population_rewards(mixed)  # ranks of the 6 children: parse x3 share 1.0, syntax 3, -1: 4, +1: 5
-    assert r == pytest.approx([(4 / 5 - 0.5 + 1 / 5 - 0.5) / 2, (1 - 0.5 + 1 / 5 - 0.5) / 2, (3 / 5 - 0.5 + 1 / 5 - 0.5) / 2])
+    assert r == pytest.approx(
+        [(4 / 5 - 0.5 + 1 / 5 - 0.5) / 2, (1 - 0.5 + 1 / 5 - 0.5) / 2, (3 / 5 - 0.5 + 1 / 5 - 0.5) / 2]
+    )
     assert r[1] > r[0] > r[2]
     assert ro.population_rewards([[_failed("parse")], [_failed("llm_error")]]) == [0.0, 0.0]  # all equal: no signal
 
@@ -246,15 +283,28 @@ def test_kp_construct_children_rewarded_by_value_gained(tmp_path):
 
     first_fit = load_problem("kp_construct").template_code()
     density = load_problem("kp_construct").seed_heuristic_code()
-    cheapest = first_fit.replace("return int(fits[0]) if len(fits) else -1",
-                                 "return int(fits[np.argmin(values[fits])]) if len(fits) else -1")  # fmt: skip
+    cheapest = first_fit.replace(
+        "return int(fits[0]) if len(fits) else -1", "return int(fits[np.argmin(values[fits])]) if len(fits) else -1"
+    )
     assert cheapest != first_fit
     store = TrajectoryStore(tmp_path / "store.sqlite")
     policy = ScriptedPolicy([reply(first_fit, "take the first item that fits"), GARBAGE])
-    ctx = RunContext(run_id="r", run_dir=tmp_path, store=store, budget=Budget(store, "r"), seed=5,
-                     policy_factory=lambda: policy)  # fmt: skip
-    eoh = EoHEvolver("eoh", EoHConfig(problem="kp_construct", train_size=50, train_count=2, population_size=1,
-                                      eval_timeout_s=10, test_sizes=[50], test_count=1), ctx)  # fmt: skip
+    ctx = RunContext(
+        run_id="r", run_dir=tmp_path, store=store, budget=Budget(store, "r"), seed=5, policy_factory=lambda: policy
+    )
+    eoh = EoHEvolver(
+        "eoh",
+        EoHConfig(
+            problem="kp_construct",
+            train_size=50,
+            train_count=2,
+            population_size=1,
+            eval_timeout_s=10,
+            test_sizes=[50],
+            test_count=1,
+        ),
+        ctx,
+    )
     ctx.evolvers = {"eoh": eoh}
     eoh.step(0)
     (parent,) = eoh.population
@@ -263,8 +313,10 @@ def test_kp_construct_children_rewarded_by_value_gained(tmp_path):
     for index, code in enumerate((density, cheapest)):
         policy.script, policy.calls = [reply(code)], 0
         members.append(ro.run(policy, generation=0, member=None, key_prefix=f"r/es/g00000/m{index:03d}"))
-    values = {c: evaluate_heuristic(eoh.problem, c, eoh.train_instances, with_reference=False).objective
-              for c in (first_fit, density, cheapest)}  # fmt: skip
+    values = {
+        c: evaluate_heuristic(eoh.problem, c, eoh.train_instances, with_reference=False).objective
+        for c in (first_fit, density, cheapest)
+    }
     assert values[density] > values[first_fit] > values[cheapest]  # more value is better
     assert [ts[0].meta["parent_score"] for ts in members] == [pytest.approx(parent.reward)] * 2
     assert parent.reward == pytest.approx(values[first_fit])
@@ -275,13 +327,37 @@ def test_kp_construct_children_rewarded_by_value_gained(tmp_path):
 
 
 # ------------------------------------------------------------------------------- scripted eoh_es
-EOH_INIT = [reply(NN), GARBAGE, reply(FARTHEST), SYNTAX, reply(TOWARD_HOME), reply(RETURNS_FLOAT),
-            reply(FIRST_INDEX), GARBAGE]  # fmt: skip
-ES_G0 = [reply(TOWARD_HOME_2), GARBAGE, reply(FARTHEST), reply(NN), SYNTAX, reply(RETURNS_FLOAT), GARBAGE,
-         reply(SECOND_NEAREST)]  # fmt: skip
+EOH_INIT = [
+    reply(NN),
+    GARBAGE,
+    reply(FARTHEST),
+    SYNTAX,
+    reply(TOWARD_HOME),
+    reply(RETURNS_FLOAT),
+    reply(FIRST_INDEX),
+    GARBAGE,
+]
+ES_G0 = [
+    reply(TOWARD_HOME_2),
+    GARBAGE,
+    reply(FARTHEST),
+    reply(NN),
+    SYNTAX,
+    reply(RETURNS_FLOAT),
+    GARBAGE,
+    reply(SECOND_NEAREST),
+]
 EOH_G1 = [GARBAGE, reply(FIRST_INDEX), GARBAGE, GARBAGE]
-ES_G1 = [reply(NN), GARBAGE, reply(SECOND_NEAREST), reply(TOWARD_HOME), reply(FIRST_INDEX), SYNTAX,
-         reply(TOWARD_HOME_2), reply(FARTHEST)]  # fmt: skip
+ES_G1 = [
+    reply(NN),
+    GARBAGE,
+    reply(SECOND_NEAREST),
+    reply(TOWARD_HOME),
+    reply(FIRST_INDEX),
+    SYNTAX,
+    reply(TOWARD_HOME_2),
+    reply(FARTHEST),
+]
 EOH_G2 = [GARBAGE] * 4
 CODES = {reply(c): c for c in (NN, TOWARD_HOME, TOWARD_HOME_2, SECOND_NEAREST, FIRST_INDEX, FARTHEST)}
 
@@ -310,10 +386,24 @@ def test_scripted_eoh_es_through_the_loop(tmp_path, tiny_model_dir):
     start = policy.fingerprint()
     # the script repeats codes on purpose and checks the paper's parent rule against stored parents:
     # duplicates are evaluated here and the seed heuristic stays out (both have tests of their own)
-    loop = make_loop(tmp_path, "tsp_construct.yaml", shipped("eoh", str(tiny_model_dir), **{
-        "evolvers.eoh.reject_duplicates": "false", "evolvers.eoh.include_seed_heuristic": "false",
-        "budget.max_samples": 40, "evolvers.es.total_generations": 3, "evolvers.es.sigma": 0.02,
-        "evolvers.es.alpha": 0.01, "evolvers.es.population_size": 4}), policy)  # fmt: skip
+    loop = make_loop(
+        tmp_path,
+        "tsp_construct.yaml",
+        shipped(
+            "eoh",
+            str(tiny_model_dir),
+            **{
+                "evolvers.eoh.reject_duplicates": "false",
+                "evolvers.eoh.include_seed_heuristic": "false",
+                "budget.max_samples": 40,
+                "evolvers.es.total_generations": 3,
+                "evolvers.es.sigma": 0.02,
+                "evolvers.es.alpha": 0.01,
+                "evolvers.es.population_size": 4,
+            },
+        ),
+        policy,
+    )
     eoh, es = loop.evolvers["eoh"], loop.evolvers["es"]
     summary = loop.run()
     assert "sample budget reached (40/40" in summary.stop_reason
@@ -342,8 +432,10 @@ def test_scripted_eoh_es_through_the_loop(tmp_path, tiny_model_dir):
             assert hist[g]["rewards"] == pytest.approx(paper_rewards(_parent_rule_case(store, kids[g], obj)))
             assert len(set(hist[g]["rewards"])) > 1
         # pooling: EoH folded the valid ES children in at its next step
-        steps = {(a.content["round"], a.content["evolver"]): a.content
-                 for a in store.list_artifacts(kind=LOOP_STEP, run_id="run")}  # fmt: skip
+        steps = {
+            (a.content["round"], a.content["evolver"]): a.content
+            for a in store.list_artifacts(kind=LOOP_STEP, run_id="run")
+        }
         assert steps[(1, "eoh")]["metrics"]["pooled"] == sum(t.valid for t in kids[0]) == 4
         assert steps[(2, "eoh")]["metrics"]["pooled"] == sum(t.valid for t in kids[1]) == 6
         assert "es" in {i.source for i in eoh.population}
@@ -379,21 +471,33 @@ def test_shipped_headline_config_default_plan(tmp_path, tiny_model_dir):
         kids = es_children(store, "run", hist)
         assert all(t.key.startswith("run/es/g0000") and "run/run" not in t.key for ts in kids.values() for t in ts)
         assert [(t.member.index, t.member.sign, t.meta["operator"]) for t in kids[0]] == [
-            (0, 1, "m1"), (0, 1, "m2"), (1, -1, "m1"), (1, -1, "m2")]  # fmt: skip
+            (0, 1, "m1"),
+            (0, 1, "m2"),
+            (1, -1, "m1"),
+            (1, -1, "m2"),
+        ]
     prints = [f for _, f in policy.batches]
     assert len(set(prints[:4])) == 4 and prints[3] == prints[4] == prints[5]  # start, +eps, -eps, updated
 
 
 def test_scripted_eoh_es_budget_counts_every_call(tmp_path, tiny_model_dir):
     policy = ScriptedTinyQwen(tiny_model_dir, EOH_INIT + ES_G0)
-    loop = make_loop(tmp_path, "eoh_es/tsp_construct.yaml", shipped("eoh", str(tiny_model_dir), **{
-        "budget.max_samples": 13, "evolvers.es.population_size": 4}), policy)  # fmt: skip
+    loop = make_loop(
+        tmp_path,
+        "eoh_es/tsp_construct.yaml",
+        shipped("eoh", str(tiny_model_dir), **{"budget.max_samples": 13, "evolvers.es.population_size": 4}),
+        policy,
+    )
     summary = loop.run()
     assert "cannot cover ES generation 0 (8 samples" in summary.stop_reason  # 5 left after EoH's 8
     assert policy.calls == summary.samples == 8
     policy2 = ScriptedTinyQwen(tiny_model_dir, [GARBAGE])
-    loop2 = make_loop(tmp_path / "b", "eoh/tsp_construct.yaml", shipped("eoh", str(tiny_model_dir), **{
-        "budget.max_samples": 13}), policy2)  # fmt: skip
+    loop2 = make_loop(
+        tmp_path / "b",
+        "eoh/tsp_construct.yaml",
+        shipped("eoh", str(tiny_model_dir), **{"budget.max_samples": 13}),
+        policy2,
+    )
     summary2 = loop2.run()  # garbage only: 8 init calls, then a retry cut to the 5 samples left
     assert "sample budget reached (13/13" in summary2.stop_reason and policy2.calls == 13
 
@@ -404,10 +508,22 @@ def test_scripted_sample_es_through_the_loop(tmp_path, tiny_model_dir):
     samp = [reply(FIRST_INDEX), GARBAGE, reply(SECOND_NEAREST), SYNTAX]
     es_g1 = [GARBAGE, SYNTAX, reply(FIRST_INDEX), reply(TOWARD_HOME_2)]
     policy = ScriptedTinyQwen(tiny_model_dir, samp + es_g0 + samp + es_g1 + samp + [GARBAGE])
-    loop = make_loop(tmp_path, "sample_es/tsp_construct.yaml", shipped("sample", str(tiny_model_dir), **{
-        "evolvers.sample.reject_duplicates": "false",  # the script repeats codes on purpose
-        "evolvers.es.total_generations": 2, "evolvers.es.rollout.children_per_operator": 1,
-        "evolvers.es.sigma": 0.02, "evolvers.es.population_size": 4}), policy)  # fmt: skip
+    loop = make_loop(
+        tmp_path,
+        "sample_es/tsp_construct.yaml",
+        shipped(
+            "sample",
+            str(tiny_model_dir),
+            **{
+                "evolvers.sample.reject_duplicates": "false",  # the script repeats codes on purpose
+                "evolvers.es.total_generations": 2,
+                "evolvers.es.rollout.children_per_operator": 1,
+                "evolvers.es.sigma": 0.02,
+                "evolvers.es.population_size": 4,
+            },
+        ),
+        policy,
+    )
     sample = loop.evolvers["sample"]
     summary = loop.run()
     assert "sample budget reached (20/20" in summary.stop_reason
@@ -418,8 +534,10 @@ def test_scripted_sample_es_through_the_loop(tmp_path, tiny_model_dir):
         for g in (0, 1):
             assert [t.member.index for t in kids[g]] == [0, 1, 2, 3]
             assert {t.meta["operator"] for t in kids[g]} == {"i1"}
-            case = [[{"objective": obj.get(t.steps[0].model_output) if t.valid else None, "parent": None,
-                      "worst": None}] for t in kids[g]]  # fmt: skip
+            case = [
+                [{"objective": obj.get(t.steps[0].model_output) if t.valid else None, "parent": None, "worst": None}]
+                for t in kids[g]
+            ]
             assert hist[g]["rewards"] == pytest.approx(paper_rewards(case))
         assert hist[1]["rewards"][0] == hist[1]["rewards"][1] < hist[1]["rewards"][2]  # invalid fill below valid
         assert hist[1]["skipped"] and hist[1]["weight_hash_before"] == hist[1]["weight_hash_after"]
@@ -431,8 +549,13 @@ def test_scripted_sample_es_through_the_loop(tmp_path, tiny_model_dir):
     # best_heuristic.py names the ES member and generation whose perturbed weights wrote it
     made_by = (tmp_path / "run" / "best_heuristic.py").read_text().splitlines()[1]
     m = sample.best.member
-    assert made_by.startswith("# Made by evolver 'es', operator i1, written under the perturbed weights of ES member "
-                              f"{m['index']} (seed {m['seed']}, sign {m['sign']:+d}") and "of ES generation" in made_by
+    assert (
+        made_by.startswith(
+            "# Made by evolver 'es', operator i1, written under the perturbed weights of ES member "
+            f"{m['index']} (seed {m['seed']}, sign {m['sign']:+d}"
+        )
+        and "of ES generation" in made_by
+    )
     report = (tmp_path / "run" / "report.md").read_text()
     assert "best ES member reward R_i of the generation" in report and "| best beats seed |" in report
 
@@ -440,9 +563,20 @@ def test_scripted_sample_es_through_the_loop(tmp_path, tiny_model_dir):
 # ------------------------------------------------------------------------------- real tiny model
 def test_tiny_model_eoh_es_invalid_children(tmp_path, tiny_model_dir):
     # ES first in round 0: the EoH population is still empty, so members fall back to i1 samples
-    loop = make_loop(tmp_path, "eoh_es/tsp_construct.yaml", shipped("eoh", str(tiny_model_dir), **{
-        "evolvers.eoh.include_seed_heuristic": True, "schedule": "[{evolver: es}, {evolver: eoh}]",
-        "evolvers.es.population_size": 4, "budget.max_samples": 28}))  # fmt: skip
+    loop = make_loop(
+        tmp_path,
+        "eoh_es/tsp_construct.yaml",
+        shipped(
+            "eoh",
+            str(tiny_model_dir),
+            **{
+                "evolvers.eoh.include_seed_heuristic": True,
+                "schedule": "[{evolver: es}, {evolver: eoh}]",
+                "evolvers.es.population_size": 4,
+                "budget.max_samples": 28,
+            },
+        ),
+    )
     summary = loop.run()
     assert "sample budget reached (28/28" in summary.stop_reason
     with TrajectoryStore(tmp_path / "run" / "store.sqlite") as store:
@@ -462,9 +596,20 @@ def test_tiny_model_eoh_es_invalid_children(tmp_path, tiny_model_dir):
 
 
 def test_tiny_model_sample_es_invalid_children(tmp_path, tiny_model_dir):
-    loop = make_loop(tmp_path, "sample_es/tsp_construct.yaml", shipped("sample", str(tiny_model_dir), **{
-        "evolvers.es.total_generations": 2, "evolvers.es.rollout.children_per_operator": 1,
-        "evolvers.sample.batch": 2, "evolvers.es.population_size": 4}))  # fmt: skip
+    loop = make_loop(
+        tmp_path,
+        "sample_es/tsp_construct.yaml",
+        shipped(
+            "sample",
+            str(tiny_model_dir),
+            **{
+                "evolvers.es.total_generations": 2,
+                "evolvers.es.rollout.children_per_operator": 1,
+                "evolvers.sample.batch": 2,
+                "evolvers.es.population_size": 4,
+            },
+        ),
+    )
     summary = loop.run()
     assert "ES completed its 2 generations" in summary.stop_reason
     with TrajectoryStore(tmp_path / "run" / "store.sqlite") as store:

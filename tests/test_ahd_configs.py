@@ -98,9 +98,15 @@ def test_headline_config_is_the_eoh_es_config(problem):
 
 
 def test_set_overrides_use_friendly_names():
-    cfg, _ = load_config(ROOT / "tsp_construct.yaml", [
-        "evolvers.es.sigma=2e-3", "evolvers.eoh.population_size=6", "budget.max_samples=60",
-        "evolvers.es.rollout.operators=[m1]"])  # fmt: skip
+    cfg, _ = load_config(
+        ROOT / "tsp_construct.yaml",
+        [
+            "evolvers.es.sigma=2e-3",
+            "evolvers.eoh.population_size=6",
+            "budget.max_samples=60",
+            "evolvers.es.rollout.operators=[m1]",
+        ],
+    )
     assert _es(cfg).params.sigma == 2e-3 and _ahd(cfg).params.population_size == 6
     assert cfg.budget.max_samples == 60 and _es(cfg).params.rollout["operators"] == ["m1"]
 

@@ -72,19 +72,30 @@ def test_user_errors_print_no_traceback(tmp_path):
     bad.write_text("run: [unclosed\n")
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
     for args in (["run", str(bad)], ["runs", "show", str(tmp_path)], ["model", "prepare", "nope"]):
-        proc = subprocess.run([sys.executable, "-m", "coevo.cli", *args], capture_output=True, text=True, env=env, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "coevo.cli", *args], capture_output=True, text=True, env=env, check=False
+        )
         assert proc.returncode == 2, proc.stderr
         assert "Traceback" not in proc.stderr and proc.stderr.strip()
 
 
 def test_a_bug_is_a_traceback_and_exit_1_not_a_user_error(tmp_path):
-    data = {"run": {"name": "b"}, "budget": {"max_rounds": 3},
-            "evolvers": [{"name": "bug", "type": "toy_evolvers:Buggy", "fail_at_round": 1}]}  # fmt: skip
+    data = {
+        "run": {"name": "b"},
+        "budget": {"max_rounds": 3},
+        "evolvers": [{"name": "bug", "type": "toy_evolvers:Buggy", "fail_at_round": 1}],
+    }
     cfg = tmp_path / "bug.yaml"
     cfg.write_text(yaml.safe_dump(data))
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
-    proc = subprocess.run([sys.executable, "-m", "coevo.cli", "run", str(cfg), "--out", str(tmp_path / "r"), "--quiet"],
-                          capture_output=True, text=True, env=env, check=False, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "coevo.cli", "run", str(cfg), "--out", str(tmp_path / "r"), "--quiet"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=300,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" in proc.stderr and "ValueError: internal inconsistency in Buggy.step" in proc.stderr
     # the run folder stayed consistent: the step before the bug is checkpointed and the lock is free
@@ -111,9 +122,12 @@ def test_es_on_an_api_backend_is_refused_before_any_request(tmp_path, capsys):
     server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        data = {"run": {"name": "x"}, "budget": {"max_rounds": 2},
-                "model": {"name": "m", "backend": "openai", "base_url": f"http://127.0.0.1:{server.server_port}/v1"},
-                "evolvers": [{"name": "es", "type": "es", "population_size": 2}]}  # fmt: skip
+        data = {
+            "run": {"name": "x"},
+            "budget": {"max_rounds": 2},
+            "model": {"name": "m", "backend": "openai", "base_url": f"http://127.0.0.1:{server.server_port}/v1"},
+            "evolvers": [{"name": "es", "type": "es", "population_size": 2}],
+        }
         cfg = tmp_path / "x.yaml"
         cfg.write_text(yaml.safe_dump(data))
         out = tmp_path / "run"

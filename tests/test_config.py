@@ -105,7 +105,13 @@ def test_missing_and_malformed_files(tmp_path):
 
 # ------------------------------------------------------------------ combinations that cannot work
 def _es(**over):
-    es = {"name": "es", "type": "es", "population_size": 2, "total_generations": 2, "rollout": {"type": "target_logprob"}}
+    es = {
+        "name": "es",
+        "type": "es",
+        "population_size": 2,
+        "total_generations": 2,
+        "rollout": {"type": "target_logprob"},
+    }
     return {**es, **over}
 
 
@@ -149,11 +155,14 @@ def test_references_to_missing_evolvers_are_named():
 def test_workers_with_a_rollout_that_needs_the_run_context_or_a_non_hf_backend():
     es = _es(workers=2, rollout={"type": "eoh_children", "evolver": "eoh"})
     msg = _errors(_combo(TINY, EOH, es))
-    assert "evolvers.es.workers / evolvers.es.rollout.evolver: rollout 'eoh_children' with evolver='eoh' needs the " \
-           "run context, which the Ray actors of workers=2 do not have; set workers: 0" in msg
+    assert (
+        "evolvers.es.workers / evolvers.es.rollout.evolver: rollout 'eoh_children' with evolver='eoh' needs the "
+        "run context, which the Ray actors of workers=2 do not have; set workers: 0" in msg
+    )
     vllm = {"name": "tiny:micro", "backend": "vllm"}
     assert "workers=1 builds HF replicas on Ray actors and needs model.backend hf, not 'vllm'" in _errors(
-        _combo(vllm, _es(workers=1)))
+        _combo(vllm, _es(workers=1))
+    )
     parse_config(_combo(TINY, _es(workers=1)))  # a rollout without the run context is fine on actors
 
 
@@ -179,5 +188,7 @@ def test_backends_with_weights_match_the_policy_classes():
 
 def test_a_config_folder_is_named_as_a_folder(tmp_path):
     (tmp_path / "x.yaml").write_text("run: {}\n")
-    with pytest.raises(ConfigError, match=r"is a folder, not a run config file \(give a .yaml file; configs in it: x.yaml\)"):
+    with pytest.raises(
+        ConfigError, match=r"is a folder, not a run config file \(give a .yaml file; configs in it: x.yaml\)"
+    ):
         load_config(tmp_path)

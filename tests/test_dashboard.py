@@ -32,11 +32,21 @@ pytestmark = pytest.mark.slow  # two real tiny-model runs per module (about 40 s
 
 ROOT = Path(__file__).resolve().parents[1]
 AHD_SETS = [
-    "model.name=tiny:micro", "model.dtype=float32", "sampling.max_new_tokens=4", "report.plots=false",
-    "budget.max_wall_s=null", "budget.max_samples=28", "evolvers.eoh.train_size=8", "evolvers.eoh.train_count=2",
-    "evolvers.eoh.test_sizes=[8,10]", "evolvers.eoh.test_count=2", "evolvers.eoh.eval_timeout_s=10",
-    "evolvers.eoh.eval_memory_mb=1024", "evolvers.eoh.include_seed_heuristic=true", "evolvers.es.population_size=4",
-]  # fmt: skip
+    "model.name=tiny:micro",
+    "model.dtype=float32",
+    "sampling.max_new_tokens=4",
+    "report.plots=false",
+    "budget.max_wall_s=null",
+    "budget.max_samples=28",
+    "evolvers.eoh.train_size=8",
+    "evolvers.eoh.train_count=2",
+    "evolvers.eoh.test_sizes=[8,10]",
+    "evolvers.eoh.test_count=2",
+    "evolvers.eoh.eval_timeout_s=10",
+    "evolvers.eoh.eval_memory_mb=1024",
+    "evolvers.eoh.include_seed_heuristic=true",
+    "evolvers.es.population_size=4",
+]
 ES_SETS = ["evolvers.es.total_generations=3", "report.plots=false"]
 
 
@@ -49,8 +59,14 @@ def _sets(sets: list[str]) -> list[str]:
 
 
 def coevo(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coevo.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "coevo.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +74,19 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     """{"es": run folder, "ahd": run folder, "cache": COEVO_CACHE}, made by two real `coevo run` processes."""
     base = tmp_path_factory.mktemp("dash_runs")
     env = _env(base / "cache")
-    first = coevo("run", str(ROOT / "configs/es/tiny.yaml"), "--out", str(base / "es"), "--no-progress",
-                  *_sets(ES_SETS), env=env)  # fmt: skip
+    first = coevo(
+        "run", str(ROOT / "configs/es/tiny.yaml"), "--out", str(base / "es"), "--no-progress", *_sets(ES_SETS), env=env
+    )
     assert first.returncode == 0, first.stderr[-3000:]
-    second = coevo("run", str(ROOT / "configs/ahd/eoh_es/tsp_construct.yaml"), "--out", str(base / "ahd"),
-                   "--no-progress", *_sets(AHD_SETS), env=env)  # fmt: skip
+    second = coevo(
+        "run",
+        str(ROOT / "configs/ahd/eoh_es/tsp_construct.yaml"),
+        "--out",
+        str(base / "ahd"),
+        "--no-progress",
+        *_sets(AHD_SETS),
+        env=env,
+    )
     assert second.returncode == 0, second.stderr[-3000:]
     return {"es": base / "es", "ahd": base / "ahd", "cache": base / "cache"}
 
@@ -167,9 +191,23 @@ class Served:
 
     def __init__(self, run_dir: Path, env: dict[str, str], refresh: float = 0.5) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "coevo.cli", "runs", "serve", str(run_dir), "--port", "0", "--refresh", str(refresh)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "coevo.cli",
+                "runs",
+                "serve",
+                str(run_dir),
+                "--port",
+                "0",
+                "--refresh",
+                str(refresh),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         deadline = time.time() + 120
         line = ""
         while time.time() < deadline and self.proc.poll() is None:
@@ -177,7 +215,11 @@ class Served:
             if ready:
                 line = self.proc.stdout.readline()
                 break
-        assert line.startswith("serving http://127.0.0.1:"), (line, self.proc.poll(), self.proc.stderr.read() if self.proc.poll() is not None else "")
+        assert line.startswith("serving http://127.0.0.1:"), (
+            line,
+            self.proc.poll(),
+            self.proc.stderr.read() if self.proc.poll() is not None else "",
+        )
         self.url = line.split()[1]
 
     def stop(self) -> None:
@@ -244,7 +286,9 @@ def test_pages_of_an_ahd_run_in_chromium(runs, browser, tmp_path):
         assert "def select_next_node" in page.inner_text("#h-code")
         child = expected[5]
         page.click(f"#lineage-table tr[data-id='{child}'] a")
-        page.wait_for_function(f"document.querySelector('h3 code') && document.querySelector('h3 code').innerText == '{child}'")
+        page.wait_for_function(
+            f"document.querySelector('h3 code') && document.querySelector('h3 code').innerText == '{child}'"
+        )
         assert "invalid (parse)" in page.inner_text("#heur-detail")
         # a click on a marker of the lineage graph opens that heuristic (invalid trace: every row but the seed)
         box = page.locator("#lineage-graph .scatterlayer .trace").nth(2).locator(".point").nth(3).bounding_box()
@@ -286,7 +330,7 @@ def test_pages_of_an_ahd_run_in_chromium(runs, browser, tmp_path):
         served.stop()
 
 
-WRITER = textwrap.dedent('''
+WRITER = textwrap.dedent("""
     import shutil, sys
     from pathlib import Path
     from coevo.skills.versions import write_skill_version
@@ -318,7 +362,7 @@ WRITER = textwrap.dedent('''
             version = art.version
             print("ok", version, flush=True)
     store.close()
-''')
+""")
 
 
 @pytest.mark.browser
@@ -328,9 +372,22 @@ def test_live_refresh_while_another_process_writes(runs, browser, tmp_path):
     with TrajectoryStore(run / "store.sqlite", readonly=True) as store:
         n0 = store.count(run_id="es")
     env = _env(runs["cache"])
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(run / "store.sqlite"), "es",
-                               str(ROOT / "skills" / "web-navigation"), str(tmp_path)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            WRITER,
+            str(run / "store.sqlite"),
+            "es",
+            str(ROOT / "skills" / "web-navigation"),
+            str(tmp_path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     assert writer.stdout.readline().strip() == "ready", writer.stderr.read()
 
     def tell(cmd: str) -> list[str]:
@@ -348,8 +405,9 @@ def test_live_refresh_while_another_process_writes(runs, browser, tmp_path):
         for round_ in range(3):  # each batch shows up without a reload, while the dashboard keeps polling
             new_ids = tell("traj 2")
             total = n0 + 2 * (round_ + 1)
-            page.wait_for_function(f"document.querySelector('#t-count').innerText.startsWith('{total} trajectories')",
-                                   timeout=30_000)  # fmt: skip
+            page.wait_for_function(
+                f"document.querySelector('#t-count').innerText.startsWith('{total} trajectories')", timeout=30_000
+            )
             assert _rows(page, "traj-table")[:2] == new_ids[::-1]
         page.click("#nav-skills")
         page.wait_for_selector("#s-none")

@@ -252,7 +252,9 @@ def test_scripted_eoh_run_end_to_end(tmp_path):
     for row in [line for line in report.splitlines() if line.startswith(("| 8 | 2 |", "| 10 | 2 |"))]:
         cells = [c.strip() for c in row.strip("|").split("|")]
         seed_obj, best_obj, beats = float(cells[2]), float(cells[4]), cells[7]
-        assert beats in ("yes", "no", "tie") and (best_obj == seed_obj or beats == ("yes" if best_obj < seed_obj else "no"))
+        assert beats in ("yes", "no", "tie") and (
+            best_obj == seed_obj or beats == ("yes" if best_obj < seed_obj else "no")
+        )
     assert "The best heuristic beats the seed heuristic on" in report and "of 2 held-out sizes" in report
     assert code.splitlines()[1].startswith("# Made by evolver 'eoh', operator ")
 
@@ -282,8 +284,9 @@ def test_es_children_through_the_sampler_service_and_pooling(tmp_path):
     assert isinstance(eoh, HeuristicSearch) and eoh.parents_m == 2
 
     def children():
-        jobs = eoh.sampler.operator_jobs(["m1", "m2"], 2, random.Random(7), ("es", 0, 0), population=eoh.population,
-                                         parents_m=eoh.parents_m)  # fmt: skip
+        jobs = eoh.sampler.operator_jobs(
+            ["m1", "m2"], 2, random.Random(7), ("es", 0, 0), population=eoh.population, parents_m=eoh.parents_m
+        )
         return eoh.sampler.sample(jobs, policy=policy, round_index=0, generation=0, evolver="es", member=member)
 
     member = ESMember(seed=5, sigma=1e-3, index=0)
@@ -331,8 +334,9 @@ def test_loop_resume_continues_from_checkpointed_state(tmp_path):
     first.run()
     pop_before = [i.id for i in first.evolvers["eoh"].population]
     data["budget"]["max_rounds"] = 3
-    resumed = CoEvolutionLoop(parse_config(data), tmp_path / "run", resume=True, progress=False,
-                              policy_factory=lambda: policy)  # fmt: skip
+    resumed = CoEvolutionLoop(
+        parse_config(data), tmp_path / "run", resume=True, progress=False, policy_factory=lambda: policy
+    )
     eoh = resumed.evolvers["eoh"]
     assert eoh.generation == 2 and [i.id for i in eoh.population] == pop_before and eoh.best is not None
     resumed.run()
@@ -379,9 +383,17 @@ def test_copies_are_recorded_as_duplicates_without_running(tmp_path, monkeypatch
     """A copy of the seed heuristic (in the population), a restyled copy of an earlier valid sample and a copy
     within the same batch are recorded as failure kind `duplicate` and never reach the sandbox."""
     seed_code = load_problem("tsp_construct").seed_heuristic_code()
-    seed_copy = '"""A docstring the seed does not have."""\n' + seed_code.replace("\n\n", "\n\n\n") + "# trailing note\n"
-    policy = ScriptedPolicy(script=[reply("copy the seed", seed_copy), reply("nearest", NN),
-                                    reply("nearest again", NN_RESTYLED), reply("farthest", FARTHEST)])
+    seed_copy = (
+        '"""A docstring the seed does not have."""\n' + seed_code.replace("\n\n", "\n\n\n") + "# trailing note\n"
+    )
+    policy = ScriptedPolicy(
+        script=[
+            reply("copy the seed", seed_copy),
+            reply("nearest", NN),
+            reply("nearest again", NN_RESTYLED),
+            reply("farthest", FARTHEST),
+        ]
+    )
     ctx = _ctx(tmp_path, policy=policy)
     eoh = EoHEvolver("eoh", EoHConfig(**SMALL, population_size=2, include_seed_heuristic=True), ctx)
     evaluated: list[str] = []
@@ -422,8 +434,15 @@ def test_main_job_config_seeds_the_population_and_stops_at_the_closing_fence(tmp
     assert stopped and "good" not in answer and answer.endswith(TOWARD_HOME.rstrip("\n"))
     policy = ScriptedPolicy(script=[answer, reply("worse", FIRST_INDEX)])
     store = TrajectoryStore(tmp_path / "store.sqlite")
-    ctx = RunContext(run_id="r", run_dir=tmp_path, store=store, budget=Budget(store, "r"), seed=1,
-                     policy_factory=lambda: policy, sampling=cfg.sampling)  # fmt: skip
+    ctx = RunContext(
+        run_id="r",
+        run_dir=tmp_path,
+        store=store,
+        budget=Budget(store, "r"),
+        seed=1,
+        policy_factory=lambda: policy,
+        sampling=cfg.sampling,
+    )
     eoh = EoHEvolver("eoh", EoHConfig(**{**SMALL, "population_size": 2, "include_seed_heuristic": True}), ctx)
     eoh.step(0)
     assert policy.params.stop == ("\n```\n",)

@@ -41,8 +41,20 @@ def _met(value: float, goal: str) -> bool:
 
 
 def test_tiny_run_prints_table_and_metric_lines():
-    cmd = [sys.executable, str(SCRIPT), "--model", "tiny:micro", "--batch", "2", "--max-new-tokens", "4",
-           "--members", "2", "--threads", "1"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--model",
+        "tiny:micro",
+        "--batch",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--members",
+        "2",
+        "--threads",
+        "1",
+    ]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=ROOT, timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
@@ -69,16 +81,24 @@ def test_tiny_run_prints_table_and_metric_lines():
 
 def test_metrics_arithmetic_and_goals():
     bench = _bench()
-    es = {"plain_tokens": 100, "plain_s": 10.0, "es_tokens": 100, "es_s": 12.5, "update_s": 2.5,
-          "peak_rss": 1100}  # fmt: skip
+    es = {"plain_tokens": 100, "plain_s": 10.0, "es_tokens": 100, "es_s": 12.5, "update_s": 2.5, "peak_rss": 1100}
     lowrank = {"plain_tokens": 100, "plain_s": 10.0, "es_tokens": 100, "es_s": 4.0, "update_s": 1.0, "peak_rss": 1030}
-    res = {"inference": {"peak_rss": 1000}, "es-inference": dict(es, peak_rss=1040),
-           "es-exact": dict(es, peak_rss=2000), "backprop": {"peak_rss": 8000}, "es-lowrank": lowrank}  # fmt: skip
+    res = {
+        "inference": {"peak_rss": 1000},
+        "es-inference": dict(es, peak_rss=1040),
+        "es-exact": dict(es, peak_rss=2000),
+        "backprop": {"peak_rss": 8000},
+        "es-lowrank": lowrank,
+    }
     by = {m["metric"]: m for m in bench.metrics(res)}
     assert by["es_throughput_ratio_inference_mode"]["value"] == 0.8  # (100/12.5) / (100/10)
     assert by["es_throughput_ratio_with_update_exact_mode"]["value"] == round(10 / 15, 4)
     assert by["es_peak_memory_ratio_inference_mode"] == {
-        "metric": "es_peak_memory_ratio_inference_mode", "value": 1.04, "goal": "<= 1.05", "met": True}  # fmt: skip
+        "metric": "es_peak_memory_ratio_inference_mode",
+        "value": 1.04,
+        "goal": "<= 1.05",
+        "met": True,
+    }
     assert by["es_peak_memory_ratio_exact_mode"]["met"] is False
     assert by["es_vs_backprop_peak_memory_ratio"]["value"] == 0.13
     assert by["es_vs_backprop_peak_memory_ratio"]["met"] is True

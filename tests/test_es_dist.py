@@ -41,9 +41,7 @@ def test_same_noise_in_a_separate_process():
         f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
         "from test_es_dist import probe; print(json.dumps(probe(threads=1)))"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
-    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     remote = json.loads(proc.stdout.strip().splitlines()[-1])
     assert remote == probe()

@@ -47,8 +47,15 @@ class FlakyLogProbRollout(TargetLogProbRollout):
         if cfg.fail_at == [generation, index] and not failed.exists():
             failed.write_text("1")
             raise PolicyError("backend died in the middle of a member's rollout")
-        return super().run(policy, generation=generation, member=member, key_prefix=key_prefix, split=split,
-                           evolver=evolver, round_index=round_index)
+        return super().run(
+            policy,
+            generation=generation,
+            member=member,
+            key_prefix=key_prefix,
+            split=split,
+            evolver=evolver,
+            round_index=round_index,
+        )
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -61,18 +68,33 @@ def _one_thread():
 
 
 def es_config(model_dir, *, dtype="float32", max_rounds=20, max_samples=None, **es):
-    params = {"population_size": 8, "sigma": 0.05, "sigma_final": 0.0, "schedule": "cosine", "total_generations": 8,
-              "alpha": 0.06, "scope": "full", "eval_every": 4, "checkpoint_every": 3,
-              "rollout": {"type": "target_logprob"}, **es}
-    return {"run": {"name": "es", "seed": 3}, "model": {"name": str(model_dir), "backend": "hf", "dtype": dtype},
-            "budget": {"max_rounds": max_rounds, "max_samples": max_samples},
-            "evolvers": [{"name": "es", "type": "es", **params}], "report": {"plots": False}}
+    params = {
+        "population_size": 8,
+        "sigma": 0.05,
+        "sigma_final": 0.0,
+        "schedule": "cosine",
+        "total_generations": 8,
+        "alpha": 0.06,
+        "scope": "full",
+        "eval_every": 4,
+        "checkpoint_every": 3,
+        "rollout": {"type": "target_logprob"},
+        **es,
+    }
+    return {
+        "run": {"name": "es", "seed": 3},
+        "model": {"name": str(model_dir), "backend": "hf", "dtype": dtype},
+        "budget": {"max_rounds": max_rounds, "max_samples": max_samples},
+        "evolvers": [{"name": "es", "type": "es", **params}],
+        "report": {"plots": False},
+    }
 
 
 def run_loop(run_dir: Path, data: dict, resume: bool = False):
     run_dir.mkdir(parents=True, exist_ok=True)
-    loop = CoEvolutionLoop(parse_config(data), run_dir, raw_config=None if resume else data, resume=resume,
-                           progress=False)
+    loop = CoEvolutionLoop(
+        parse_config(data), run_dir, raw_config=None if resume else data, resume=resume, progress=False
+    )
     return loop, loop.run()
 
 
@@ -192,16 +214,28 @@ def test_export_loads_in_transformers_with_identical_logits(trained, tiny_model_
         model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
         with torch.no_grad():
             assert torch.equal(model(input_ids=ids).logits, ref)
-        assert json.loads((out / "coevo-es.json").read_text())["weights_hash"] == history(run_dir)[-1]["weight_hash_after"]
+        assert (
+            json.loads((out / "coevo-es.json").read_text())["weights_hash"] == history(run_dir)[-1]["weight_hash_after"]
+        )
         assert (out / "tokenizer.json").is_file()
     assert coevo_main(["es", "export", str(run_dir), str(tmp_path / "export0")]) == 2  # refuses a non-empty folder
 
 
 def _resume_config(model_dir, log_file, max_rounds, fail_at=None):
-    return es_config(model_dir, dtype="bfloat16", max_rounds=max_rounds, population_size=4, total_generations=6,
-                     sigma=0.02, sigma_final=0.01, alpha=0.05, scope="all_linear", checkpoint_every=2, eval_every=3,
-                     rollout={"type": "test_es_evolver:FlakyLogProbRollout", "log_file": str(log_file),
-                              "fail_at": fail_at})  # fmt: skip
+    return es_config(
+        model_dir,
+        dtype="bfloat16",
+        max_rounds=max_rounds,
+        population_size=4,
+        total_generations=6,
+        sigma=0.02,
+        sigma_final=0.01,
+        alpha=0.05,
+        scope="all_linear",
+        checkpoint_every=2,
+        eval_every=3,
+        rollout={"type": "test_es_evolver:FlakyLogProbRollout", "log_file": str(log_file), "fail_at": fail_at},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -260,13 +294,16 @@ def test_budget_stop_before_a_partial_population(tiny_model_dir, tmp_path):
     assert summary.samples == 12 and len(history(tmp_path / "run")) == 1
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"population_size": 5}, "population_size must be even"),
-    ({"rollout": {"type": "no_such_rollout"}}, "unknown rollout type 'no_such_rollout'"),
-    ({"rollout": {"type": "target_logprob", "prompt": "x"}}, "evolvers.es.rollout"),
-    ({"warmup": 8}, "warmup (8) must be < total_generations (8)"),
-    ({"scope": "lora"}, "evolvers.es.scope"),
-])
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"population_size": 5}, "population_size must be even"),
+        ({"rollout": {"type": "no_such_rollout"}}, "unknown rollout type 'no_such_rollout'"),
+        ({"rollout": {"type": "target_logprob", "prompt": "x"}}, "evolvers.es.rollout"),
+        ({"warmup": 8}, "warmup (8) must be < total_generations (8)"),
+        ({"scope": "lora"}, "evolvers.es.scope"),
+    ],
+)
 def test_config_errors_name_the_field(tiny_model_dir, change, message):
     with pytest.raises(ConfigError) as err:
         parse_config(es_config(tiny_model_dir, **change))
@@ -281,11 +318,16 @@ def test_tiny_yaml_config_runs(tmp_path, monkeypatch):
     loop = CoEvolutionLoop(cfg, tmp_path / "run", raw_config=raw, progress=False)
     summary = loop.run()
     rows = history(tmp_path / "run")
-    assert len(rows) == yaml.safe_load((ROOT / "configs" / "es" / "tiny.yaml").read_text())["evolvers"][0]["total_generations"]
+    assert (
+        len(rows)
+        == yaml.safe_load((ROOT / "configs" / "es" / "tiny.yaml").read_text())["evolvers"][0]["total_generations"]
+    )
     with TrajectoryStore(tmp_path / "run" / "store.sqlite", readonly=True) as s:
         evals = [t for t in s.query(run_id="run", evolver="es") if t.member is None]
     first, last = min(t.generation for t in evals), max(t.generation for t in evals)
-    mean = {g: sum(t.reward for t in evals if t.generation == g) / sum(t.generation == g for t in evals)
-            for g in (first, last)}  # fmt: skip
+    mean = {
+        g: sum(t.reward for t in evals if t.generation == g) / sum(t.generation == g for t in evals)
+        for g in (first, last)
+    }
     assert mean[last] > mean[first] + 0.1, mean
     assert "completed its 10 generations" in summary.stop_reason or "round budget" in summary.stop_reason

@@ -85,11 +85,16 @@ def test_lowrank_forward_equals_explicit_dense_perturbation(tiny_model_dir, dtyp
 
 def test_rows_of_different_members_in_one_batch_equal_each_member_alone(policy):
     replica = policy.es_replica(ScopeSpec("all_linear"), master_weights=False)
-    members = [ESMember(seed=5, sigma=0.2, sign=1, index=0), ESMember(seed=5, sigma=0.2, sign=-1, index=1),
-               ESMember(seed=9, sigma=0.2, sign=1, index=2)]  # fmt: skip
+    members = [
+        ESMember(seed=5, sigma=0.2, sign=1, index=0),
+        ESMember(seed=5, sigma=0.2, sign=-1, index=1),
+        ESMember(seed=9, sigma=0.2, sign=1, index=2),
+    ]
     before = replica.weights_hash()
-    for params in (SamplingParams(max_new_tokens=6, temperature=0.0),
-                   SamplingParams(max_new_tokens=6, temperature=1.0, top_p=0.9, seed=17)):  # fmt: skip
+    for params in (
+        SamplingParams(max_new_tokens=6, temperature=0.0),
+        SamplingParams(max_new_tokens=6, temperature=1.0, top_p=0.9, seed=17),
+    ):
         with replica.population(members, 1) as pop:
             rows = [(m, c) for c in CONVS for m in members]  # interleaved members, split over 3 model batches
             mixed = pop.generate(rows, params)
@@ -117,11 +122,17 @@ def test_population_refuses_non_matrices_and_active_perturbations(policy):
     with pytest.raises(ValueError, match="matrices only"), full.population([ESMember(seed=1, sigma=0.1)], 1):
         pass
     replica = policy.es_replica(ScopeSpec("all_linear"), master_weights=False)
-    with (replica.perturbed(ESMember(seed=1, sigma=0.1)), pytest.raises(RuntimeError, match="active"),
-          replica.population([ESMember(seed=1, sigma=0.1)], 1)):  # fmt: skip
+    with (
+        replica.perturbed(ESMember(seed=1, sigma=0.1)),
+        pytest.raises(RuntimeError, match="active"),
+        replica.population([ESMember(seed=1, sigma=0.1)], 1),
+    ):
         pass
     bank = FactorBank(replica.params, [ESMember(seed=3, sigma=0.1, sign=1), ESMember(seed=3, sigma=0.1, sign=-1)], 2)
-    assert bank.slots == [0, 0] and bank.scales == [pytest.approx(0.1 / math.sqrt(2)), pytest.approx(-0.1 / math.sqrt(2))]
+    assert bank.slots == [0, 0] and bank.scales == [
+        pytest.approx(0.1 / math.sqrt(2)),
+        pytest.approx(-0.1 / math.sqrt(2)),
+    ]
 
 
 # ------------------------------------------------------------------------------------------- update
@@ -138,8 +149,10 @@ def test_update_is_the_documented_rank1_float32_sum():
             acc += fa[:, c].mul(a_j)[:, None] * fb[None, :, c]
     assert torch.equal(w, orig + acc)
     assert not stats.skipped and stats.n_noise_streams == 2 and stats.changed_fraction > 0.99
-    expect = orig.double() + alpha / 3 * (0.9 * dense_perturbation(11, "l.weight", (40, 30), 2).double()
-                                         + 1.5 * dense_perturbation(12, "l.weight", (40, 30), 2).double())  # fmt: skip
+    expect = orig.double() + alpha / 3 * (
+        0.9 * dense_perturbation(11, "l.weight", (40, 30), 2).double()
+        + 1.5 * dense_perturbation(12, "l.weight", (40, 30), 2).double()
+    )
     assert torch.allclose(w.double(), expect, atol=1e-7)
 
 
@@ -155,7 +168,11 @@ def test_antithetic_pairs_with_equal_rewards_cancel_exactly():
     pc, pd = ESParams(select_params(c, "all_linear")), ESParams(select_params(d, "all_linear"))
     lowrank_update(pc, [4, 4, 9, 9], [1, -1, 1, -1], [0.5, 0.5, 1.0, -1.0], 1e-2, 1e-3, 1, 0)
     lowrank_update(pd, [9, 9, 9, 9], [1, -1, 1, -1], [1.0, -1.0, 0.0, 0.0], 1e-2, 1e-3, 1, 0)
-    assert pc.weights_hash() == pd.weights_hash() != ESParams(select_params(tiny_qwen2(seed=3), "all_linear")).weights_hash()
+    assert (
+        pc.weights_hash()
+        == pd.weights_hash()
+        != ESParams(select_params(tiny_qwen2(seed=3), "all_linear")).weights_hash()
+    )
 
 
 def test_stochastic_rounding_is_deterministic_unbiased_and_keeps_small_steps():
@@ -191,9 +208,19 @@ def test_lowrank_records_replay_bit_identically(dtype, master):
     records = []
     for g in range(3):
         seeds = [100 + g, 100 + g, 200 + g, 200 + g]
-        rec = GenerationRecord(generation=g, seeds=seeds, signs=[1, -1, 1, -1], rewards=[0.3, 0.1, -0.2, 0.4],
-                               coeffs=[1.0, 0.2, -1.3, 0.1], sigma=1e-3, alpha=2e-3, scope=scope.to_dict(),
-                               master_dtype="float32" if master else None, perturbation="lowrank", rank=2)  # fmt: skip
+        rec = GenerationRecord(
+            generation=g,
+            seeds=seeds,
+            signs=[1, -1, 1, -1],
+            rewards=[0.3, 0.1, -0.2, 0.4],
+            coeffs=[1.0, 0.2, -1.3, 0.1],
+            sigma=1e-3,
+            alpha=2e-3,
+            scope=scope.to_dict(),
+            master_dtype="float32" if master else None,
+            perturbation="lowrank",
+            rank=2,
+        )
         stats = rec.apply(params)
         assert stats.changed_fraction > 0.0
         rec.weight_hash_after = params.weights_hash()

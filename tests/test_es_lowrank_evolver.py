@@ -54,8 +54,18 @@ def _one_thread():
 
 
 def lowrank_config(model_dir, **es):
-    base = {"perturbation": "lowrank", "rank": 2, "scope": "all_linear", "population_size": 8, "sigma": 0.05,
-            "sigma_final": 0.0, "alpha": 0.06, "total_generations": 8, "eval_every": 4, "checkpoint_every": 3}  # fmt: skip
+    base = {
+        "perturbation": "lowrank",
+        "rank": 2,
+        "scope": "all_linear",
+        "population_size": 8,
+        "sigma": 0.05,
+        "sigma_final": 0.0,
+        "alpha": 0.06,
+        "total_generations": 8,
+        "eval_every": 4,
+        "checkpoint_every": 3,
+    }
     return es_config(model_dir, **{**base, **es})
 
 
@@ -105,10 +115,18 @@ def test_lowrank_config_errors(tiny_model_dir):
 
 
 def _kill_config(model_dir, marker: Path, kill_at):
-    return lowrank_config(model_dir, dtype="bfloat16", population_size=4, total_generations=5, sigma=0.02,
-                          sigma_final=0.01, alpha=0.05, checkpoint_every=2, eval_every=2,
-                          rollout={"type": "test_es_lowrank_evolver:KillingLogProbRollout", "kill_at": kill_at,
-                                   "marker": str(marker)})  # fmt: skip
+    return lowrank_config(
+        model_dir,
+        dtype="bfloat16",
+        population_size=4,
+        total_generations=5,
+        sigma=0.02,
+        sigma_final=0.01,
+        alpha=0.05,
+        checkpoint_every=2,
+        eval_every=2,
+        rollout={"type": "test_es_lowrank_evolver:KillingLogProbRollout", "kill_at": kill_at, "marker": str(marker)},
+    )
 
 
 def test_resume_after_kill_9_mid_generation_equals_uninterrupted(tiny_model_dir, tmp_path):
@@ -122,9 +140,24 @@ def test_resume_after_kill_9_mid_generation_equals_uninterrupted(tiny_model_dir,
     run_dir.parent.mkdir()
     (run_dir.parent / "config.yaml").write_text(yaml.safe_dump(data))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
-    proc = subprocess.run([sys.executable, "-m", "coevo.cli", "run", str(run_dir.parent / "config.yaml"), "--out",
-                           str(run_dir), "--no-progress"], env=env, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=600, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "coevo.cli",
+            "run",
+            str(run_dir.parent / "config.yaml"),
+            "--out",
+            str(run_dir),
+            "--no-progress",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert marker.exists() and [r["generation"] for r in history(run_dir)] == [0, 1, 2]
 
@@ -142,8 +175,15 @@ def test_ray_actors_apply_the_same_lowrank_update(tiny_model_dir, tmp_path):
     if started:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        es = {"population_size": 4, "total_generations": 2, "sigma": 0.02, "sigma_final": 0.01, "alpha": 0.05,
-              "eval_every": 1, "checkpoint_every": 1}  # fmt: skip
+        es = {
+            "population_size": 4,
+            "total_generations": 2,
+            "sigma": 0.02,
+            "sigma_final": 0.01,
+            "alpha": 0.05,
+            "eval_every": 1,
+            "checkpoint_every": 1,
+        }
         ray_dir = tmp_path / "ray"
         run_loop(ray_dir, lowrank_config(tiny_model_dir, dtype="bfloat16", workers=2, max_rounds=1, **es))
         (ray_dir / "weights" / "gen-00001.safetensors").unlink()  # fresh actors rebuild from base + history
@@ -164,9 +204,21 @@ def test_eoh_children_under_lowrank_members(tmp_path, tiny_model_dir):
     population view (no weight pass), recorded with the member, and the history rows are low-rank."""
     from test_ahd_coevo import make_loop, shipped
 
-    loop = make_loop(tmp_path, "eoh_es/tsp_construct.yaml", shipped("eoh", str(tiny_model_dir), **{
-        "evolvers.eoh.include_seed_heuristic": True, "schedule": "[{evolver: es}, {evolver: eoh}]",
-        "evolvers.es.population_size": 4, "evolvers.es.perturbation": "lowrank", "budget.max_samples": 28}))  # fmt: skip
+    loop = make_loop(
+        tmp_path,
+        "eoh_es/tsp_construct.yaml",
+        shipped(
+            "eoh",
+            str(tiny_model_dir),
+            **{
+                "evolvers.eoh.include_seed_heuristic": True,
+                "schedule": "[{evolver: es}, {evolver: eoh}]",
+                "evolvers.es.population_size": 4,
+                "evolvers.es.perturbation": "lowrank",
+                "budget.max_samples": 28,
+            },
+        ),
+    )
     start = loop.ctx.policy.es_replica(ScopeSpec("all_linear")).weights_hash()
     summary = loop.run()
     assert "sample budget reached (28/28" in summary.stop_reason
@@ -189,8 +241,10 @@ def test_countdown_population_rows_equal_members_alone(tiny_model_dir):
         ro = build_rollout({"type": "countdown", "cases_per_member": 4, "max_new_tokens": 4, "reward": reward}, None)
         with replica.population(members, 1) as pop:
             batched = ro.run_population(pop, members, generation=2, key_prefixes=["a", "b"])
-            alone = [ro.run(pop.member_policy(m), generation=2, member=m, key_prefix=p)
-                     for m, p in zip(members, ["a", "b"], strict=True)]  # fmt: skip
+            alone = [
+                ro.run(pop.member_policy(m), generation=2, member=m, key_prefix=p)
+                for m, p in zip(members, ["a", "b"], strict=True)
+            ]
         for got, want in zip(batched, alone, strict=True):
             assert [t.key for t in got] == [t.key for t in want] and len(got) == 4
             assert [t.steps[0].model_output for t in got] == [t.steps[0].model_output for t in want]

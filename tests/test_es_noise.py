@@ -76,9 +76,7 @@ def test_bad_seed_and_name_are_rejected():
 def _qkv_parts(model, layer: int):
     pre = f"model.layers.{layer}.self_attn."
     named = dict(model.named_parameters())
-    return [
-        (pre + p, tuple(named[pre + p].shape)) for p in ("q_proj.weight", "k_proj.weight", "v_proj.weight")
-    ]
+    return [(pre + p, tuple(named[pre + p].shape)) for p in ("q_proj.weight", "k_proj.weight", "v_proj.weight")]
 
 
 def test_fused_noise_equals_concatenated_hf_noise():
@@ -96,10 +94,7 @@ def _fuse(model, layer: int) -> dict[str, tuple[torch.Tensor, list]]:
     named = dict(model.named_parameters())
     pre = f"model.layers.{layer}."
     qkv = _qkv_parts(model, layer)
-    gate_up = [
-        (pre + f"mlp.{p}.weight", tuple(named[pre + f"mlp.{p}.weight"].shape))
-        for p in ("gate_proj", "up_proj")
-    ]
+    gate_up = [(pre + f"mlp.{p}.weight", tuple(named[pre + f"mlp.{p}.weight"].shape)) for p in ("gate_proj", "up_proj")]
     out = {}
     for fused_name, parts in (
         (pre + "self_attn.qkv_proj.weight", qkv),

@@ -28,8 +28,7 @@ def _snapshot(pairs):
 
 def _identical(pairs, snap) -> bool:
     return all(
-        torch.equal(t.view(torch.uint8), s.view(torch.uint8))
-        for (_, t), (_, s) in zip(pairs, snap, strict=True)
+        torch.equal(t.view(torch.uint8), s.view(torch.uint8)) for (_, t), (_, s) in zip(pairs, snap, strict=True)
     )
 
 
@@ -192,9 +191,7 @@ def _drift(model_dtype: torch.dtype, mode: str, cycles: int) -> tuple[float, flo
     for k in range(cycles):
         with perturb(params, 1000 + k, 1e-3, sign=1 if k % 2 else -1, mode=mode):
             pass
-    diff = torch.cat(
-        [(t.detach().float() - s.float()).reshape(-1) for (_, t), (_, s) in zip(pairs, snap, strict=True)]
-    )
+    diff = torch.cat([(t.detach().float() - s.float()).reshape(-1) for (_, t), (_, s) in zip(pairs, snap, strict=True)])
     return float(diff.square().mean().sqrt()), float((diff != 0).float().mean())
 
 

@@ -40,9 +40,16 @@ def _one_thread():
 
 
 def _spec(model_dir):
-    return {"model": str(model_dir), "dtype": "bfloat16", "device": "cpu", "batch_size": 8,
-            "rollout": {"type": "target_logprob"}, "scope": ScopeSpec("all_linear").to_dict(),
-            "master_weights": True, "restore_mode": "exact"}  # fmt: skip
+    return {
+        "model": str(model_dir),
+        "dtype": "bfloat16",
+        "device": "cpu",
+        "batch_size": 8,
+        "rollout": {"type": "target_logprob"},
+        "scope": ScopeSpec("all_linear").to_dict(),
+        "master_weights": True,
+        "restore_mode": "exact",
+    }
 
 
 def test_actor_noise_equals_in_process_and_divergence_is_detected(local_ray, tiny_model_dir):
@@ -57,8 +64,16 @@ def test_actor_noise_equals_in_process_and_divergence_is_detected(local_ray, tin
             assert pool.noise_hashes(member) == [expected, expected]  # ...identically in every process
         assert not local.active and pool.start_hashes[0] == local.weights_hash()
 
-        record = GenerationRecord(generation=0, seeds=[7, 7], signs=[1, -1], rewards=[1.0, 0.0], coeffs=[1.0, -1.0],
-                                  sigma=1e-2, alpha=1e-2, master_dtype="float32")  # fmt: skip
+        record = GenerationRecord(
+            generation=0,
+            seeds=[7, 7],
+            signs=[1, -1],
+            rewards=[1.0, 0.0],
+            coeffs=[1.0, -1.0],
+            sigma=1e-2,
+            alpha=1e-2,
+            master_dtype="float32",
+        )
         _, after = local.apply(record)
         assert pool.apply(record, expected=after) == (None, after) and pool.weights_hash() == after
         ray.get(pool.actors[0].apply.remote(record.to_dict()))  # one replica applies an update twice
@@ -69,8 +84,16 @@ def test_actor_noise_equals_in_process_and_divergence_is_detected(local_ray, tin
 
 
 def test_two_actor_generations_equal_in_process_also_after_resume(local_ray, tiny_model_dir, tmp_path):
-    es = {"population_size": 4, "total_generations": 2, "sigma": 0.02, "sigma_final": 0.01, "alpha": 0.05,
-          "scope": "all_linear", "eval_every": 1, "checkpoint_every": 1}  # fmt: skip
+    es = {
+        "population_size": 4,
+        "total_generations": 2,
+        "sigma": 0.02,
+        "sigma_final": 0.01,
+        "alpha": 0.05,
+        "scope": "all_linear",
+        "eval_every": 1,
+        "checkpoint_every": 1,
+    }
     run_loop(tmp_path / "inproc", es_config(tiny_model_dir, dtype="bfloat16", **es))
     ray_dir = tmp_path / "ray"
     run_loop(ray_dir, es_config(tiny_model_dir, dtype="bfloat16", workers=2, max_rounds=1, **es))

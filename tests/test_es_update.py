@@ -91,7 +91,7 @@ def test_fp32_masters_follow_the_float32_model_exactly():
     for e_bf, (_, t32) in zip(p_bf.entries, p_32.items(), strict=True):
         assert torch.equal(e_bf.master, t32.reshape(-1))
         assert torch.equal(e_bf.tensor, t32.to(torch.bfloat16))
-    assert max(fractions) < 0.2  # plain bf16 loses most 2e-5-sized steps (field notes: ~90 %)
+    assert max(fractions) < 0.2  # plain bf16 loses most 2e-5-sized steps (docs/references.md §1: ~90 %)
 
 
 def test_weight_decay_and_divide_by_sigma():

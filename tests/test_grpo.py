@@ -38,8 +38,12 @@ def test_chat_tokens_reproduce_the_chat_template(tiny_model_dir):
     r1 = chat.encode("set 1 2 3") + [im_end]  # a reply that ended with the stop token
     r2 = chat.encode("set 2 2")  # a reply cut by the length limit
     seq = ids + r1 + chat.between(r1, "board two") + r2 + chat.between(r2, "board three")
-    full = conv + [{"role": "assistant", "content": "set 1 2 3"}, {"role": "user", "content": "board two"},
-                   {"role": "assistant", "content": "set 2 2"}, {"role": "user", "content": "board three"}]  # fmt: skip
+    full = conv + [
+        {"role": "assistant", "content": "set 1 2 3"},
+        {"role": "user", "content": "board two"},
+        {"role": "assistant", "content": "set 2 2"},
+        {"role": "user", "content": "board three"},
+    ]
     assert tok.decode(seq) == tok.apply_chat_template(full, tokenize=False, add_generation_prompt=True)
 
 
@@ -59,8 +63,13 @@ def test_token_episodes_mask_environment_tokens(tiny_model_dir):
         assert len(runs) == 6  # six replies, each followed (except the last) by environment tokens
         assert ep.observation().split("Turns left")[0] in tok.decode(tr.prompt_ids + tr.completion_ids) or ep.done
     # the same seed gives the same episodes
-    again = run_token_episodes(pol.model, tok, [SudokuEpisode(p) for p in puzzles(4, 2, "train", 3, 0)],
-                               lambda turn: params, stop_ids=stop_token_ids(pol.model, tok))  # fmt: skip
+    again = run_token_episodes(
+        pol.model,
+        tok,
+        [SudokuEpisode(p) for p in puzzles(4, 2, "train", 3, 0)],
+        lambda turn: params,
+        stop_ids=stop_token_ids(pol.model, tok),
+    )
     assert [t.completion_ids for t in again] == [t.completion_ids for t in trajs]
 
 
@@ -95,11 +104,26 @@ class ParityRollout(SudokuRollout):
 
 def test_one_grpo_step_on_tiny_qwen2(tiny_model_dir, tmp_path):
     settings = GRPOSettings(
-        model=str(tiny_model_dir), steps=1, prompts_per_step=2, num_generations=4, learning_rate=1e-2, seed=0,
-        rollout={"type": "test_grpo:ParityRollout", "size": 4, "horizon": 1, "context": "history", "train_pool": 4,
-                 "puzzles_per_member": 2, "test_puzzles": 2, "max_new_tokens": 6, "temperature": 1.0, "top_k": 0,
-                 "top_p": 1.0},
-    )  # fmt: skip
+        model=str(tiny_model_dir),
+        steps=1,
+        prompts_per_step=2,
+        num_generations=4,
+        learning_rate=1e-2,
+        seed=0,
+        rollout={
+            "type": "test_grpo:ParityRollout",
+            "size": 4,
+            "horizon": 1,
+            "context": "history",
+            "train_pool": 4,
+            "puzzles_per_member": 2,
+            "test_puzzles": 2,
+            "max_new_tokens": 6,
+            "temperature": 1.0,
+            "top_k": 0,
+            "top_p": 1.0,
+        },
+    )
     with TrajectoryStore(tmp_path / "store.sqlite") as store:
         grpo = GRPOBaseline(settings, tmp_path / "trl", store, run_id="g")
         before = {n: p.detach().clone() for n, p in grpo.policy.model.named_parameters()}

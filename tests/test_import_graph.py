@@ -75,7 +75,7 @@ def find_cycle(edges) -> list[str] | None:
         stack.append(n)
         for m in sorted(adj[n]):
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in state and (found := visit(m)):
                 return found
         state[n] = 2
@@ -108,9 +108,18 @@ def test_layers_the_issue_names():
     from the report writer, rollouts do not import evolvers, heuristic design does not import evolvers or
     rollouts, and ``md_table`` lives in a standalone module."""
     edges = package_graph()
-    for src, dst in [("report", "evolvers"), ("report", "agents"), ("report", "loop"), ("rollouts", "evolvers"),
-                     ("ahd", "evolvers"), ("ahd", "rollouts"), ("agents", "rollouts"), ("agents", "report"),
-                     ("context", "evolvers"), ("evolvers", "report")]:  # fmt: skip
+    for src, dst in [
+        ("report", "evolvers"),
+        ("report", "agents"),
+        ("report", "loop"),
+        ("rollouts", "evolvers"),
+        ("ahd", "evolvers"),
+        ("ahd", "rollouts"),
+        ("agents", "rollouts"),
+        ("agents", "report"),
+        ("context", "evolvers"),
+        ("evolvers", "report"),
+    ]:
         assert (src, dst) not in edges, f"{src} imports {dst}: {edges.get((src, dst))}"
     loop_src = (ROOT / "loop.py").read_text()
     assert "coevo.report.writer" not in loop_src

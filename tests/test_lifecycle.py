@@ -35,8 +35,13 @@ def _toy(tmp_path: Path, *, rounds=4, samples=3, sleep=0.0, wall=None, name="cfg
 
 
 def _spawn(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "coevo.cli", "run", *args], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "coevo.cli", "run", *args],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
@@ -160,9 +165,11 @@ def test_two_resumes_started_together_one_wins_and_nothing_is_duplicated(tmp_pat
     _wait_for(run / "store.sqlite", "run", 2, first)
     # while it runs, a resume is refused with the holder's PID
     rc, _, err = _finish(_spawn("--resume", str(run), "--no-progress"), 120)
-    assert rc == 2 and err.strip() == (f"coevo run: error: {run} is in use by process {first.pid} (lock "
-                                       f"{run / 'run.lock'}); wait for it to finish or stop it, then resume "
-                                       "(run with -v for the traceback)")  # fmt: skip
+    assert rc == 2 and err.strip() == (
+        f"coevo run: error: {run} is in use by process {first.pid} (lock "
+        f"{run / 'run.lock'}); wait for it to finish or stop it, then resume "
+        "(run with -v for the traceback)"
+    )
     first.send_signal(signal.SIGKILL)  # the OS drops the lock with the process
     first.wait(30)
 
@@ -254,8 +261,10 @@ def test_a_damaged_latest_falls_back_to_the_newest_intact_checkpoint(tmp_path):
     latest.write_text("\x00\x17garbage")
     rc, _, err = _finish(_spawn("--resume", str(run)))
     assert rc == 0, err
-    assert f"{latest} is damaged (holds '\\x00\\x17garbage', not a checkpoint number): resuming from the newest " \
-           f"intact checkpoint {run / 'checkpoints' / '000003'}" in err
+    assert (
+        f"{latest} is damaged (holds '\\x00\\x17garbage', not a checkpoint number): resuming from the newest "
+        f"intact checkpoint {run / 'checkpoints' / '000003'}" in err
+    )
     assert "Traceback" not in err
     assert _trajs(tmp_path / "ref") == _trajs(run)
 
@@ -265,8 +274,12 @@ def test_a_damaged_latest_falls_back_to_the_newest_intact_checkpoint(tmp_path):
     assert seqs == ["000005", "000006"]
     (ck / "000006" / "state.json").write_text("{trunc")
     rc, _, err = _finish(_spawn("--resume", str(run)))
-    assert rc == 0 and f"{ck / 'LATEST'} names 000006, which is incomplete: resuming from the newest intact " \
-                       f"checkpoint {ck / '000005'}" in err, err
+    assert (
+        rc == 0
+        and f"{ck / 'LATEST'} names 000006, which is incomplete: resuming from the newest intact "
+        f"checkpoint {ck / '000005'}"
+        in err
+    ), err
     assert _trajs(tmp_path / "ref") == _trajs(run)
 
 

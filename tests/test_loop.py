@@ -159,6 +159,8 @@ def test_coevo_run_refuses_a_parameter_space_evolver_without_a_model(tmp_path, c
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(data))
     assert main(["run", str(cfg_path), "--out", str(tmp_path / "run")]) == 2
-    assert "evolvers.es.type: a parameter-space evolver evolves the model's weights, but the config has no " \
-           "`model` section" in capsys.readouterr().err
+    assert (
+        "evolvers.es.type: a parameter-space evolver evolves the model's weights, but the config has no "
+        "`model` section" in capsys.readouterr().err
+    )
     assert not (tmp_path / "run").exists()

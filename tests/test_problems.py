@@ -87,8 +87,9 @@ def test_tsplib_eil51_parsing_optimum_and_nn(shared_data):
     assert refs.tolist() == [426.0] and name == "TSPLIB optimum"
     nn = tsp.run_heuristic(seed_fn(tsp), inst)["objectives"][0]
     assert nn == 511.0  # nearest neighbour from node 1 (TSPLIB numbering): 20% above the optimum
-    folder = load_tsplib([shared_data / "tsplib" / "eil51.tsp", shared_data / "tsplib" / "rat99.tsp"],
-                         tsp.root / "tsplib_optima.json")
+    folder = load_tsplib(
+        [shared_data / "tsplib" / "eil51.tsp", shared_data / "tsplib" / "rat99.tsp"], tsp.root / "tsplib_optima.json"
+    )
     assert folder.known_reference.tolist() == [426.0, 1211.0] and len(folder.arrays[1]["coords"]) == 99
 
 
@@ -150,8 +151,10 @@ def test_each_call_gets_fresh_writable_inputs_and_edits_change_nothing():
         bins -= item  # FunSearch-style code may reuse its argument as scratch space
         return -bins.astype(float)
 
-    assert bpp.run_heuristic(best_fit_in_place, binst)["objectives"] == \
-        bpp.run_heuristic(seed_fn(bpp), binst)["objectives"]
+    assert (
+        bpp.run_heuristic(best_fit_in_place, binst)["objectives"]
+        == bpp.run_heuristic(seed_fn(bpp), binst)["objectives"]
+    )
 
 
 def test_kp_greedy_below_exact_and_empty_knapsack_scores_worst():
@@ -196,8 +199,9 @@ def test_cvrp_capacity_is_checked_and_seed_is_feasible():
     refs, name = cvrp.references(inst)
     assert "not optimal" in name and np.all(refs <= seed + 1e-9) and np.all(refs > 0)
     # going back to the depot after every customer is feasible and longer than capacity-aware NN
-    star = np.array(cvrp.run_heuristic(
-        lambda c, depot, u, r, q, d: depot if c != depot else int(u[0]), inst)["objectives"])
+    star = np.array(
+        cvrp.run_heuristic(lambda c, depot, u, r, q, d: depot if c != depot else int(u[0]), inst)["objectives"]
+    )
     assert np.allclose(star, [2 * a["distances"][0, 1:].sum() for a in inst]) and np.all(star > seed)
 
 
@@ -218,13 +222,15 @@ def test_bpp_scalar_nan_and_wrong_length_priorities_are_invalid():
 
 
 def test_generators_are_seeded_and_follow_the_stated_distributions():
-    tsp, kp, cvrp, bpp = (load_problem(n) for n in ("tsp_construct", "kp_construct", "cvrp_construct",
-                                                    "bpp_online"))
+    tsp, kp, cvrp, bpp = (load_problem(n) for n in ("tsp_construct", "kp_construct", "cvrp_construct", "bpp_online"))
     a, b = tsp.generate(20, 3, seed=1), tsp.generate(20, 3, seed=1)
     assert a.content_hash() == b.content_hash() != tsp.generate(20, 3, seed=2).content_hash()
     assert a.arrays[0]["coords"].shape == (20, 2) and a.arrays[0]["coords"].max() < 1.0
-    assert [float(x["capacity"]) for x in (kp.generate(n, 1, 0).arrays[0] for n in (50, 100, 200))] == \
-        [12.5, 25.0, 25.0]
+    assert [float(x["capacity"]) for x in (kp.generate(n, 1, 0).arrays[0] for n in (50, 100, 200))] == [
+        12.5,
+        25.0,
+        25.0,
+    ]
     c = cvrp.generate(50, 2, seed=0).arrays[0]
     assert int(c["capacity"]) == 40 and c["demands"][0] == 0 and set(c["demands"][1:]) <= set(range(1, 10))
     assert int(cvrp.generate(20, 1, 0).arrays[0]["capacity"]) == 30
@@ -248,8 +254,9 @@ def test_bad_generator_inputs_name_the_field():
 
 def test_instance_npz_roundtrip_without_pickle_and_run_target(tmp_path, shared_data):
     tsp = load_problem("tsp_construct")
-    mixed = load_tsplib([shared_data / "tsplib" / "eil51.tsp", shared_data / "tsplib" / "rat99.tsp"],
-                        tsp.root / "tsplib_optima.json")
+    mixed = load_tsplib(
+        [shared_data / "tsplib" / "eil51.tsp", shared_data / "tsplib" / "rat99.tsp"], tsp.root / "tsplib_optima.json"
+    )
     path = mixed.save(tmp_path / "mixed.npz")
     with np.load(path, allow_pickle=False) as raw:
         assert all(raw[k].dtype != object for k in raw.files)
@@ -268,9 +275,11 @@ def test_instance_npz_roundtrip_without_pickle_and_run_target(tmp_path, shared_d
 
 def test_cvrplib_file_loads_through_vrplib(tmp_path):
     vrp = tmp_path / "tiny.vrp"
-    vrp.write_text("NAME : tiny\nTYPE : CVRP\nDIMENSION : 5\nEDGE_WEIGHT_TYPE : EUC_2D\nCAPACITY : 10\n"
-                   "NODE_COORD_SECTION\n1 0 0\n2 0 3\n3 4 0\n4 0 -3\n5 -4 0\n"
-                   "DEMAND_SECTION\n1 0\n2 6\n3 5\n4 4\n5 5\nDEPOT_SECTION\n1\n-1\nEOF\n")
+    vrp.write_text(
+        "NAME : tiny\nTYPE : CVRP\nDIMENSION : 5\nEDGE_WEIGHT_TYPE : EUC_2D\nCAPACITY : 10\n"
+        "NODE_COORD_SECTION\n1 0 0\n2 0 3\n3 4 0\n4 0 -3\n5 -4 0\n"
+        "DEMAND_SECTION\n1 0\n2 6\n3 5\n4 4\n5 5\nDEPOT_SECTION\n1\n-1\nEOF\n"
+    )
     cvrp = load_problem("cvrp_construct")
     inst = cvrp.load_instances(vrp)
     a = inst.arrays[0]
@@ -292,7 +301,8 @@ def test_load_problem_unknown_and_custom_root(tmp_path, monkeypatch):
         "@register_problem\n"
         "class TinyTSP(Base):\n"
         "    name = 'tsp_tiny'\n"
-        "    sizes = (5,)\n")
+        "    sizes = (5,)\n"
+    )
     (folder / "seed_heuristic.py").write_text(load_problem("tsp_construct").seed_heuristic_code())
     monkeypatch.setenv("COEVO_HEURISTICS_DIR", str(tmp_path / "heur"))
     assert available_problems() == ["tsp_tiny"]
@@ -310,8 +320,11 @@ TSP_HEAD = "NAME: t\nTYPE: TSP\nDIMENSION: {n}\nEDGE_WEIGHT_TYPE: {w}\nNODE_COOR
 
 def _tsp_file(folder: Path, name: str, coords: list[str], n: int | None = None, wtype: str = "EUC_2D") -> Path:
     path = folder / name
-    path.write_text(TSP_HEAD.format(n=len(coords) if n is None else n, w=wtype)
-                    + "".join(f"{i + 1} {c}\n" for i, c in enumerate(coords)) + "EOF\n")
+    path.write_text(
+        TSP_HEAD.format(n=len(coords) if n is None else n, w=wtype)
+        + "".join(f"{i + 1} {c}\n" for i, c in enumerate(coords))
+        + "EOF\n"
+    )
     return path
 
 
@@ -344,10 +357,11 @@ def test_bad_instance_files_are_refused_naming_file_and_field(tmp_path):
         with pytest.raises(ValueError, match=rf"{fname}: .*{pattern}"):
             tsp.load_instances(path)
     for fname, text, pattern in (
-            ("syntax.json", '{"capacity": 100, "instances": {"a": [1, 2,]}}', "invalid JSON at line 1"),
-            ("floatcap.json", '{"capacity": 100.5, "instances": {"a": [1, 2]}}', "field 'capacity'.*100.5"),
-            ("empty.json", '{"capacity": 100, "instances": {}}', "field 'instances' must be a non-empty"),
-            ("floatitem.json", '{"capacity": 100, "instances": {"a": [1.5]}}', "field 'instances.a'")):
+        ("syntax.json", '{"capacity": 100, "instances": {"a": [1, 2,]}}', "invalid JSON at line 1"),
+        ("floatcap.json", '{"capacity": 100.5, "instances": {"a": [1, 2]}}', "field 'capacity'.*100.5"),
+        ("empty.json", '{"capacity": 100, "instances": {}}', "field 'instances' must be a non-empty"),
+        ("floatitem.json", '{"capacity": 100, "instances": {"a": [1.5]}}', "field 'instances.a'"),
+    ):
         (tmp_path / fname).write_text(text)
         with pytest.raises(ValueError, match=rf"{fname}: {pattern}"):
             bpp.load_instances(tmp_path / fname)
@@ -407,14 +421,19 @@ def test_cli_eval_refuses_bad_files_and_flags_before_running(tmp_path, capsys):
     nan_dist = np.full((1, 4, 4), np.nan)
     np.savez(tmp_path / "nan.npz", coords=coords, distances=nan_dist)
     for argv, pattern in (
-            ([str(tmp_path)], "is a folder"),
-            ([str(binary)], r"bin\.py is not UTF-8 text"),
-            ([str(nul)], r"nul\.py contains NUL bytes"),
-            ([str(good), "--instances", str(tmp_path / "nan.npz"), "--json"],
-             r"nan\.npz: instance 'nan_0' field 'distances'"),
-            ([str(good), "--instances", str(tmp_path / "nan.npz"), "--seed", "3"],
-             r"--size and --seed only apply to generated instances; with --instances give only --count"),
-            ([str(good), "--count", "100000000"], "count must be <= 100000")):
+        ([str(tmp_path)], "is a folder"),
+        ([str(binary)], r"bin\.py is not UTF-8 text"),
+        ([str(nul)], r"nul\.py contains NUL bytes"),
+        (
+            [str(good), "--instances", str(tmp_path / "nan.npz"), "--json"],
+            r"nan\.npz: instance 'nan_0' field 'distances'",
+        ),
+        (
+            [str(good), "--instances", str(tmp_path / "nan.npz"), "--seed", "3"],
+            r"--size and --seed only apply to generated instances; with --instances give only --count",
+        ),
+        ([str(good), "--count", "100000000"], "count must be <= 100000"),
+    ):
         rc, out, err = _cli(["heuristics", "eval", "tsp_construct", *argv], capsys)
         assert rc == 2 and out == ""
         assert re.search(pattern, err), err

@@ -11,8 +11,10 @@ from coevo.ahd.cli import add_parser
 from coevo.ahd.evaluate import evaluate_heuristic, evaluate_many
 from coevo.sandbox.runner import Sandbox, SandboxLimits
 
-VISITS_DEPOT = "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n" \
-               "    return destination_node\n"
+VISITS_DEPOT = (
+    "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
+    "    return destination_node\n"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +36,8 @@ def test_evaluate_seed_and_invalid_heuristics_in_sandbox(shared_data, sandbox):
     assert "LKH" in good.metrics["reference"] and good.metrics["gap_percent"] > 0
     assert good.metrics["n_invalid"] == 0 and len(good.metrics["objectives"]) == 8
     bad, syntax, missing = evaluate_many(
-        tsp, [VISITS_DEPOT, "def select_next_node(:\n", "def other():\n    return 0\n"], inst, sandbox=sandbox)
+        tsp, [VISITS_DEPOT, "def select_next_node(:\n", "def other():\n    return 0\n"], inst, sandbox=sandbox
+    )
     assert (bad.valid, bad.error_kind, bad.score) == (False, "infeasible", None)
     assert "already visited" in bad.error and bad.metrics["reference"]
     assert syntax.error_kind == "syntax" and missing.error_kind == "parse"
@@ -65,9 +68,21 @@ def test_cli_eval_json_and_text(tmp_path, capsys, shared_data):
     tsp = load_problem("tsp_construct")
     seed = tmp_path / "nn.py"
     seed.write_text(tsp.seed_heuristic_code())
-    rc, out = run_cli(["heuristics", "eval", "tsp_construct", str(seed), "--instances",
-                       str(shared_data / "tsp" / "eoh_test_20.npz"), "--count", "64", "--json",
-                       "--no-reference"], capsys)
+    rc, out = run_cli(
+        [
+            "heuristics",
+            "eval",
+            "tsp_construct",
+            str(seed),
+            "--instances",
+            str(shared_data / "tsp" / "eoh_test_20.npz"),
+            "--count",
+            "64",
+            "--json",
+            "--no-reference",
+        ],
+        capsys,
+    )
     doc = json.loads(out)
     assert rc == 0 and doc["mean_objective"] == pytest.approx(4.4900, abs=5e-5)
     assert {"mean_objective", "gap_percent", "reference", "n_instances", "n_invalid", "invalid_reasons"} <= set(doc)
@@ -80,9 +95,11 @@ def test_cli_eval_json_and_text(tmp_path, capsys, shared_data):
         "    if len(unvisited_nodes) == len(distance_matrix) - 1 and "
         "distance_matrix[0, 1] > distance_matrix[0, 2]:\n"
         "        return 0\n"
-        "    return int(unvisited_nodes[np.argmin(distance_matrix[current_node, unvisited_nodes])])\n")
-    rc, out = run_cli(["heuristics", "eval", "tsp_construct", str(half_bad), "--size", "12", "--count", "10",
-                       "--seed", "1"], capsys)
+        "    return int(unvisited_nodes[np.argmin(distance_matrix[current_node, unvisited_nodes])])\n"
+    )
+    rc, out = run_cli(
+        ["heuristics", "eval", "tsp_construct", str(half_bad), "--size", "12", "--count", "10", "--seed", "1"], capsys
+    )
     assert rc == 1 and "gap:" in out and "LKH" in out
     n_bad = int(out.split("invalid: ")[1].split(" of ")[0])
     assert 0 < n_bad < 10 and "infeasible: InfeasibleSolution" in out

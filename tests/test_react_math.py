@@ -65,12 +65,18 @@ def test_problem_answers_are_exact():
             a, b, op, c, d = re.match(r"Compute (\d+)/(\d+) ([-+*]) (\d+)/(\d+)", p.question).groups()
             from fractions import Fraction as F
 
-            v = {"+": F(int(a), int(b)) + F(int(c), int(d)), "-": F(int(a), int(b)) - F(int(c), int(d)),
-                 "*": F(int(a), int(b)) * F(int(c), int(d))}[op]  # fmt: skip
+            v = {
+                "+": F(int(a), int(b)) + F(int(c), int(d)),
+                "-": F(int(a), int(b)) - F(int(c), int(d)),
+                "*": F(int(a), int(b)) * F(int(c), int(d)),
+            }[op]
             assert parse_number(p.answer) == v
         else:  # shopping: q1 * p1 + q2 * p2 paid, change
-            q1, p1, q2, p2, paid = re.match(r"Sam buys (\d+) notebooks at \$([\d.]+) each and (\d+) pens at \$([\d.]+) "
-                                            r"each, and pays with \$(\d+)", p.question).groups()  # fmt: skip
+            q1, p1, q2, p2, paid = re.match(
+                r"Sam buys (\d+) notebooks at \$([\d.]+) each and (\d+) pens at \$([\d.]+) "
+                r"each, and pays with \$(\d+)",
+                p.question,
+            ).groups()
             from fractions import Fraction as F
 
             assert parse_number(p.answer) == int(paid) - int(q1) * F(p1) - int(q2) * F(p2) > 0
@@ -79,12 +85,28 @@ def test_problem_answers_are_exact():
 
 
 # ----------------------------------------------------------------------------------------------- answers
-@pytest.mark.parametrize(("given", "expected", "ok"), [
-    ("1,234", "1234", True), ("$44.75", "44.75", True), ("44.750", "44.75", True), (r"\frac{13}{21}", "13/21", True),
-    ("26/42", "13/21", True), ("0.5", "1/2", True), ("42 dollars.", "42", True), (r"\boxed{7}", "7", True),
-    ("-3", "-3", True), ("1e3", "1000", True), ("3.14", "22/7", False), ("43", "42", False), ("", "0", False),
-    ("forty-two", "42", False), ("Paris", "paris.", True), (None, "1", False), ("1/0", "1", False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("given", "expected", "ok"),
+    [
+        ("1,234", "1234", True),
+        ("$44.75", "44.75", True),
+        ("44.750", "44.75", True),
+        (r"\frac{13}{21}", "13/21", True),
+        ("26/42", "13/21", True),
+        ("0.5", "1/2", True),
+        ("42 dollars.", "42", True),
+        (r"\boxed{7}", "7", True),
+        ("-3", "-3", True),
+        ("1e3", "1000", True),
+        ("3.14", "22/7", False),
+        ("43", "42", False),
+        ("", "0", False),
+        ("forty-two", "42", False),
+        ("Paris", "paris.", True),
+        (None, "1", False),
+        ("1/0", "1", False),
+    ],
+)
 def test_answers_are_checked_exactly(given, expected, ok):
     assert answers_match(given, expected) is ok
 
@@ -149,8 +171,10 @@ def _alive(marker: str) -> list[int]:
 
 def test_tool_forks_do_not_survive_the_call(tool):
     marker = f"{uuid.uuid4().int % 10**6}.{uuid.uuid4().int % 10**6}"  # a unique sleep argument
-    code = ("import os\nfor _ in range(5):\n    if os.fork() == 0:\n        os.setsid()\n"
-            f"        os.execvp('sleep', ['sleep', '{marker}'])\nprint('parent done')")  # fmt: skip
+    code = (
+        "import os\nfor _ in range(5):\n    if os.fork() == 0:\n        os.setsid()\n"
+        f"        os.execvp('sleep', ['sleep', '{marker}'])\nprint('parent done')"
+    )
     r = tool(code)
     assert r.stdout.strip() == "parent done"
     time.sleep(0.3)
@@ -233,8 +257,17 @@ class ReActScript(Policy):
 
 
 def test_react_math_rollout_with_a_scripted_agent():
-    ro = build_rollout({"type": "react_math", "families": ["arith"], "problems_per_member": 3, "test_problems": 2,
-                        "samples_per_problem": 3, "tool_timeout_s": 5}, None)  # fmt: skip
+    ro = build_rollout(
+        {
+            "type": "react_math",
+            "families": ["arith"],
+            "problems_per_member": 3,
+            "test_problems": 2,
+            "samples_per_problem": 3,
+            "tool_timeout_s": 5,
+        },
+        None,
+    )
     pol = ReActScript()
     ts = ro.run(pol, generation=0, member=None, key_prefix="m", split="test")
     assert len(ts) == ro.n_cases("test") == 6 and pol.batches == [6, 6]  # one batched call per turn

@@ -21,12 +21,28 @@ from coevo.store import TrajectoryStore
 
 SMOKE = {
     "es": {"population_size": 2, "total_generations": 1, "eval_every": 0, "rollout": {"type": "target_logprob"}},
-    "eoh": {"problem": "tsp_construct", "population_size": 2, "train_size": 20, "train_count": 2,
-            "test_sizes": [20], "test_count": 2, "max_new_tokens": 16, "eval_timeout_s": 10, "init_retries": 0},
-    "sample": {"problem": "bpp_online", "batch": 2, "train_count": 2, "test_sizes": [100], "test_count": 1,
-               "max_new_tokens": 16, "eval_timeout_s": 10},
+    "eoh": {
+        "problem": "tsp_construct",
+        "population_size": 2,
+        "train_size": 20,
+        "train_count": 2,
+        "test_sizes": [20],
+        "test_count": 2,
+        "max_new_tokens": 16,
+        "eval_timeout_s": 10,
+        "init_retries": 0,
+    },
+    "sample": {
+        "problem": "bpp_online",
+        "batch": 2,
+        "train_count": 2,
+        "test_sizes": [100],
+        "test_count": 1,
+        "max_new_tokens": 16,
+        "eval_timeout_s": 10,
+    },
     "trace2skill": {"skill": "web-navigation", "max_trajectories": 1, "max_new_tokens": 16},
-}  # fmt: skip
+}
 
 BUILTIN = ("es", "eoh", "sample", "trace2skill")
 
@@ -134,11 +150,25 @@ def _chromium_missing() -> str | None:
 ROLLOUT_SMOKE = {
     "target_logprob": ({"type": "target_logprob", "target": "hi"}, [], None),
     "countdown": ({"type": "countdown", "task": "arithmetic", "cases_per_member": 2, "max_new_tokens": 4}, [], None),
-    "eoh_children": ({"type": "eoh_children", "evolver": "eoh", "operators": ["m1"]},
-                     [{"name": "eoh", "type": "eoh", **SMOKE["eoh"]}], None),
-    "web": ({"type": "web", "taskset": "miniwob_smoke", "tasks": ["click-test"], "episodes_per_member": 1,
-             "max_steps": 1, "n_envs": 1, "sampling": {"max_new_tokens": 8}}, [], "chromium"),
-}  # fmt: skip
+    "eoh_children": (
+        {"type": "eoh_children", "evolver": "eoh", "operators": ["m1"]},
+        [{"name": "eoh", "type": "eoh", **SMOKE["eoh"]}],
+        None,
+    ),
+    "web": (
+        {
+            "type": "web",
+            "taskset": "miniwob_smoke",
+            "tasks": ["click-test"],
+            "episodes_per_member": 1,
+            "max_steps": 1,
+            "n_envs": 1,
+            "sampling": {"max_new_tokens": 8},
+        },
+        [],
+        "chromium",
+    ),
+}
 
 
 def test_every_registered_rollout_has_a_smoke_config():
@@ -168,8 +198,15 @@ def test_one_es_generation_with_every_rollout(type_name, tiny_model_dir, tmp_pat
     if needs == "chromium" and (why := _chromium_missing()):
         pytest.skip(why)
     monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
-    es = {"name": "es", "type": "es", "population_size": 2, "total_generations": 1, "eval_every": 0,
-          "workers": 0, "rollout": spec}  # fmt: skip
+    es = {
+        "name": "es",
+        "type": "es",
+        "population_size": 2,
+        "total_generations": 1,
+        "eval_every": 0,
+        "workers": 0,
+        "rollout": spec,
+    }
     data = {
         "run": {"name": "smoke", "seed": 1},
         "model": {"name": str(tiny_model_dir), "dtype": "float32", "batch_size": 4},
@@ -203,8 +240,9 @@ def test_problem_contract(name, tmp_path, monkeypatch):
     spec = problem.prompt_spec()
     assert all(spec[k] for k in ("task", "function_name", "inputs", "outputs", "template"))
     instances = problem.generate(min(problem.sizes), 2, 0)
-    seed, template = evaluate_many(problem, [problem.seed_heuristic_code(), problem.template_code()], instances,
-                                   with_reference=False)  # fmt: skip
+    seed, template = evaluate_many(
+        problem, [problem.seed_heuristic_code(), problem.template_code()], instances, with_reference=False
+    )
     for res in (seed, template):
         assert res.valid, res.error
         assert res.score == pytest.approx(-res.objective if problem.direction == "minimize" else res.objective)

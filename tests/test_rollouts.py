@@ -70,7 +70,13 @@ def test_rollouts_on_tiny_model(tiny_model_dir):
 
 def test_answer_logprob_reward_is_dense_and_test_split_records_exact_match(tiny_model_dir):
     policy = HFPolicy(tiny_model_dir, batch_size=4)
-    spec = {"type": "countdown", "reward": "answer_logprob", "cases_per_member": 3, "test_cases": 2, "max_new_tokens": 4}
+    spec = {
+        "type": "countdown",
+        "reward": "answer_logprob",
+        "cases_per_member": 3,
+        "test_cases": 2,
+        "max_new_tokens": 4,
+    }
     ro = build_rollout(spec, None)
     train = ro.run(policy, generation=0, member=None, key_prefix="k")
     answers = [str(t.meta["case"]["answer"]) for t in train]

@@ -81,8 +81,9 @@ def test_a_policy_shared_by_two_run_contexts_answers_to_the_newest(ctx, tmp_path
     policy = ctx.policy
     ctx.budget.max_wall_s = 1e-9  # the first context's budget is spent
     store = TrajectoryStore(tmp_path / "other.sqlite")
-    other = RunContext(run_id="o", run_dir=tmp_path, store=store, budget=Budget(store, "o"),
-                       policy_factory=lambda: policy)  # fmt: skip
+    other = RunContext(
+        run_id="o", run_dir=tmp_path, store=store, budget=Budget(store, "o"), policy_factory=lambda: policy
+    )
     assert other.policy is policy
     assert len(policy.logprob(CONVS[:1], ["Hi"])) == 1  # only the new context's (unlimited) budget applies
     store.close()

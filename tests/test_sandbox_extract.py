@@ -32,8 +32,10 @@ def names(code: str) -> list[str]:
 
 
 def test_fenced_block_with_eoh_thought_and_dict_literal():
-    text = ("{The algorithm picks the nearest unvisited node, weighted by {a, b} tie rules.}\n\n"
-            f"```python\n{BODY}```\nThis works because nearest is good.")
+    text = (
+        "{The algorithm picks the nearest unvisited node, weighted by {a, b} tie rules.}\n\n"
+        f"```python\n{BODY}```\nThis works because nearest is good."
+    )
     ex = extract_code(text, FN)
     assert ex.error is None and ex.code == BODY
     assert ex.thought == "The algorithm picks the nearest unvisited node, weighted by {a, b} tie rules."
@@ -46,9 +48,12 @@ def test_tilde_fence_and_bare_fence():
 
 
 def test_no_code_fence_with_prose_before_and_after():
-    text = ("Sure! Here is my improved heuristic.\n" + BODY +
-            "\nThis function returns the closest node. It's simple: the distance is what matters.\n"
-            "Done\n")
+    text = (
+        "Sure! Here is my improved heuristic.\n"
+        + BODY
+        + "\nThis function returns the closest node. It's simple: the distance is what matters.\n"
+        "Done\n"
+    )
     ex = extract_code(text, FN)
     assert ex.error is None
     assert ex.code == BODY
@@ -82,9 +87,11 @@ def test_several_functions_helpers_and_constants_are_kept():
 
 
 def test_multi_line_literal_closing_at_column_zero_and_docstring():
-    text = ('Some prose.\nTABLE = {\n    "a": 1,\n    "b": 2,\n}\n'
-            'def select_next_node(c, d, u, m):\n    """Pick.\n\nColumn-0 docstring line.\n"""\n'
-            '    return u[0] + TABLE["a"] - 1\nThat is all.\n')
+    text = (
+        'Some prose.\nTABLE = {\n    "a": 1,\n    "b": 2,\n}\n'
+        'def select_next_node(c, d, u, m):\n    """Pick.\n\nColumn-0 docstring line.\n"""\n'
+        '    return u[0] + TABLE["a"] - 1\nThat is all.\n'
+    )
     ex = extract_code(text, FN)
     assert ex.error is None and names(ex.code) == ["TABLE", FN]
     assert "That is all" not in ex.code
@@ -98,8 +105,14 @@ def test_last_fenced_answer_wins_over_a_draft():
 
 
 def test_nul_and_control_bytes_crlf_zero_width_and_nbsp():
-    dirty = ("{idea\x00}\r\n```python\r\n" + BODY.replace("\n", "\r\n").replace("import", "im\x00port", 1)
-             .replace("scores =", "scores\u00a0=").replace("return", "\u200breturn") + "```\x07\r\n")
+    dirty = (
+        "{idea\x00}\r\n```python\r\n"
+        + BODY.replace("\n", "\r\n")
+        .replace("import", "im\x00port", 1)
+        .replace("scores =", "scores\u00a0=")
+        .replace("return", "\u200breturn")
+        + "```\x07\r\n"
+    )
     ex = extract_code(dirty, FN)
     assert ex.error is None and ex.code == BODY and ex.thought == "idea"
     assert "\x00" not in clean_text("a\x00b\x1b[0m\ufeff") and clean_text("a\r\nb\rc") == "a\nb\nc"

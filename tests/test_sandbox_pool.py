@@ -39,8 +39,12 @@ def test_order_preserved_and_failures_isolated():
     sandbox = Sandbox(SandboxLimits(timeout_s=2.0, memory_mb=512))
     jobs = [
         Job("def f(x):\n    return x * 10\n", "f", CALL, {"cases": [[1]]}),
-        {"code": "def f(x):\n    while True:\n        pass\n", "function_name": "f", "target": CALL,
-         "payload": {"cases": [[2]]}},
+        {
+            "code": "def f(x):\n    while True:\n        pass\n",
+            "function_name": "f",
+            "target": CALL,
+            "payload": {"cases": [[2]]},
+        },
         Job("def f(x):\n    return x * 10\n", "f", CALL, {"cases": [[3]]}),
         Job("def f(x):\n    raise KeyError(x)\n", "f", CALL, {"cases": [[4]]}),
         Job("def f(x:\n", "f", CALL, {"cases": [[5]]}),
@@ -84,8 +88,7 @@ def test_plain_baseline_matches_the_sandbox_and_leaks_grandchildren():
     sandboxed = Sandbox(SandboxLimits(timeout_s=5)).run(code, "f", CALL, payload)
     assert plain.metrics == lean.metrics == sandboxed.metrics == {"values": [3, 7]}
     assert evaluate_plain("def f(:\n", "f", CALL, payload, timeout_s=5).error_kind == "syntax"
-    assert evaluate_plain("def f(a, b):\n    while 1: pass\n", "f", CALL, payload, timeout_s=1).error_kind \
-        == "timeout"
+    assert evaluate_plain("def f(a, b):\n    while 1: pass\n", "f", CALL, payload, timeout_s=1).error_kind == "timeout"
     # The negative control for the sandbox's grandchild test: without the group kill the child survives.
     token = f"0.{str(uuid.uuid4().int)[:12]}"
     leaky = f"import subprocess\ndef f(a, b):\n    subprocess.Popen(['sleep', '100', '{token}'])\n    return 0\n"
@@ -100,9 +103,27 @@ def test_plain_baseline_matches_the_sandbox_and_leaks_grandchildren():
 
 def test_throughput_benchmark_runs_and_prints_metric_lines():
     start = time.monotonic()
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sandbox_throughput.py"), "--evals", "4",
-                           "--rounds", "1", "--workers", "2", "--n", "8", "--instances", "1"],
-                          capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "sandbox_throughput.py"),
+            "--evals",
+            "4",
+            "--rounds",
+            "1",
+            "--workers",
+            "2",
+            "--n",
+            "8",
+            "--instances",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
     by_name = {x["metric"]: x for x in lines}

@@ -58,8 +58,10 @@ def call(sb: Sandbox, code: str, cases: list | None = None, **payload):
 
 
 def test_valid_program_returns_the_targets_metrics(sandbox):
-    code = ("import math\n\ndef select_next_node(current, destination, unvisited, dist):\n"
-            "    return min(unvisited, key=lambda n: dist[current][n])\n")
+    code = (
+        "import math\n\ndef select_next_node(current, destination, unvisited, dist):\n"
+        "    return min(unvisited, key=lambda n: dist[current][n])\n"
+    )
     payload = {"n": 12, "instances": 3, "seed": 5}
     run = sandbox.execute(code, "select_next_node", ROUTE, payload)
     assert run.result.valid and run.result.error_kind is None
@@ -90,20 +92,23 @@ def test_import_time_hang(sandbox):
 
 
 def test_memory_bomb(sandbox):
-    result = call(sandbox, "def f():\n    blocks = []\n    while True:\n        blocks.append(bytes(64 << 20))\n"
-                  ).result
+    result = call(
+        sandbox, "def f():\n    blocks = []\n    while True:\n        blocks.append(bytes(64 << 20))\n"
+    ).result
     assert result.error_kind == "memory" and "MemoryError" in result.error
 
 
 def test_fork_bomb_leaves_no_process_and_returns_in_time(sandbox):
     token = f"forkbomb{uuid.uuid4().hex}"
-    code = ("import os, sys, time\n"
-            "def f():\n"
-            "    for _ in range(40):\n"
-            "        if os.fork() == 0:\n"
-            f"            os.execv(sys.executable, [sys.executable, '-S', '-c', 'import time; time.sleep(100)', "
-            f"'{token}'])\n"
-            "    time.sleep(100)\n")
+    code = (
+        "import os, sys, time\n"
+        "def f():\n"
+        "    for _ in range(40):\n"
+        "        if os.fork() == 0:\n"
+        f"            os.execv(sys.executable, [sys.executable, '-S', '-c', 'import time; time.sleep(100)', "
+        f"'{token}'])\n"
+        "    time.sleep(100)\n"
+    )
     start = time.monotonic()
     result = call(sandbox, code).result
     assert result.error_kind == "timeout"
@@ -114,11 +119,13 @@ def test_fork_bomb_leaves_no_process_and_returns_in_time(sandbox):
 def test_grandchild_sleep_is_dead_after_a_normal_exit(sandbox):
     digits = str(uuid.uuid4().int)[:12]
     token = f"0.{digits}"  # GNU sleep adds its arguments: `sleep 100 0.<digits>` sleeps ~100 s
-    code = ("import subprocess\n"
-            "def f():\n"
-            f"    subprocess.Popen(['sleep', '100', '{token}'])\n"
-            f"    subprocess.Popen(['sleep', '100', '{token}'], start_new_session=True)\n"
-            "    return 7\n")
+    code = (
+        "import subprocess\n"
+        "def f():\n"
+        f"    subprocess.Popen(['sleep', '100', '{token}'])\n"
+        f"    subprocess.Popen(['sleep', '100', '{token}'], start_new_session=True)\n"
+        "    return 7\n"
+    )
     run = call(sandbox, code, expect="int")
     assert run.result.valid and run.result.metrics == {"values": [7]}
     assert wait_gone(token) == []
@@ -126,24 +133,29 @@ def test_grandchild_sleep_is_dead_after_a_normal_exit(sandbox):
 
 @needs_bwrap
 def test_file_writes_outside_the_temp_dir_fail(sandbox, tmp_path):
-    outside = [f"/work/coevo-sandbox-escape-{uuid.uuid4().hex}", "/etc/coevo-sandbox-escape",
-               os.path.join(os.path.expanduser("~"), f"coevo-sandbox-escape-{uuid.uuid4().hex}"),
-               str(tmp_path / "escape.txt")]
-    code = ("import os, tempfile\n"
-            "def f(paths):\n"
-            "    out = {}\n"
-            "    for p in paths:\n"
-            "        try:\n"
-            "            with open(p, 'w') as fh:\n"
-            "                fh.write('x')\n"
-            "            out[p] = 'written'\n"
-            "        except OSError as exc:\n"
-            "            out[p] = type(exc).__name__ + ': ' + str(exc)\n"
-            "    inside = os.path.join(tempfile.gettempdir(), 'ok.txt')\n"
-            "    with open(inside, 'w') as fh:\n"
-            "        fh.write('fine')\n"
-            "    out['inside'] = open(inside).read() + ' ' + str(os.getcwd() == tempfile.gettempdir())\n"
-            "    return out\n")
+    outside = [
+        f"/work/coevo-sandbox-escape-{uuid.uuid4().hex}",
+        "/etc/coevo-sandbox-escape",
+        os.path.join(os.path.expanduser("~"), f"coevo-sandbox-escape-{uuid.uuid4().hex}"),
+        str(tmp_path / "escape.txt"),
+    ]
+    code = (
+        "import os, tempfile\n"
+        "def f(paths):\n"
+        "    out = {}\n"
+        "    for p in paths:\n"
+        "        try:\n"
+        "            with open(p, 'w') as fh:\n"
+        "                fh.write('x')\n"
+        "            out[p] = 'written'\n"
+        "        except OSError as exc:\n"
+        "            out[p] = type(exc).__name__ + ': ' + str(exc)\n"
+        "    inside = os.path.join(tempfile.gettempdir(), 'ok.txt')\n"
+        "    with open(inside, 'w') as fh:\n"
+        "        fh.write('fine')\n"
+        "    out['inside'] = open(inside).read() + ' ' + str(os.getcwd() == tempfile.gettempdir())\n"
+        "    return out\n"
+    )
     run = call(sandbox, code, [[outside]], expect="dict")
     assert run.result.valid, run.result.error
     written = run.result.metrics["values"][0]
@@ -159,13 +171,15 @@ def test_network_connect_to_host_loopback_is_refused(sandbox):
         server.listen(8)
         server.setblocking(False)
         port = server.getsockname()[1]
-        code = ("import socket\n"
-                "def f(port):\n"
-                "    try:\n"
-                "        socket.create_connection(('127.0.0.1', port), timeout=0.5).close()\n"
-                "        return 'connected'\n"
-                "    except OSError as exc:\n"
-                "        return type(exc).__name__\n")
+        code = (
+            "import socket\n"
+            "def f(port):\n"
+            "    try:\n"
+            "        socket.create_connection(('127.0.0.1', port), timeout=0.5).close()\n"
+            "        return 'connected'\n"
+            "    except OSError as exc:\n"
+            "        return type(exc).__name__\n"
+        )
         run = call(sandbox, code, [[port]], expect="str")
         assert run.result.valid, run.result.error
         assert run.result.metrics["values"][0] in ("ConnectionRefusedError", "OSError", "TimeoutError")
@@ -174,8 +188,10 @@ def test_network_connect_to_host_loopback_is_refused(sandbox):
 
 
 def test_nul_bytes_and_prose_in_llm_output_still_evaluate(sandbox):
-    text = ("{Return twice the input.}\n\x00Here you go:\r\n"
-            "def f(x):\r\n    return\x00 2 * x\r\n\r\nThis doubles x. It's that simple.\n")
+    text = (
+        "{Return twice the input.}\n\x00Here you go:\r\n"
+        "def f(x):\r\n    return\x00 2 * x\r\n\r\nThis doubles x. It's that simple.\n"
+    )
     result, extraction = sandbox.run_response(text, "f", CALL, {"cases": [[3], [4]], "expect": "int"})
     assert extraction.thought == "Return twice the input."
     assert result.valid and result.metrics == {"values": [6, 8]}
@@ -244,8 +260,11 @@ def test_without_bwrap_limits_apply_and_warning_is_logged_once(monkeypatch, capl
     bomb = call(plain, "def f():\n    return len(bytearray(1 << 31))\n").result
     assert bomb.error_kind == "memory"
     token = f"0.{str(uuid.uuid4().int)[:12]}"
-    escaped = call(plain, f"import subprocess\ndef f():\n    subprocess.Popen(['sleep', '100', '{token}'], "
-                          "start_new_session=True)\n    return 1\n")
+    escaped = call(
+        plain,
+        f"import subprocess\ndef f():\n    subprocess.Popen(['sleep', '100', '{token}'], "
+        "start_new_session=True)\n    return 1\n",
+    )
     assert escaped.result.valid and wait_gone(token) == []
 
 
@@ -257,7 +276,8 @@ def test_problem_folder_and_data_under_tmp_stay_visible(tmp_path):
         "def run(fn, payload):\n"
         "    with open(payload['data']) as fh:\n"
         "        numbers = [int(x) for x in fh.read().split()]\n"
-        "    return {'total': sum(fn(x) for x in numbers)}\n")
+        "    return {'total': sum(fn(x) for x in numbers)}\n"
+    )
     data = tmp_path / "data" / "numbers.txt"
     data.parent.mkdir()
     data.write_text("1 2 3")

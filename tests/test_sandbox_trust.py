@@ -25,15 +25,19 @@ HAS_BWRAP = bwrap_status()[0]
 needs_bwrap = pytest.mark.skipif(not HAS_BWRAP, reason="bubblewrap is not usable here")
 CALL = "coevo.sandbox.targets:call_cases"
 
-NN = ("import numpy as np\n\n"
-      "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
-      "    return int(unvisited_nodes[np.argmin(distance_matrix[current_node, unvisited_nodes])])\n")
+NN = (
+    "import numpy as np\n\n"
+    "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
+    "    return int(unvisited_nodes[np.argmin(distance_matrix[current_node, unvisited_nodes])])\n"
+)
 
 # A reply frame as the worker writes it, forged by the candidate on the reply pipe (the last argv entry).
-FRAME = ("import json, os, struct, sys\n\n"
-         "def _forge(value, count=1):\n"
-         "    head = json.dumps({'ok': True, 'value': value}).encode()\n"
-         "    os.write(int(sys.argv[-1]), (struct.pack('>I', len(head)) + head) * count)\n")
+FRAME = (
+    "import json, os, struct, sys\n\n"
+    "def _forge(value, count=1):\n"
+    "    head = json.dumps({'ok': True, 'value': value}).encode()\n"
+    "    os.write(int(sys.argv[-1]), (struct.pack('>I', len(head)) + head) * count)\n"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -69,26 +73,31 @@ def evaluate(tsp, code, inst, sandbox, **kw):
 def test_fake_results_on_stdout_and_the_old_result_format_change_nothing(tsp, inst, sandbox):
     """Route: print fake metrics and write them to every descriptor, then answer honestly."""
     fake = json.dumps({"ok": True, "metrics": {"objectives": [0.0] * 3}})
-    code = ("import os, sys\n" + NN.replace("def select_next_node", "def _nn") +
-            "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
-            f"    print({fake!r}); sys.stderr.write({fake!r})\n"
-            "    for fd in range(3, 20):\n"
-            "        try:\n"
-            "            os.write(fd, b'')\n"
-            "        except OSError:\n"
-            "            pass\n"
-            "    return _nn(current_node, destination_node, unvisited_nodes, distance_matrix)\n")
+    code = (
+        "import os, sys\n"
+        + NN.replace("def select_next_node", "def _nn")
+        + "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
+        f"    print({fake!r}); sys.stderr.write({fake!r})\n"
+        "    for fd in range(3, 20):\n"
+        "        try:\n"
+        "            os.write(fd, b'')\n"
+        "        except OSError:\n"
+        "            pass\n"
+        "    return _nn(current_node, destination_node, unvisited_nodes, distance_matrix)\n"
+    )
     res = evaluate(tsp, code, inst, sandbox)
     assert res.valid and res.objective == pytest.approx(honest(tsp, inst), rel=1e-12)
 
 
 def test_writing_the_old_result_json_on_the_reply_pipe_then_exiting_is_invalid(tsp, inst, sandbox):
     """Route: the attack that forged a negative gap before (metrics JSON on the result fd, os._exit)."""
-    code = ("import json, os, sys\n"
-            "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
-            "    os.write(int(sys.argv[-1]), json.dumps({'ok': True, 'metrics': {'objectives': [0.001] * 3}})"
-            ".encode())\n"
-            "    os._exit(0)\n")
+    code = (
+        "import json, os, sys\n"
+        "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
+        "    os.write(int(sys.argv[-1]), json.dumps({'ok': True, 'metrics': {'objectives': [0.001] * 3}})"
+        ".encode())\n"
+        "    os._exit(0)\n"
+    )
     res = evaluate(tsp, code, inst, sandbox)
     assert not res.valid and res.error_kind == "sandbox" and "malformed reply" in res.error
 
@@ -96,8 +105,7 @@ def test_writing_the_old_result_json_on_the_reply_pipe_then_exiting_is_invalid(t
 def test_forged_reply_frames_are_validated_like_answers(tsp, inst, sandbox):
     """Route: well-formed reply frames with whole solutions of the candidate's choice, then exit."""
     n = 12
-    repeated = FRAME + ("def select_next_node(*args):\n"
-                        f"    _forge([0] + [1] * {n - 1}, 3)\n    os._exit(0)\n")
+    repeated = FRAME + (f"def select_next_node(*args):\n    _forge([0] + [1] * {n - 1}, 3)\n    os._exit(0)\n")
     res = evaluate(tsp, repeated, inst, sandbox)
     assert not res.valid and res.error_kind == "infeasible" and "permutation" in res.error
     short = FRAME + "def select_next_node(*args):\n    _forge([0], 3)\n    os._exit(0)\n"
@@ -115,9 +123,11 @@ def test_forged_reply_frames_are_validated_like_answers(tsp, inst, sandbox):
 
 def test_patching_numpy_builtins_and_modules_cannot_change_the_objective(tsp, inst, sandbox):
     """Route: make every reduction in its process lie (sum, float, np.sum, np.linalg.norm, math)."""
-    code = ("import builtins, math, sys\nimport numpy as np\n"
-            "builtins.sum = lambda *a, **k: 0.0\nnp.sum = lambda *a, **k: 0.0\n"
-            "np.linalg.norm = lambda *a, **k: 0.0\nmath.dist = lambda *a: 0.0\nsys.modules['coevo'] = None\n" + NN)
+    code = (
+        "import builtins, math, sys\nimport numpy as np\n"
+        "builtins.sum = lambda *a, **k: 0.0\nnp.sum = lambda *a, **k: 0.0\n"
+        "np.linalg.norm = lambda *a, **k: 0.0\nmath.dist = lambda *a: 0.0\nsys.modules['coevo'] = None\n" + NN
+    )
     res = evaluate(tsp, code, inst, sandbox)
     assert res.valid and res.objective == pytest.approx(honest(tsp, inst), rel=1e-12)
     # breaking a builtin its own process needs can only make it invalid
@@ -127,11 +137,13 @@ def test_patching_numpy_builtins_and_modules_cannot_change_the_objective(tsp, in
 
 
 def test_mutating_the_inputs_changes_neither_the_score_nor_later_calls(tsp, inst, sandbox):
-    code = ("import numpy as np\n"
-            "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
-            "    assert (distance_matrix > 0).sum() == len(distance_matrix) * (len(distance_matrix) - 1)\n"
-            "    choice = int(unvisited_nodes[np.argmin(distance_matrix[current_node, unvisited_nodes])])\n"
-            "    distance_matrix[:] = 0.0\n    unvisited_nodes[:] = 0\n    return choice\n")
+    code = (
+        "import numpy as np\n"
+        "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
+        "    assert (distance_matrix > 0).sum() == len(distance_matrix) * (len(distance_matrix) - 1)\n"
+        "    choice = int(unvisited_nodes[np.argmin(distance_matrix[current_node, unvisited_nodes])])\n"
+        "    distance_matrix[:] = 0.0\n    unvisited_nodes[:] = 0\n    return choice\n"
+    )
     res = evaluate(tsp, code, inst, sandbox)
     assert res.valid, res.error
     assert res.objective == pytest.approx(honest(tsp, inst), rel=1e-12)
@@ -139,19 +151,20 @@ def test_mutating_the_inputs_changes_neither_the_score_nor_later_calls(tsp, inst
 
 def test_a_child_that_writes_replies_later_cannot_help(tsp, inst, sandbox):
     """Route: spawn a process holding the reply pipe that writes a perfect-looking answer later."""
-    code = (FRAME + "import subprocess, time\n" + NN.replace("def select_next_node", "def _nn") +
-            "_started = []\n"
-            "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
-            "    if not _started:\n"
-            "        fd = int(sys.argv[-1])\n"
-            "        os.set_inheritable(fd, True)\n"
-            "        head = json.dumps({'ok': True, 'value': [0, 0, 0]}).encode()\n"
-            "        data = (struct.pack('>I', len(head)) + head) * 3\n"
-            "        subprocess.Popen([sys.executable, '-S', '-c', f'import os, time; time.sleep(0.3); '\n"
-            "                          f'os.write({fd}, {data!r})'], pass_fds=(fd,))\n"
-            "        _started.append(1)\n"
-            "        time.sleep(0.6)\n"
-            "    return _nn(current_node, destination_node, unvisited_nodes, distance_matrix)\n")
+    code = (
+        FRAME + "import subprocess, time\n" + NN.replace("def select_next_node", "def _nn") + "_started = []\n"
+        "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
+        "    if not _started:\n"
+        "        fd = int(sys.argv[-1])\n"
+        "        os.set_inheritable(fd, True)\n"
+        "        head = json.dumps({'ok': True, 'value': [0, 0, 0]}).encode()\n"
+        "        data = (struct.pack('>I', len(head)) + head) * 3\n"
+        "        subprocess.Popen([sys.executable, '-S', '-c', f'import os, time; time.sleep(0.3); '\n"
+        "                          f'os.write({fd}, {data!r})'], pass_fds=(fd,))\n"
+        "        _started.append(1)\n"
+        "        time.sleep(0.6)\n"
+        "    return _nn(current_node, destination_node, unvisited_nodes, distance_matrix)\n"
+    )
     res = evaluate(tsp, code, inst, sandbox)
     assert not res.valid or res.objective == pytest.approx(honest(tsp, inst), rel=1e-12)
     assert not res.valid and res.error_kind in ("infeasible", "sandbox")
@@ -194,20 +207,29 @@ def test_the_candidate_cannot_read_beside_the_project_or_etc_shadow(sandbox):
     token = uuid.uuid4().hex
     beside = project_root().parent / f"coevo-beside-{token}.txt"
     inside = project_root() / f"coevo-inside-{token}.txt"
-    paths = [beside, inside, Path("/etc/shadow"), Path("/etc/passwd"), project_root() / "pyproject.toml",
-             project_root() / "coevo" / "sandbox" / "runner.py", Path(os.path.expanduser("~")) / ".bashrc"]
+    paths = [
+        beside,
+        inside,
+        Path("/etc/shadow"),
+        Path("/etc/passwd"),
+        project_root() / "pyproject.toml",
+        project_root() / "coevo" / "sandbox" / "runner.py",
+        Path(os.path.expanduser("~")) / ".bashrc",
+    ]
     try:
         beside.write_text("secret beside the project")
         inside.write_text("secret in the project")
-        code = ("import os\n"
-                "def f(paths):\n"
-                "    out = {'uid': os.getuid()}\n"
-                "    for p in paths:\n"
-                "        try:\n"
-                "            out[p] = open(p).read()[:40]\n"
-                "        except OSError as exc:\n"
-                "            out[p] = type(exc).__name__\n"
-                "    return out\n")
+        code = (
+            "import os\n"
+            "def f(paths):\n"
+            "    out = {'uid': os.getuid()}\n"
+            "    for p in paths:\n"
+            "        try:\n"
+            "            out[p] = open(p).read()[:40]\n"
+            "        except OSError as exc:\n"
+            "            out[p] = type(exc).__name__\n"
+            "    return out\n"
+        )
         run = sandbox.execute(code, "f", CALL, {"cases": [[[str(p) for p in paths]]], "expect": "dict"})
         assert run.result.valid, run.result.error
         seen = run.result.metrics["values"][0]
@@ -235,17 +257,21 @@ def test_bpp_nan_at_a_perfect_fit_ranks_as_np_argmax(shared_data, sandbox):
     item / gap elsewhere -- so it must score exactly Best Fit's published 212.0 bins (5.37%) on OR3
     (FunSearch notebook, bin_packing.ipynb)."""
     bpp = load_problem("bpp_online")
-    code = ("import numpy as np\n"
-            "def score(item, bins):\n"
-            "    gap = (bins - item).astype(float)\n"
-            "    with np.errstate(divide='ignore', invalid='ignore'):\n"
-            "        return item / gap * gap / gap\n")
+    code = (
+        "import numpy as np\n"
+        "def score(item, bins):\n"
+        "    gap = (bins - item).astype(float)\n"
+        "    with np.errstate(divide='ignore', invalid='ignore'):\n"
+        "        return item / gap * gap / gap\n"
+    )
     inst = bpp.load_instances(shared_data / "bpp_online" / "or3.json")
     res = evaluate_heuristic(bpp, code, inst, sandbox=sandbox)
     assert res.valid, res.error
     assert res.objective == pytest.approx(212.0) and round(res.metrics["gap_percent"], 2) == 5.37
-    first_nan = "import numpy as np\ndef score(item, bins):\n    p = np.zeros(len(bins))\n" \
-                "    p[len(bins) // 2:] = np.nan\n    return p\n"
+    first_nan = (
+        "import numpy as np\ndef score(item, bins):\n    p = np.zeros(len(bins))\n"
+        "    p[len(bins) // 2:] = np.nan\n    return p\n"
+    )
     small = bpp.generate(60, 1, seed=2, distribution="uniform")
     got = evaluate_heuristic(bpp, first_nan, small, sandbox=sandbox, with_reference=False)
 
@@ -265,14 +291,22 @@ def test_a_valid_but_slow_heuristic_fails_only_where_it_runs_out_of_time(tsp, sa
     set it was invalid on every instance. Our stand-in sleeps per call only on large instances: with a
     per-instance limit the small instances stay valid and each slow one times out alone."""
     small, large = tsp.generate(8, 2, seed=1), tsp.generate(60, 2, seed=1)
-    mixed = InstanceSet("tsp_construct", ["s0", "L0", "s1", "L1"],
-                        [small.arrays[0], large.arrays[0], small.arrays[1], large.arrays[1]], source="mixed")
-    slow = ("import time\n" + NN.replace("def select_next_node", "def _nn") +
-            "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
-            "    if len(distance_matrix) > 50:\n        time.sleep(0.1)\n"
-            "    return _nn(current_node, destination_node, unvisited_nodes, distance_matrix)\n")
-    res = evaluate_heuristic(tsp, slow, mixed, sandbox=sandbox, with_reference=False, keep_going=True,
-                             instance_timeout_s=1.5)
+    mixed = InstanceSet(
+        "tsp_construct",
+        ["s0", "L0", "s1", "L1"],
+        [small.arrays[0], large.arrays[0], small.arrays[1], large.arrays[1]],
+        source="mixed",
+    )
+    slow = (
+        "import time\n"
+        + NN.replace("def select_next_node", "def _nn")
+        + "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
+        "    if len(distance_matrix) > 50:\n        time.sleep(0.1)\n"
+        "    return _nn(current_node, destination_node, unvisited_nodes, distance_matrix)\n"
+    )
+    res = evaluate_heuristic(
+        tsp, slow, mixed, sandbox=sandbox, with_reference=False, keep_going=True, instance_timeout_s=1.5
+    )
     per = {x["name"]: x for x in res.metrics["per_instance"]}
     assert per["s0"]["valid"] and per["s1"]["valid"] and per["s0"]["objective"] > 0
     assert [per[k]["error_kind"] for k in ("L0", "L1")] == ["timeout", "timeout"]
@@ -288,8 +322,20 @@ def test_a_valid_but_slow_heuristic_fails_only_where_it_runs_out_of_time(tsp, sa
     (tmp_path / "slow.py").write_text(slow)
     parser = argparse.ArgumentParser(prog="coevo")
     add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["heuristics", "eval", "tsp_construct", str(tmp_path / "slow.py"), "--instances",
-                              str(path), "--timeout", "1.5", "--json", "--no-reference"])
+    args = parser.parse_args(
+        [
+            "heuristics",
+            "eval",
+            "tsp_construct",
+            str(tmp_path / "slow.py"),
+            "--instances",
+            str(path),
+            "--timeout",
+            "1.5",
+            "--json",
+            "--no-reference",
+        ]
+    )
     rc = args.func(args)
     doc = json.loads(capsys.readouterr().out)
     assert rc == 1 and doc["instance_timeout_s"] == 1.5 and doc["n_invalid"] == 2

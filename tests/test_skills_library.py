@@ -43,7 +43,8 @@ def test_read_reference_and_traversal_refused(library, tmp_path):
     text = library.read_reference("web-navigation", "references/action-reference.md")
     assert text.startswith("# BrowserGym action reference")
     assert library.read_reference("web-navigation", "references/action-reference.md", max_chars=10).startswith(
-        "# BrowserG")
+        "# BrowserG"
+    )
     for bad in ["../miniwob-forms/SKILL.md", "/etc/passwd", "references/../../webarena-sites/SKILL.md"]:
         with pytest.raises(SkillAccessError, match="skill 'web-navigation'"):
             library.read_reference("web-navigation", bad)
@@ -61,22 +62,26 @@ def test_symlink_escape_refused(tmp_path):
         lib.read_reference("web-navigation", "references/leak.md")
 
 
-@pytest.mark.parametrize("action, expected", [
-    ('load_skill("web-navigation")', SkillCall("load_skill", "web-navigation")),
-    ("load_skill('web-navigation');", SkillCall("load_skill", "web-navigation")),
-    ("  `load_skill(name='x')`  ", SkillCall("load_skill", "x")),
-    ('read_skill_file("a-b", "references/x.md")', SkillCall("read_skill_file", "a-b", "references/x.md")),
-    ("click('12')", None),
-    ("fill('3', 'load_skill(\"x\")')", None),
-    ("", None),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    "action, expected",
+    [
+        ('load_skill("web-navigation")', SkillCall("load_skill", "web-navigation")),
+        ("load_skill('web-navigation');", SkillCall("load_skill", "web-navigation")),
+        ("  `load_skill(name='x')`  ", SkillCall("load_skill", "x")),
+        ('read_skill_file("a-b", "references/x.md")', SkillCall("read_skill_file", "a-b", "references/x.md")),
+        ("click('12')", None),
+        ("fill('3', 'load_skill(\"x\")')", None),
+        ("", None),
+        (None, None),
+    ],
+)
 def test_parse_skill_call(action, expected):
     assert parse_skill_call(action) == expected
 
 
-@pytest.mark.parametrize("action", ["load_skill(web)", 'load_skill("a", "b")', 'read_skill_file("a")',
-                                    'load_skill("x"', "load_skill(1)"])
+@pytest.mark.parametrize(
+    "action", ["load_skill(web)", 'load_skill("a", "b")', 'read_skill_file("a")', 'load_skill("x"', "load_skill(1)"]
+)
 def test_malformed_skill_calls_give_errors_not_exceptions(library, action):
     call = parse_skill_call(action)
     assert call is not None and call.error
@@ -88,7 +93,8 @@ def test_handle_routes_actions(library):
     assert out.startswith(library.activate("webarena-sites"))
     assert "references/site-guide.md" in out.split("Files in this skill")[1]
     assert library.handle('read_skill_file("webarena-sites", "references/site-guide.md")').startswith(
-        "# WebArena site guide")
+        "# WebArena site guide"
+    )
     assert library.handle("click('12')") is None
     assert library.handle('load_skill("nope")').startswith("Error: no skill named 'nope'")
     assert library.handle('read_skill_file("webarena-sites", "../x")').startswith("Error: ")

@@ -33,12 +33,16 @@ def test_identical_edits_are_deduplicated():
 
 def test_conflicting_edits_keep_first_and_record():
     first = patch({"op": "insert_after", "anchor": "## When stuck", "content": "- A"})
-    second = patch({"op": "insert_after", "anchor": "## When stuck ", "content": "- B"},
-                   {"op": "append_to_section", "section": "when stuck", "content": "- C"},
-                   {"op": "create", "file": "references/new.md", "content": "n"})
-    third = patch({"op": "delete_section", "section": "## When stuck"},
-                  {"op": "create", "file": "references/new.md", "content": "other"},
-                  {"op": "delete_file", "file": "references/new.md"})
+    second = patch(
+        {"op": "insert_after", "anchor": "## When stuck ", "content": "- B"},
+        {"op": "append_to_section", "section": "when stuck", "content": "- C"},
+        {"op": "create", "file": "references/new.md", "content": "n"},
+    )
+    third = patch(
+        {"op": "delete_section", "section": "## When stuck"},
+        {"op": "create", "file": "references/new.md", "content": "other"},
+        {"op": "delete_file", "file": "references/new.md"},
+    )
     result = merge_patches([first, second, third])
     kept = [(e.op, getattr(e, "content", None)) for e in result.patch.edits]
     assert kept == [("insert_after", "- A"), ("append_to_section", "- C"), ("create", "n")]
@@ -88,6 +92,7 @@ def test_trivial_inputs_and_bad_arguments():
 
 def test_plugged_in_merger_parses_model_output():
     """A merger that, like an LLM merger, returns JSON text which is parsed into a patch."""
+
     def text_merger(batch):
         chosen = batch[-1].model_dump(mode="json")
         text = f"Merged.\n```json\n{json.dumps(chosen)}\n```"
@@ -102,15 +107,34 @@ def test_merge_then_apply_keeps_skill_valid(tmp_path):
     src = tmp_path / "frozen" / "miniwob-forms"
     shutil.copytree(SHIPPED_SKILLS_DIR / "miniwob-forms", src)
     proposals = [
-        patch({"op": "append_to_section", "section": "## Submitting",
-               "content": "4. After submitting, do not act again; the episode is over."}, changelog="stop"),
-        patch({"op": "append_to_section", "section": "## Submitting",
-               "content": "4. Submit twice to be safe."},  # conflicts with the first: dropped
-              {"op": "add_section", "heading": "## Drag and drop",
-               "content": "Use drag_and_drop(from_bid, to_bid); see [patterns](references/drag.md)."},
-              {"op": "create", "file": "references/drag.md", "content": "# Drag tasks\nDrop on the target.\n"}),
-        patch({"op": "append_to_section", "section": "## Submitting",
-               "content": "4. After submitting, do not act again; the episode is over."}),  # duplicate
+        patch(
+            {
+                "op": "append_to_section",
+                "section": "## Submitting",
+                "content": "4. After submitting, do not act again; the episode is over.",
+            },
+            changelog="stop",
+        ),
+        patch(
+            {
+                "op": "append_to_section",
+                "section": "## Submitting",
+                "content": "4. Submit twice to be safe.",
+            },  # conflicts with the first: dropped
+            {
+                "op": "add_section",
+                "heading": "## Drag and drop",
+                "content": "Use drag_and_drop(from_bid, to_bid); see [patterns](references/drag.md).",
+            },
+            {"op": "create", "file": "references/drag.md", "content": "# Drag tasks\nDrop on the target.\n"},
+        ),
+        patch(
+            {
+                "op": "append_to_section",
+                "section": "## Submitting",
+                "content": "4. After submitting, do not act again; the episode is over.",
+            }
+        ),  # duplicate
     ]
     merged = merge_patches(proposals, batch_size=2)
     assert len(merged.conflicts) == 1 and len(merged.patch.edits) == 3

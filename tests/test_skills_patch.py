@@ -34,8 +34,14 @@ def apply_one(skill_dir: Path, edit: dict):
 
 
 def test_insert_after_puts_lines_after_anchor_line(skill):
-    r = apply_one(skill, {"op": "insert_after", "anchor": "Reply with exactly one action.",
-                          "content": "Never chain two actions in one reply."})
+    r = apply_one(
+        skill,
+        {
+            "op": "insert_after",
+            "anchor": "Reply with exactly one action.",
+            "content": "Never chain two actions in one reply.",
+        },
+    )
     lines = body_of(r.skill_dir).splitlines()
     i = lines.index("Reply with exactly one action. The common ones:")
     assert lines[i + 1] == "Never chain two actions in one reply."
@@ -43,16 +49,27 @@ def test_insert_after_puts_lines_after_anchor_line(skill):
 
 
 def test_insert_before_puts_lines_before_anchor_line(skill):
-    r = apply_one(skill, {"op": "insert_before", "anchor": "## When stuck",
-                          "content": "## Dialogs\n\nClose cookie banners first.\n"})
+    r = apply_one(
+        skill,
+        {"op": "insert_before", "anchor": "## When stuck", "content": "## Dialogs\n\nClose cookie banners first.\n"},
+    )
     lines = body_of(r.skill_dir).splitlines()
-    assert lines[lines.index("## When stuck") - 3:lines.index("## When stuck")] == [
-        "## Dialogs", "", "Close cookie banners first."]
+    assert lines[lines.index("## When stuck") - 3 : lines.index("## When stuck")] == [
+        "## Dialogs",
+        "",
+        "Close cookie banners first.",
+    ]
 
 
 def test_append_to_section_goes_before_next_heading(skill):
-    r = apply_one(skill, {"op": "append_to_section", "section": "## Read the page first",
-                          "content": "- Menus may hide their items until hovered."})
+    r = apply_one(
+        skill,
+        {
+            "op": "append_to_section",
+            "section": "## Read the page first",
+            "content": "- Menus may hide their items until hovered.",
+        },
+    )
     body = body_of(r.skill_dir)
     block = body.split("## Read the page first")[1].split("## One action per step")[0]
     assert block.rstrip().endswith("- Menus may hide their items until hovered.")
@@ -60,8 +77,15 @@ def test_append_to_section_goes_before_next_heading(skill):
 
 
 def test_replace_in_section(skill):
-    r = apply_one(skill, {"op": "replace_in_section", "section": "When stuck",
-                          "old": "The same action failed twice", "new": "An action failed twice"})
+    r = apply_one(
+        skill,
+        {
+            "op": "replace_in_section",
+            "section": "When stuck",
+            "old": "The same action failed twice",
+            "new": "An action failed twice",
+        },
+    )
     body = body_of(r.skill_dir)
     assert "- An action failed twice: change approach" in body
     assert "The same action failed twice" not in body
@@ -71,8 +95,15 @@ def test_replace_in_section(skill):
 def test_add_section_at_end_and_after_section(skill):
     r = apply_one(skill, {"op": "add_section", "heading": "Logging in", "content": "Never guess passwords."})
     assert body_of(r.skill_dir).endswith("\n\n## Logging in\n\nNever guess passwords.\n")
-    r2 = apply_one(skill, {"op": "add_section", "heading": "## Tabs", "content": "Use tab_focus(index).",
-                           "after_section": "## Read the page first"})
+    r2 = apply_one(
+        skill,
+        {
+            "op": "add_section",
+            "heading": "## Tabs",
+            "content": "Use tab_focus(index).",
+            "after_section": "## Read the page first",
+        },
+    )
     body = body_of(r2.skill_dir)
     assert body.index("## Read the page first") < body.index("## Tabs") < body.index("## One action per step")
     assert "## Tabs\n\nUse tab_focus(index).\n\n## One action per step" in body
@@ -95,15 +126,29 @@ def test_create_and_delete_file(skill):
 
 
 def test_edit_in_reference_file(skill):
-    r = apply_one(skill, {"op": "append_to_section", "file": "references/action-reference.md",
-                          "section": "## Finishing", "content": "- Finish only once."})
+    r = apply_one(
+        skill,
+        {
+            "op": "append_to_section",
+            "file": "references/action-reference.md",
+            "section": "## Finishing",
+            "content": "- Finish only once.",
+        },
+    )
     assert "- Finish only once." in (r.skill_dir / "references/action-reference.md").read_text()
 
 
 def test_source_snapshot_is_never_modified(skill):
     before = read_skill_files(skill)
-    r = apply_patch(skill, {"edits": [{"op": "delete_section", "section": "## When stuck"},
-                                      {"op": "delete_file", "file": "references/action-reference.md"}]})
+    r = apply_patch(
+        skill,
+        {
+            "edits": [
+                {"op": "delete_section", "section": "## When stuck"},
+                {"op": "delete_file", "file": "references/action-reference.md"},
+            ]
+        },
+    )
     assert len(r.applied) == 2 and read_skill_files(skill) == before
     assert r.skill_dir != skill and r.skill_dir.name == skill.name
     with pytest.raises(ValueError, match="outside the source"):
@@ -133,10 +178,20 @@ def test_invalid_ops_rejected_while_valid_ones_apply(skill):
     assert [type(e).__name__ for e in r.applied] == ["ReplaceInSection", "AppendToSection"]
     reasons = [reason for _, reason in r.rejected]
     assert len(reasons) == len(edits) - 2
-    expected = ["unknown op 'teleport'", "invalid append_to_section edit: content: Field required",  # parsing
-                "not found", "section '## No Such Section' not found", "escapes the skill folder", "absolute",
-                "front-matter 'name'", "occurs", "cannot be deleted", "already exists", "already exists",
-                "changes nothing"]
+    expected = [
+        "unknown op 'teleport'",
+        "invalid append_to_section edit: content: Field required",  # parsing
+        "not found",
+        "section '## No Such Section' not found",
+        "escapes the skill folder",
+        "absolute",
+        "front-matter 'name'",
+        "occurs",
+        "cannot be deleted",
+        "already exists",
+        "already exists",
+        "changes nothing",
+    ]
     for reason, fragment in zip(reasons, expected, strict=True):
         assert fragment in reason, (reason, fragment)
     assert not (skill.parent / "outside.md").exists()
@@ -144,13 +199,16 @@ def test_invalid_ops_rejected_while_valid_ones_apply(skill):
     assert validate_skill(r.skill_dir) == []
 
 
-@pytest.mark.parametrize("text", [
-    "I think we should add a tip.",
-    "```json\n{\"reasoning\": \"x\", \"edits\": [ {\"op\": \"insert_after\",, }]}\n```",
-    "{\"reasoning\": \"no edits key\"}",
-    "",
-    "\x00\x00",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I think we should add a tip.",
+        '```json\n{"reasoning": "x", "edits": [ {"op": "insert_after",, }]}\n```',
+        '{"reasoning": "no edits key"}',
+        "",
+        "\x00\x00",
+    ],
+)
 def test_invalid_json_rejected_without_crash(skill, text):
     patch, rejections = parse_patch(text)
     assert patch.edits == [] and len(rejections) == 1
@@ -160,15 +218,19 @@ def test_invalid_json_rejected_without_crash(skill, text):
 
 
 def test_parse_patch_from_prose_and_fences():
-    obj = {"reasoning": "agents forgot to verify", "changelog": "add a check",
-           "edits": [{"op": "append_to_section", "section": "## Tips", "content": "- check"}]}
+    obj = {
+        "reasoning": "agents forgot to verify",
+        "changelog": "add a check",
+        "edits": [{"op": "append_to_section", "section": "## Tips", "content": "- check"}],
+    }
     fenced = f"Here is my patch:\n```json\n{json.dumps(obj, indent=1)}\n```\nHope it helps."
     bare = f"Analysis done. {json.dumps(obj)} That's all."
     listed = json.dumps(obj["edits"])
     for text in (fenced, bare, listed, json.dumps(obj).replace("{", "{\x00", 1)):
         patch, rejections = parse_patch(text)
-        assert rejections == [] and patch.edits == [AppendToSection(op="append_to_section", section="## Tips",
-                                                                      content="- check")]
+        assert rejections == [] and patch.edits == [
+            AppendToSection(op="append_to_section", section="## Tips", content="- check")
+        ]
     assert parse_patch(fenced)[0].reasoning == "agents forgot to verify"
 
 
@@ -187,12 +249,24 @@ def test_parse_edit_aliases_and_errors():
 
 
 def test_apply_and_validate_reports_violations(skill):
-    new_dir, result, violations = apply_and_validate(skill, {"edits": [
-        {"op": "append_to_section", "section": "## When stuck", "content": "See [dialogs](references/dialogs.md)."}]})
+    new_dir, result, violations = apply_and_validate(
+        skill,
+        {
+            "edits": [
+                {
+                    "op": "append_to_section",
+                    "section": "## When stuck",
+                    "content": "See [dialogs](references/dialogs.md).",
+                }
+            ]
+        },
+    )
     assert len(result.applied) == 1
     assert [v.field for v in violations] == ["body"] and "references/dialogs.md" in violations[0].message
-    _, fix, violations = apply_and_validate(new_dir, {"edits": [
-        {"op": "create", "file": "references/dialogs.md", "content": "# Dialogs\nClose them first.\n"}]})
+    _, fix, violations = apply_and_validate(
+        new_dir,
+        {"edits": [{"op": "create", "file": "references/dialogs.md", "content": "# Dialogs\nClose them first.\n"}]},
+    )
     assert violations == [] and len(fix.applied) == 1
 
 

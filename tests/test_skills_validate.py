@@ -27,8 +27,9 @@ SHIPPED = ("web-navigation", "miniwob-forms", "webarena-sites")
 BODY = "# Demo\n\nSee [the notes](references/notes.md).\n"
 
 
-def make_skill(parent: Path, folder: str = "demo-skill", body: str = BODY, files: dict | None = None,
-               **front_matter) -> Path:
+def make_skill(
+    parent: Path, folder: str = "demo-skill", body: str = BODY, files: dict | None = None, **front_matter
+) -> Path:
     fm = {"name": folder, "description": "A demo skill used by the tests."}
     fm.update(front_matter)
     fm = {k: v for k, v in fm.items() if v is not None}
@@ -41,8 +42,13 @@ def fields(violations) -> list[str]:
 
 
 def test_valid_skill_has_no_violations(tmp_path):
-    d = make_skill(tmp_path, license="MIT", compatibility="Python 3.11", metadata={"version": "1"},
-                   **{"allowed-tools": "Bash Read"})
+    d = make_skill(
+        tmp_path,
+        license="MIT",
+        compatibility="Python 3.11",
+        metadata={"version": "1"},
+        **{"allowed-tools": "Bash Read"},
+    )
     assert validate_skill(d) == []
     skill = load_skill(d)
     assert skill.name == "demo-skill" and skill.files == ["references/notes.md"]
@@ -57,11 +63,14 @@ def test_parse_and_render_round_trip():
     assert text.splitlines()[doc.body_line_offset] == "# T"
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("# no front matter\n", "must start with"),
-    ("---\nname: [unclosed\n---\nbody\n", "invalid YAML"),
-    ("---\n- a\n- b\n---\nbody\n", "must be a YAML map"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("# no front matter\n", "must start with"),
+        ("---\nname: [unclosed\n---\nbody\n", "invalid YAML"),
+        ("---\n- a\n- b\n---\nbody\n", "must be a YAML map"),
+    ],
+)
 def test_malformed_front_matter_raises_named_error(text, reason):
     with pytest.raises(SkillFormatError, match=reason) as info:
         parse_skill_md(text)
@@ -111,8 +120,7 @@ def test_unknown_key(tmp_path):
 
 
 def test_optional_field_types(tmp_path):
-    d = make_skill(tmp_path, compatibility="c" * 501, metadata={"n": 3}, license=5,
-                   **{"allowed-tools": ["Bash"]})
+    d = make_skill(tmp_path, compatibility="c" * 501, metadata={"n": 3}, license=5, **{"allowed-tools": ["Bash"]})
     assert sorted(fields(validate_skill(d))) == ["allowed-tools", "compatibility", "license", "metadata"]
 
 
@@ -149,8 +157,10 @@ def test_body_token_count_with_real_tokenizer(tmp_path):
     body = "# Wide\n" + "w " * 5000
     d = make_skill(tmp_path, body=body, files={})
     assert "body" in fields(validate_skill(d, tokenizer=WordTokenizer()))
-    assert validate_skill(make_skill(tmp_path, folder="few-words", body="# a\nb c\n", files={}),
-                          tokenizer=WordTokenizer()) == []
+    assert (
+        validate_skill(make_skill(tmp_path, folder="few-words", body="# a\nb c\n", files={}), tokenizer=WordTokenizer())
+        == []
+    )
 
 
 def test_missing_referenced_file(tmp_path):

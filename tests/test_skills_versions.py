@@ -35,20 +35,42 @@ def test_version_round_trip_with_diff_and_trajectories(store, skill, tmp_path):
     assert "+++ b/SKILL.md" in v1.content["diff"] and "Binary file assets/icon.bin differs" in v1.content["diff"]
     assert v1.meta["changelog"] == "initial" and v1.meta["n_files"] == 3
 
-    stored = [store.add_trajectory(Trajectory(key=f"k{i}", run_id="run-1", evolver="web", space="parameter",
-                                              reward=float(i)))[0] for i in range(2)]
+    stored = [
+        store.add_trajectory(
+            Trajectory(key=f"k{i}", run_id="run-1", evolver="web", space="parameter", reward=float(i))
+        )[0]
+        for i in range(2)
+    ]
     ids = [t.id for t in stored]
-    result = apply_patch(skill, {"edits": [{"op": "append_to_section", "section": "## Answers",
-                                            "content": "- Dates: copy them as the site shows them."}]},
-                         dest=tmp_path / "new" / "webarena-sites")
-    v2 = write_skill_version(store, "run-1", result.skill_dir, {"changelog": "dates"}, trajectory_ids=ids,
-                             parent_version=1, key="run-1:trace2skill:r0")
+    result = apply_patch(
+        skill,
+        {
+            "edits": [
+                {
+                    "op": "append_to_section",
+                    "section": "## Answers",
+                    "content": "- Dates: copy them as the site shows them.",
+                }
+            ]
+        },
+        dest=tmp_path / "new" / "webarena-sites",
+    )
+    v2 = write_skill_version(
+        store,
+        "run-1",
+        result.skill_dir,
+        {"changelog": "dates"},
+        trajectory_ids=ids,
+        parent_version=1,
+        key="run-1:trace2skill:r0",
+    )
     assert v2.version == 2 and v2.parent_version == 1 and v2.content["trajectory_ids"] == ids
     diff = v2.content["diff"]
     assert "+- Dates: copy them as the site shows them." in diff and "assets/icon.bin" not in diff
     assert diff == result.diff
-    again = write_skill_version(store, "run-1", result.skill_dir, trajectory_ids=ids, parent_version=1,
-                                key="run-1:trace2skill:r0")
+    again = write_skill_version(
+        store, "run-1", result.skill_dir, trajectory_ids=ids, parent_version=1, key="run-1:trace2skill:r0"
+    )
     assert again.id == v2.id  # idempotent on key
 
     latest = store.get_artifact(SKILL_ARTIFACT_KIND, "webarena-sites")
@@ -58,8 +80,9 @@ def test_version_round_trip_with_diff_and_trajectories(store, skill, tmp_path):
     assert (out / "assets" / "icon.bin").read_bytes() == bytes(range(256))
     with pytest.raises(FileExistsError):
         materialize(latest, tmp_path / "restored")
-    first = materialize(store.get_artifact(SKILL_ARTIFACT_KIND, "webarena-sites", 1), tmp_path / "restored",
-                        overwrite=True)
+    first = materialize(
+        store.get_artifact(SKILL_ARTIFACT_KIND, "webarena-sites", 1), tmp_path / "restored", overwrite=True
+    )
     assert "Dates: copy them" not in (first / "SKILL.md").read_text()
 
 

@@ -48,9 +48,7 @@ def full_trajectory() -> Trajectory:
                 reward=0.5,
                 meta={"tokens": 12, "nested": {"a": [1, 2.5, None]}},
             ),
-            Step(
-                observation=None, model_output="garbage", action=None, tool_result=None, reward=None, meta={}
-            ),
+            Step(observation=None, model_output="garbage", action=None, tool_result=None, reward=None, meta={}),
             Step(observation="done", model_output="stop", action="stop()", tool_result="", reward=-1.25),
         ],
         reward=0.75,
@@ -255,12 +253,8 @@ def test_count_llm_calls(population: TrajectoryStore):
 # ----------------------------------------------------------------------------------- artifacts, history
 def test_artifact_versioning(store: TrajectoryStore):
     v1 = store.put_artifact("r1", "skill", "web-forms", {"files": {"SKILL.md": "# v1"}}, meta={"seed": 1})
-    v2 = store.put_artifact(
-        "r2", "skill", "web-forms", {"files": {"SKILL.md": "# v2"}, "diff": "+x"}, parent_version=1
-    )
-    h1 = store.put_artifact(
-        "r1", "heuristic", "h-1", {"code": "def f(): pass", "thought": "t", "objectives": [5.5]}
-    )
+    v2 = store.put_artifact("r2", "skill", "web-forms", {"files": {"SKILL.md": "# v2"}, "diff": "+x"}, parent_version=1)
+    h1 = store.put_artifact("r1", "heuristic", "h-1", {"code": "def f(): pass", "thought": "t", "objectives": [5.5]})
     assert (v1.version, v2.version, h1.version) == (1, 2, 1)  # counted per (kind, name), across runs
     assert (v2.run_id, v2.parent_version, v1.meta) == ("r2", 1, {"seed": 1})
     assert store.get_artifact("skill", "web-forms") == v2
@@ -298,9 +292,7 @@ def test_artifact_idempotent_key(store: TrajectoryStore):
 
 
 def test_es_history_idempotent(store: TrajectoryStore):
-    rows = [
-        {"generation": g, "seeds": [g, g + 1], "rewards": [0.1 * g, -0.5], "sigma": 1e-3} for g in range(3)
-    ]
+    rows = [{"generation": g, "seeds": [g, g + 1], "rewards": [0.1 * g, -0.5], "sigma": 1e-3} for g in range(3)]
     assert [store.add_es_history("r1", "es", g, r) for g, r in enumerate(rows)] == [True] * 3
     assert store.add_es_history("r1", "es", 1, {"generation": 1, "seeds": [99]}) is False
     assert store.add_es_history("r1", "es2", 1, {"generation": 1}) is True
@@ -409,9 +401,7 @@ def test_threads_share_one_store(store: TrajectoryStore):
 
 
 # ------------------------------------------------------------------------------ crashes, concurrency
-def start_writer(
-    db: Path, mode: str, n_steps: int, count: int, marker: Path | None = None
-) -> subprocess.Popen:
+def start_writer(db: Path, mode: str, n_steps: int, count: int, marker: Path | None = None) -> subprocess.Popen:
     args = [sys.executable, str(WRITER), str(db), mode, str(n_steps), str(count)]
     if marker is not None:
         args.append(str(marker))

@@ -70,10 +70,16 @@ def test_invalid_boards_are_not_solutions():
 
 
 # ----------------------------------------------------------------------------------------------- moves
-@pytest.mark.parametrize(("text", "move"), [
-    ("set 1 2 3", (1, 2, 3)), ("SET(4, 1, 2)", (4, 1, 2)), ("I think set 2,3,4 works", (2, 3, 4)),
-    ("set 1 2 3\nset 4 4 4", (1, 2, 3)), ("set 10 2 3", (10, 2, 3)),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "move"),
+    [
+        ("set 1 2 3", (1, 2, 3)),
+        ("SET(4, 1, 2)", (4, 1, 2)),
+        ("I think set 2,3,4 works", (2, 3, 4)),
+        ("set 1 2 3\nset 4 4 4", (1, 2, 3)),
+        ("set 10 2 3", (10, 2, 3)),
+    ],
+)
 def test_parse_good_moves(text, move):
     m = parse_move(text)
     assert (m.row, m.col, m.value) == move
@@ -136,13 +142,13 @@ def test_observation_rerenders_board_and_lists_empty_cells():
     ep.step(f"set {r + 1} {c + 1} {ep.puzzle.solution[r][c]}")
     obs = ep.observation()
     assert render(ep.board) in obs and f"placed {ep.puzzle.solution[r][c]}" in obs
-    (r2, c2), = [(a + 1, b + 1) for a, b in ep.puzzle.blanks()[1:]]
+    ((r2, c2),) = [(a + 1, b + 1) for a, b in ep.puzzle.blanks()[1:]]
     assert render(ep.board).count(".") == 1 and f"Empty cells (row col): {r2} {c2}" in obs and "Turns left: 5" in obs
 
 
 def test_hints_list_each_empty_cells_candidates():
     p = puzzles(4, 1, "test", 1, 0)[0]
-    (r, c), = p.blanks()
+    ((r, c),) = p.blanks()
     ep = SudokuEpisode(p, hints=True)
     assert ep.candidates(r + 1, c + 1) == [p.solution[r][c]]  # one blank: its candidate is the solution
     assert f"Candidates (row col: digits): {r + 1} {c + 1}: {p.solution[r][c]}" in ep.observation()
@@ -168,7 +174,11 @@ def solve(grid):
         for c in range(n):
             if grid[r][c] == 0:
                 for v in range(1, n + 1):
-                    box = {grid[br][bc] for br in range(r // b * b, r // b * b + b) for bc in range(c // b * b, c // b * b + b)}
+                    box = {
+                        grid[br][bc]
+                        for br in range(r // b * b, r // b * b + b)
+                        for bc in range(c // b * b, c // b * b + b)
+                    }
                     if v not in grid[r] and v not in {grid[i][c] for i in range(n)} and v not in box:
                         grid[r][c] = v
                         if solve(grid):
@@ -196,7 +206,9 @@ class SolverPolicy(Policy):
             grid = read_board(conv[-1]["content"])
             solved = solve([row[:] for row in grid])
             r, c = next((r, c) for r in range(len(grid)) for c in range(len(grid)) if grid[r][c] == 0)
-            out.append(Completion(text=f"Move: set {r + 1} {c + 1} {solved[r][c]}", prompt_tokens=5, completion_tokens=7))
+            out.append(
+                Completion(text=f"Move: set {r + 1} {c + 1} {solved[r][c]}", prompt_tokens=5, completion_tokens=7)
+            )
         return out
 
 
@@ -227,8 +239,16 @@ def test_history_context_keeps_the_chat_and_board_context_does_not():
 
 @pytest.mark.parametrize("context", ["board", "history"])
 def test_sudoku_rollout_with_scripted_policies(context):
-    spec = {"type": "sudoku", "size": 4, "horizon": 3, "puzzles_per_member": 5, "train_pool": 20, "test_puzzles": 3,
-            "test_repeats": 2, "context": context}
+    spec = {
+        "type": "sudoku",
+        "size": 4,
+        "horizon": 3,
+        "puzzles_per_member": 5,
+        "train_pool": 20,
+        "test_puzzles": 3,
+        "test_repeats": 2,
+        "context": context,
+    }
     ro = build_rollout(spec, None)
     good = SolverPolicy()
     ts = ro.run(good, generation=4, member=None, key_prefix="p")

@@ -36,10 +36,29 @@ def test_summary_table_and_plot(hs, tmp_path):
     rows = []
     for h, (b, e, g) in {1: (0.5, 0.75, 0.5), 2: (0.25, 0.5, 0.25)}.items():
         for seed in (0, 1):
-            rows.append({"horizon": h, "seed": seed, "method": "es", "base": b, "final": e + 0.05 * seed,
-                         "episodes": 8, "peak_rss_mib": 1000.0, "peak_cuda_mib": None})
-            rows.append({"horizon": h, "seed": seed, "method": "grpo", "final": g, "episodes": 8,
-                         "peak_rss_mib": 4000.0, "peak_cuda_mib": None})
+            rows.append(
+                {
+                    "horizon": h,
+                    "seed": seed,
+                    "method": "es",
+                    "base": b,
+                    "final": e + 0.05 * seed,
+                    "episodes": 8,
+                    "peak_rss_mib": 1000.0,
+                    "peak_cuda_mib": None,
+                }
+            )
+            rows.append(
+                {
+                    "horizon": h,
+                    "seed": seed,
+                    "method": "grpo",
+                    "final": g,
+                    "episodes": 8,
+                    "peak_rss_mib": 4000.0,
+                    "peak_cuda_mib": None,
+                }
+            )
     table, summary = hs.summarise(rows)
     assert summary[1]["es"] == (pytest.approx(0.775), pytest.approx(0.0353553, rel=1e-4))
     assert summary[2]["base"] == (0.25, 0.0) and summary[1]["rss_ratio"] == 0.25 and summary[1]["cuda_ratio"] is None

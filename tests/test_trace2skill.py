@@ -60,22 +60,46 @@ class PoolWriter(Evolver):
     def step(self, round_index: int) -> StepReport:
         episodes = [
             ("task-a", 0.0, {}, "[3] textbox 'Full name'", "fill('3', 'bob')", "value too short", None),
-            ("task-b", 0.0, {"reference_answer": SECRET, "case": {"answer": "Paris"}},
-             f"[5] StaticText 'Code: {SECRET}' [6] StaticText 'Capital: Paris'", "send_msg_to_user('1234')",
-             "wrong answer", f"expected {SECRET}"),
+            (
+                "task-b",
+                0.0,
+                {"reference_answer": SECRET, "case": {"answer": "Paris"}},
+                f"[5] StaticText 'Code: {SECRET}' [6] StaticText 'Capital: Paris'",
+                "send_msg_to_user('1234')",
+                "wrong answer",
+                f"expected {SECRET}",
+            ),
             ("task-c", 1.0, {}, "[7] button 'Submit'", "click('7')", "form submitted", None),
-        ]  # fmt: skip
+        ]
         made = []
         for i, (task, reward, meta, obs, action, feedback, detail) in enumerate(episodes):
-            steps = [Step(observation=obs, model_output=f"I act.\n{action}", action=action, tool_result=feedback),
-                     Step(observation=obs + " (after)", model_output="noop()", action="noop()")]
-            made.append(self.ctx.record(Trajectory(
-                key=self.ctx.traj_key(self.name, round_index, i), run_id=self.ctx.run_id, evolver=self.name,
-                space="parameter", round=round_index, task_id=task, steps=steps, reward=reward,
-                failure_detail=detail, llm_calls=len(steps), meta=meta,
-                context=ContextRef(**{k: self.ctx.shared.get("skill", {}).get(k2)
-                                      for k, k2 in (("skill_name", "name"), ("skill_version", "version"))}),
-            )))  # fmt: skip
+            steps = [
+                Step(observation=obs, model_output=f"I act.\n{action}", action=action, tool_result=feedback),
+                Step(observation=obs + " (after)", model_output="noop()", action="noop()"),
+            ]
+            made.append(
+                self.ctx.record(
+                    Trajectory(
+                        key=self.ctx.traj_key(self.name, round_index, i),
+                        run_id=self.ctx.run_id,
+                        evolver=self.name,
+                        space="parameter",
+                        round=round_index,
+                        task_id=task,
+                        steps=steps,
+                        reward=reward,
+                        failure_detail=detail,
+                        llm_calls=len(steps),
+                        meta=meta,
+                        context=ContextRef(
+                            **{
+                                k: self.ctx.shared.get("skill", {}).get(k2)
+                                for k, k2 in (("skill_name", "name"), ("skill_version", "version"))
+                            }
+                        ),
+                    )
+                )
+            )
         return StepReport(samples=sum(t.llm_calls for t in made), trajectories=len(made))
 
 
@@ -96,11 +120,21 @@ class SkillTextRollout(Rollout):
         text = (Path(skill["path"]) / "SKILL.md").read_text()
         c = self.config
         reward = 0.5 + 0.5 * bool(c.good and c.good in text) - 0.5 * bool(c.bad and c.bad in text)
-        return [Trajectory(key=f"{key_prefix}/{i}", run_id=self.ctx.run_id, evolver=evolver, space="context",
-                           round=round_index, generation=generation, task_id=f"{split}-{i}", reward=reward,
-                           steps=[Step(observation=skill["path"])],
-                           context=ContextRef(skill_name=skill["name"], skill_version=skill["version"]))
-                for i in range(c.cases)]  # fmt: skip
+        return [
+            Trajectory(
+                key=f"{key_prefix}/{i}",
+                run_id=self.ctx.run_id,
+                evolver=evolver,
+                space="context",
+                round=round_index,
+                generation=generation,
+                task_id=f"{split}-{i}",
+                reward=reward,
+                steps=[Step(observation=skill["path"])],
+                context=ContextRef(skill_name=skill["name"], skill_version=skill["version"]),
+            )
+            for i in range(c.cases)
+        ]
 
     def n_cases(self, split="train"):
         return self.config.cases
@@ -125,29 +159,54 @@ class ScriptedPolicy(Policy):
 
 def _analyst(text: str) -> str:
     if "Task: task-a" in text:
-        return '```json\n{"root_cause": "short name", "minimal_fix": "type the full name", ' \
-               '"lessons": ["L-A: type the full name exactly as the goal gives it."]}\n```'
+        return (
+            '```json\n{"root_cause": "short name", "minimal_fix": "type the full name", '
+            '"lessons": ["L-A: type the full name exactly as the goal gives it."]}\n```'
+        )
     if "Task: task-b" in text:  # the second lesson quotes the hidden answer: it must be dropped
-        return json.dumps({"root_cause": "guessed", "lessons": ["L-B: read the code on the page before answering.",
-                                                                f"The code is {SECRET}."]})
+        return json.dumps(
+            {
+                "root_cause": "guessed",
+                "lessons": ["L-B: read the code on the page before answering.", f"The code is {SECRET}."],
+            }
+        )
     return "Lean path: click Submit.\nLessons:\n- L-C: submit once, after every field is filled."
 
 
 def _patch(text: str) -> str:
     if "L-A" in text:
-        return json.dumps({"reasoning": "L-A", "changelog": "tip on names", "edits": [
-            {"op": "append_to_section", "section": "## Tips", "content": "- L-A: type names in full."}]})
+        return json.dumps(
+            {
+                "reasoning": "L-A",
+                "changelog": "tip on names",
+                "edits": [{"op": "append_to_section", "section": "## Tips", "content": "- L-A: type names in full."}],
+            }
+        )
     if "L-B" in text:
         return "I would add a tip about reading codes, { but this is not JSON."
-    return json.dumps({"reasoning": "L-C", "changelog": "submit once", "edits": [
-        {"op": "insert_after", "anchor": "This anchor is not in the skill", "content": "x"},
-        {"op": "insert_after", "anchor": "2. Fill each field.", "content": "3. L-C: submit once."}]})
+    return json.dumps(
+        {
+            "reasoning": "L-C",
+            "changelog": "submit once",
+            "edits": [
+                {"op": "insert_after", "anchor": "This anchor is not in the skill", "content": "x"},
+                {"op": "insert_after", "anchor": "2. Fill each field.", "content": "3. L-C: submit once."},
+            ],
+        }
+    )
 
 
 def _merge(text: str) -> str:
-    return json.dumps({"reasoning": "both", "changelog": "names in full; submit once", "edits": [
-        {"op": "append_to_section", "section": "## Tips", "content": "- L-A: type names in full."},
-        {"op": "insert_after", "anchor": "2. Fill each field.", "content": "3. L-C: submit once."}]})
+    return json.dumps(
+        {
+            "reasoning": "both",
+            "changelog": "names in full; submit once",
+            "edits": [
+                {"op": "append_to_section", "section": "## Tips", "content": "- L-A: type names in full."},
+                {"op": "insert_after", "anchor": "2. Fill each field.", "content": "3. L-C: submit once."},
+            ],
+        }
+    )
 
 
 DEFAULT_ANSWERS = {"analyst": _analyst, "patch": _patch, "merge": _merge, "fix": lambda text: "no idea"}
@@ -167,15 +226,27 @@ def _config(skills_dir: Path, max_samples: int | None = None, **t2s) -> dict:
         "report": {"plots": False},
         "evolvers": [
             {"name": "agent", "type": "test_trace2skill:PoolWriter"},
-            {"name": "t2s", "type": "trace2skill", "skill": "form-filling", "skills_dir": str(skills_dir),
-             "lessons_per_patch": 1, **t2s},
+            {
+                "name": "t2s",
+                "type": "trace2skill",
+                "skill": "form-filling",
+                "skills_dir": str(skills_dir),
+                "lessons_per_patch": 1,
+                **t2s,
+            },
         ],
-    }  # fmt: skip
+    }
 
 
 def _run(run_dir: Path, data: dict, policy: Policy | None, resume: bool = False) -> CoEvolutionLoop:
-    loop = CoEvolutionLoop(parse_config(data), run_dir, raw_config=data, progress=False, resume=resume,
-                           policy_factory=None if policy is None else lambda: policy)
+    loop = CoEvolutionLoop(
+        parse_config(data),
+        run_dir,
+        raw_config=data,
+        progress=False,
+        resume=resume,
+        policy_factory=None if policy is None else lambda: policy,
+    )
     loop.run()
     return loop
 
@@ -191,7 +262,10 @@ def test_new_version_from_pooled_trajectories(tmp_path, skills_dir):
     loop = _run(run_dir, _config(skills_dir), policy)
     v1 = run_dir / "skills" / "form-filling" / "v1" / "form-filling"
     assert {k: v for k, v in loop.ctx.shared["skill"].items() if k != "source"} == {
-        "name": "form-filling", "version": 1, "path": str(v1)}
+        "name": "form-filling",
+        "version": 1,
+        "path": str(v1),
+    }
     assert loop.ctx.shared["skill"]["source"].endswith("form-filling")  # the folder version 0 was copied from
     assert (run_dir / "skills" / "form-filling" / "v0" / "form-filling" / "SKILL.md").read_text() == SKILL_MD
     assert validate_skill(v1) == []
@@ -279,13 +353,25 @@ def test_merge_falls_back_to_programmatic_merger(tmp_path, skills_dir):
 @pytest.mark.parametrize("fixed", [True, False])
 def test_fix_rounds_repair_or_discard(tmp_path, skills_dir, fixed):
     def patch(text):
-        return json.dumps({"edits": [{"op": "append_to_section", "section": "Tips",
-                                      "content": "- See [name rules](references/names.md)."}]})
+        return json.dumps(
+            {
+                "edits": [
+                    {
+                        "op": "append_to_section",
+                        "section": "Tips",
+                        "content": "- See [name rules](references/names.md).",
+                    }
+                ]
+            }
+        )
 
     def fix(text):
         assert "references/names.md" in text and "does not exist" in text
-        return json.dumps({"edits": [{"op": "create", "file": "references/names.md", "content": "Full names.\n"}]}) \
-            if fixed else "```json\n{broken\n```"
+        return (
+            json.dumps({"edits": [{"op": "create", "file": "references/names.md", "content": "Full names.\n"}]})
+            if fixed
+            else "```json\n{broken\n```"
+        )
 
     policy = ScriptedPolicy(patch=patch, fix=fix, merge=lambda text: "not json")
     loop = _run(tmp_path / "run", _config(skills_dir, fix_rounds=2), policy)
@@ -359,9 +445,17 @@ def test_config_errors_name_the_field(tmp_path, skills_dir):
 def test_prompt_helpers():
     meta = {"task": "t", "eval": {"reference_answers": {"must_include": ["Bob Smith", 42]}}, "case": {"answer": 7}}
     assert ground_truth_values(meta) == ["Bob Smith", "42", "7"]
-    assert redact("bob smith paid 42 of 420 (7)", ["Bob Smith", "42", "7"]) == f"{HIDDEN} paid {HIDDEN} of 420 ({HIDDEN})"
-    patch, _ = parse_patch({"edits": [{"op": "create", "file": "references/a.md", "content": "x"},
-                                      {"op": "append_to_section", "section": "Tips", "content": "- y"}]})
+    assert (
+        redact("bob smith paid 42 of 420 (7)", ["Bob Smith", "42", "7"]) == f"{HIDDEN} paid {HIDDEN} of 420 ({HIDDEN})"
+    )
+    patch, _ = parse_patch(
+        {
+            "edits": [
+                {"op": "create", "file": "references/a.md", "content": "x"},
+                {"op": "append_to_section", "section": "Tips", "content": "- y"},
+            ]
+        }
+    )
     assert parse_patch(patch_json(patch)) == (patch, [])
     a = parse_analysis("Root cause: x\nLessons learned:\n1. Read first.\n- Check twice.\nnot a bullet")
     assert a.lessons == ["Read first.", "Check twice."]

@@ -21,8 +21,12 @@ from coevo.store import TrajectoryStore
 from coevo.tracking import RunTracker, TrackingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["evolvers.es.total_generations=2", "evolvers.es.population_size=4", "evolvers.es.eval_every=1",
-         "report.plots=false"]  # fmt: skip
+SMALL = [
+    "evolvers.es.total_generations=2",
+    "evolvers.es.population_size=4",
+    "evolvers.es.eval_every=1",
+    "report.plots=false",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -94,11 +98,13 @@ def test_tensorboard_and_mlflow_read_back(tmp_path):
     assert run.data.params["evolvers.es.population_size"] == "4" and run.data.params["model.name"] == "tiny:micro"
     assert run.data.tags["coevo.stop_reason"] == summary.stop_reason
     coeff = client.get_metric_history(mlflow_id, "es/generation/update_norm")
-    assert sorted((m.step, m.value) for m in coeff) == [(h["generation"], pytest.approx(h["update"]["update_norm"]))
-                                                        for h in hist]  # fmt: skip
+    assert sorted((m.step, m.value) for m in coeff) == [
+        (h["generation"], pytest.approx(h["update"]["update_norm"])) for h in hist
+    ]
     test_reward = client.get_metric_history(mlflow_id, "es/step/test_reward")
     assert [m.value for m in sorted(test_reward, key=lambda m: m.step)] == pytest.approx(
-        [s["metrics"]["test_reward"] for s in steps if "test_reward" in s["metrics"]])
+        [s["metrics"]["test_reward"] for s in steps if "test_reward" in s["metrics"]]
+    )
     assert client.get_experiment(run.info.experiment_id).name == "es-tiny"  # run.name of the config
 
 
@@ -118,8 +124,16 @@ def test_a_tracker_failing_mid_run_warns_once(tmp_path, caplog):
     with TrajectoryStore(tmp_path / "store.sqlite") as store:
         tracker = RunTracker(TrackingConfig(mlflow=True), tmp_path, "r1", "demo", {"run": {"seed": 1}}, store)
         assert tracker.active == ["mlflow"]
-        record = {"evolver": "e", "space": "context", "samples": 2, "best_reward": 1.5, "metrics": {"m": 0.5},
-                  "samples_total": 2, "round": 0, "wall_s": 0.1}  # fmt: skip
+        record = {
+            "evolver": "e",
+            "space": "context",
+            "samples": 2,
+            "best_reward": 1.5,
+            "metrics": {"m": 0.5},
+            "samples_total": 2,
+            "round": 0,
+            "wall_s": 0.1,
+        }
         tracker.on_step(record, 0)
         shutil.rmtree(tmp_path / "tracking" / "mlruns")  # the store vanishes under the tracker
         with caplog.at_level(logging.WARNING, logger="coevo.tracking"):
@@ -143,8 +157,19 @@ def test_wandb_offline_or_one_warning_when_missing(tmp_path, caplog):
         return
     tracker = RunTracker(TrackingConfig(wandb=True), tmp_path, "r1", "demo", {"run": {"seed": 1}})
     assert tracker.active == ["wandb"]
-    tracker.on_step({"evolver": "e", "space": "context", "samples": 1, "best_reward": 2.0, "metrics": {},
-                     "samples_total": 1, "round": 0, "wall_s": 0.1}, 0)  # fmt: skip
+    tracker.on_step(
+        {
+            "evolver": "e",
+            "space": "context",
+            "samples": 1,
+            "best_reward": 2.0,
+            "metrics": {},
+            "samples_total": 1,
+            "round": 0,
+            "wall_s": 0.1,
+        },
+        0,
+    )
     tracker.close({"stop_reason": "done"})
     runs = list((tmp_path / "tracking" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1 and runs[0].stat().st_size > 0

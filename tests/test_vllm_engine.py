@@ -35,11 +35,15 @@ def engine(dtype=torch.float32, lora: bool = False, **kw):
 # ---------------------------------------------------------------------------------------- prefix cache
 @pytest.mark.parametrize(
     ("config", "expect"),
-    [(vllm_config(prefix_caching=False), []),  # engine_kwargs turned caching off: nothing to reset
-     (vllm_config(prefix_caching=True), [{"reset_running_requests": False, "reset_connector": False}]),
-     (vllm_config(prefix_caching=False, kv_connector="OffloadingConnector"),  # CPU offloading: a connector
-      [{"reset_running_requests": False, "reset_connector": True}]),
-     (None, [{"reset_running_requests": False, "reset_connector": False}])],  # unreadable config: reset anyway
+    [
+        (vllm_config(prefix_caching=False), []),  # engine_kwargs turned caching off: nothing to reset
+        (vllm_config(prefix_caching=True), [{"reset_running_requests": False, "reset_connector": False}]),
+        (
+            vllm_config(prefix_caching=False, kv_connector="OffloadingConnector"),  # CPU offloading: a connector
+            [{"reset_running_requests": False, "reset_connector": True}],
+        ),
+        (None, [{"reset_running_requests": False, "reset_connector": False}]),
+    ],  # unreadable config: reset anyway
     ids=["caching-off", "caching-on", "connector", "no-config"],
 )
 def test_cache_reset_follows_the_engines_real_config(config, expect):
@@ -97,13 +101,28 @@ def test_worker_errors_keep_their_coevo_types_across_the_rpc(tmp_path):
         policy._rpc("es_perturb", 2, 1e-3, 1)  # past the driver's own guard: the worker's error
     assert type(info.value) is RuntimeError and "coevo-error" not in str(info.value)
     policy.es_restore()
-    bad = GenerationRecord(generation=0, seeds=[4], signs=[1], rewards=[1.0], coeffs=[1.0], sigma=1e-3, alpha=1e-2,
-                           weight_hash_after="0" * 64)  # fmt: skip
+    bad = GenerationRecord(
+        generation=0,
+        seeds=[4],
+        signs=[1],
+        rewards=[1.0],
+        coeffs=[1.0],
+        sigma=1e-3,
+        alpha=1e-2,
+        weight_hash_after="0" * 64,
+    )
     with pytest.raises(ReplayMismatchError, match="generation 0"):
         policy.es_update(bad, check_hash=True)
-    foreign = GenerationRecord(generation=0, seeds=[4], signs=[1], rewards=[1.0], coeffs=[1.0], sigma=1e-3,
-                               alpha=1e-2, noise_spec="blake2b64(seed:name:chunk)/chunk=2^22/torch-2.13-cuda-"
-                               "philox-randn-fp32/NVIDIA H200/sm_90/132SM/v1")  # fmt: skip
+    foreign = GenerationRecord(
+        generation=0,
+        seeds=[4],
+        signs=[1],
+        rewards=[1.0],
+        coeffs=[1.0],
+        sigma=1e-3,
+        alpha=1e-2,
+        noise_spec="blake2b64(seed:name:chunk)/chunk=2^22/torch-2.13-cuda-philox-randn-fp32/NVIDIA H200/sm_90/132SM/v1",
+    )
     with pytest.raises(NoiseDeviceError, match="NVIDIA H200"):
         policy.es_update(foreign)
     eng.worker = None  # the RPC itself fails (no worker): not a coevo error

@@ -41,8 +41,11 @@ from coevo.es import ESParams, GenerationRecord, ScopeSpec, select_params
 from coevo.types import ESMember
 
 LORA = {"max_loras": 4, "max_lora_rank": 8, "max_cpu_loras": 4}
-MEMBERS = [ESMember(seed=11, sigma=0.05, sign=1, index=0), ESMember(seed=11, sigma=0.05, sign=-1, index=1),
-           ESMember(seed=2**62 + 3, sigma=0.05, sign=1, index=2)]  # fmt: skip
+MEMBERS = [
+    ESMember(seed=11, sigma=0.05, sign=1, index=0),
+    ESMember(seed=11, sigma=0.05, sign=-1, index=1),
+    ESMember(seed=2**62 + 3, sigma=0.05, sign=1, index=2),
+]
 
 
 def dense_member(model: torch.nn.Module, member: ESMember, rank: int) -> torch.nn.Module:
@@ -72,7 +75,14 @@ def test_adapter_read_by_peft_is_the_dense_lowrank_perturbation(tmp_path):
     folder = write_adapter(tmp_path / "m", member, rank, matrices, torch.float32)
     config = json.loads((folder / "adapter_config.json").read_text())
     assert config["r"] == config["lora_alpha"] == rank and set(config["target_modules"]) == {
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}  # fmt: skip
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
     tensors = adapter_tensors(member, rank, matrices)
     a, b = lowrank.draw_factors(member.seed, matrices[0][0], matrices[0][1], rank)
     key = "base_model.model." + matrices[0][0].removesuffix(".weight")
@@ -96,8 +106,9 @@ def lora_engine(tiny_model_dir, monkeypatch):
     fake_vllm(monkeypatch)
     hf = HFPolicy(tiny_model_dir, dtype="float32")
     vmod = lora_wrapped(module_from(vllm_layout(dict(hf.model.named_parameters()), hf.model.config.vocab_size)))
-    eng = EngineHost(WorkerHost(vmod, hf.model.config), config=vllm_config(lora=LORA),
-                     reference=copy.deepcopy(hf.model))  # fmt: skip
+    eng = EngineHost(
+        WorkerHost(vmod, hf.model.config), config=vllm_config(lora=LORA), reference=copy.deepcopy(hf.model)
+    )
     return hf, eng, VLLMPolicy.from_engine(eng, hf.tokenizer, model_id="tiny", dtype="float32")
 
 
@@ -110,8 +121,9 @@ def test_population_rows_of_different_members_equal_each_dense_member(lora_engin
     with rep.population(MEMBERS, 2) as pop:
         lp = pop.logprob(rows, targets)
         folder, ids = pop.folder, [r.lora_int_id for r in pop.requests]
-        assert [getattr(r, "lora_name", None) for r in eng.calls[-1]["loras"]] == \
-            [pop.requests[i % 3].lora_name for i in range(6)] + [None]  # fmt: skip
+        assert [getattr(r, "lora_name", None) for r in eng.calls[-1]["loras"]] == [
+            pop.requests[i % 3].lora_name for i in range(6)
+        ] + [None]
         out = pop.generate(rows[:4], SamplingParams(max_new_tokens=3, temperature=0.0, seed=5))
         seeds = [sp.kwargs["seed"] for sp in eng.calls[-1]["params"]]
         assert seeds == [request_seed(5, 0)] * 3 + [request_seed(5, 1)]  # k-th row of each member
@@ -155,8 +167,9 @@ def test_population_refusals(lora_engine, tiny_model_dir, monkeypatch):
         full.population(MEMBERS, 2).__enter__()
 
 
-@pytest.mark.parametrize(("dtype", "masters"), [(torch.float32, False), (torch.bfloat16, True),
-                                                (torch.bfloat16, False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("dtype", "masters"), [(torch.float32, False), (torch.bfloat16, True), (torch.bfloat16, False)]
+)
 def test_lowrank_update_in_the_worker_equals_hf_bit_for_bit(dtype, masters):
     hf = hf_model(dtype)
     vmod = lora_wrapped(module_from(vllm_layout(dict(hf.named_parameters()), hf.config.vocab_size)))
@@ -164,9 +177,18 @@ def test_lowrank_update_in_the_worker_equals_hf_bit_for_bit(dtype, masters):
     worker.es_setup("all_linear", master_weights=masters)
     hp = ESParams(select_params(hf, "all_linear"), master_dtype=torch.float32 if masters else None)
     for g in range(2):
-        rec = GenerationRecord(generation=g, seeds=[m.seed for m in MEMBERS], signs=[m.sign for m in MEMBERS],
-                               rewards=[1.0, 0.0, 0.5], coeffs=[1.2, -1.2, 0.1], sigma=0.05, alpha=1e-3,
-                               master_dtype="float32" if masters else None, perturbation="lowrank", rank=2)  # fmt: skip
+        rec = GenerationRecord(
+            generation=g,
+            seeds=[m.seed for m in MEMBERS],
+            signs=[m.sign for m in MEMBERS],
+            rewards=[1.0, 0.0, 0.5],
+            coeffs=[1.2, -1.2, 0.1],
+            sigma=0.05,
+            alpha=1e-3,
+            master_dtype="float32" if masters else None,
+            perturbation="lowrank",
+            rank=2,
+        )
         stats = rec.apply(hp)
         rec.weight_hash_after = hp.weights_hash()
         out = worker.es_update(rec.to_dict(), check_hash=True)
@@ -177,8 +199,17 @@ def test_full_rank_records_are_stamped_with_the_workers_device_stream(lora_engin
     _, _, policy = lora_engine
     policy.noise_spec = "blake2b64(seed:name:chunk)/chunk=2^22/torch-2.13-cuda-philox-randn-fp32/X/sm_90/1SM/v1"
     full = GenerationRecord(generation=0, seeds=[1], signs=[1], rewards=[1.0], coeffs=[1.0], sigma=1e-3, alpha=1e-3)
-    low = GenerationRecord(generation=0, seeds=[1], signs=[1], rewards=[1.0], coeffs=[1.0], sigma=1e-3, alpha=1e-3,
-                           perturbation="lowrank", rank=1)  # fmt: skip
+    low = GenerationRecord(
+        generation=0,
+        seeds=[1],
+        signs=[1],
+        rewards=[1.0],
+        coeffs=[1.0],
+        sigma=1e-3,
+        alpha=1e-3,
+        perturbation="lowrank",
+        rank=1,
+    )
     spec = low.noise_spec
     policy.stamp_noise(full)
     policy.stamp_noise(low)

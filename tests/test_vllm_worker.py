@@ -59,9 +59,11 @@ def test_fused_map_from_hf_config_and_shard_refused():
     fmap = fused_map(((n, t.shape) for n, t in vmod.named_parameters()), hf.config)
     assert len(fmap) == 2 * 3  # per layer: qkv weight, qkv bias, gate_up weight
     pre = "model.layers.1."
-    assert fmap[pre + "self_attn.qkv_proj.weight"] == [(pre + "self_attn.q_proj.weight", (32, 32)),
-                                                       (pre + "self_attn.k_proj.weight", (16, 32)),
-                                                       (pre + "self_attn.v_proj.weight", (16, 32))]  # fmt: skip
+    assert fmap[pre + "self_attn.qkv_proj.weight"] == [
+        (pre + "self_attn.q_proj.weight", (32, 32)),
+        (pre + "self_attn.k_proj.weight", (16, 32)),
+        (pre + "self_attn.v_proj.weight", (16, 32)),
+    ]
     assert [s for _, s in fmap[pre + "self_attn.qkv_proj.bias"]] == [(32,), (16,), (16,)]
     assert fmap[pre + "mlp.gate_up_proj.weight"][1] == (pre + "mlp.up_proj.weight", (64, 32))
     shard = [("model.layers.0.self_attn.qkv_proj.weight", (32, 32))]  # half of 64 rows: a TP=2 shard
@@ -122,16 +124,32 @@ def test_update_from_hf_record_gives_identical_weights(pair):
     worker.es_setup("all_linear", master_weights=True)
     hp = ESParams(select_params(hf, "all_linear"), master_dtype=torch.float32)
     for g, seeds in enumerate(([3, 3, 8, 8], [21, 21, 5, 5])):
-        rec = GenerationRecord(generation=g, seeds=seeds, signs=[1, -1, 1, -1], rewards=[1.0, 0.0, 0.2, 0.7],
-                               coeffs=[1.3, -1.1, -0.6, 0.4], sigma=1e-3, alpha=5e-3, master_dtype="float32")  # fmt: skip
+        rec = GenerationRecord(
+            generation=g,
+            seeds=seeds,
+            signs=[1, -1, 1, -1],
+            rewards=[1.0, 0.0, 0.2, 0.7],
+            coeffs=[1.3, -1.1, -0.6, 0.4],
+            sigma=1e-3,
+            alpha=5e-3,
+            master_dtype="float32",
+        )
         stats = rec.apply(hp)
         rec.weight_hash_after = hp.weights_hash()
         out = worker.es_update(rec.to_dict(), check_hash=True)
         assert out["weights_hash"] == rec.weight_hash_after
         assert out["stats"]["update_norm"] == stats.update_norm > 0
         assert fused_equal(hf, vmod)
-    bad = GenerationRecord(generation=2, seeds=[1], signs=[1], rewards=[1.0], coeffs=[1.0], sigma=1e-3, alpha=1e-3,
-                           scope=ScopeSpec("full").to_dict())  # fmt: skip
+    bad = GenerationRecord(
+        generation=2,
+        seeds=[1],
+        signs=[1],
+        rewards=[1.0],
+        coeffs=[1.0],
+        sigma=1e-3,
+        alpha=1e-3,
+        scope=ScopeSpec("full").to_dict(),
+    )
     with pytest.raises(ValueError, match="record.scope"):
         worker.es_update(bad.to_dict())
 
@@ -145,8 +163,11 @@ def test_double_perturb_refused_and_first_stays_restorable(pair):
     with pytest.raises(RuntimeError, match="already active"):
         worker.es_perturb(2, 1e-2, 1)
     with pytest.raises(RuntimeError, match="active"):
-        worker.es_update(GenerationRecord(generation=0, seeds=[1], signs=[1], rewards=[1.0], coeffs=[1.0],
-                                          sigma=1e-3, alpha=1e-3).to_dict())  # fmt: skip
+        worker.es_update(
+            GenerationRecord(
+                generation=0, seeds=[1], signs=[1], rewards=[1.0], coeffs=[1.0], sigma=1e-3, alpha=1e-3
+            ).to_dict()
+        )
     worker.es_restore()
     assert unchanged(vmod, original)
     worker.es_restore()  # no-op when nothing is active
@@ -200,8 +221,17 @@ def test_vllm_policy_without_vllm_raises_clear_error(monkeypatch):
 def test_sampling_params_mapping():
     sp = SamplingParams(max_new_tokens=16, temperature=0.7, top_p=0.8, top_k=0, seed=3, stop=("\n\n",))
     kw = vllm_sampling_kwargs(sp, 1, [7, 5])
-    assert kw == {"n": 1, "max_tokens": 16, "temperature": 0.7, "top_p": 0.8, "top_k": -1, "seed": request_seed(3, 1),
-                  "stop": ["\n\n"], "stop_token_ids": [7, 5], "skip_special_tokens": True}  # fmt: skip
+    assert kw == {
+        "n": 1,
+        "max_tokens": 16,
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": -1,
+        "seed": request_seed(3, 1),
+        "stop": ["\n\n"],
+        "stop_token_ids": [7, 5],
+        "skip_special_tokens": True,
+    }
     assert request_seed(3, 0) != request_seed(3, 1) and 0 <= request_seed(3, 1) < 2**63
     assert vllm_sampling_kwargs(SamplingParams(top_k=20), 0)["top_k"] == 20
     assert vllm_sampling_kwargs(SamplingParams(), 0)["seed"] is None
@@ -226,8 +256,16 @@ def test_vllm_replica_matches_hf_replica_and_snapshots_interchange(tiny_model_di
     with rep.perturbed(member), pytest.raises(RuntimeError, match="already active"):
         policy.es_perturb(1, 1e-3, 1)
     assert policy.es_active is None and engine.prefix_cache_resets == 2  # perturb + restore (noise_hash nets zero)
-    rec = GenerationRecord(generation=0, seeds=[4, 4], signs=[1, -1], rewards=[1.0, 0.0], coeffs=[1.0, -1.0],
-                           sigma=1e-3, alpha=1e-2, master_dtype="float32")  # fmt: skip
+    rec = GenerationRecord(
+        generation=0,
+        seeds=[4, 4],
+        signs=[1, -1],
+        rewards=[1.0, 0.0],
+        coeffs=[1.0, -1.0],
+        sigma=1e-3,
+        alpha=1e-2,
+        master_dtype="float32",
+    )
     (s_ref, h_ref), (s_vl, h_vl) = ref.apply(rec), rep.apply(rec)
     assert h_vl == h_ref and s_vl.update_norm == s_ref.update_norm > 0
     assert rep.save_snapshot(tmp_path / "vllm.safetensors", {"generation": 1}) == h_ref
@@ -238,8 +276,14 @@ def test_vllm_replica_matches_hf_replica_and_snapshots_interchange(tiny_model_di
 
 
 def test_gpu_check_exits_2_without_cuda_or_vllm():
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_vllm_check.py")], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_vllm_check.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "cannot run" in proc.stderr and ("vLLM is not installed" in proc.stderr or "CUDA" in proc.stderr)
 

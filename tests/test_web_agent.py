@@ -54,7 +54,7 @@ def click_button_solver(conversation: list[dict]) -> str:
     user = conversation[-1]["content"]
     label = re.search(r'Click on the "(.+?)" button', user).group(1)
     bid = re.search(r"\[(\d+)\] button '" + re.escape(label) + "'", user).group(1)
-    return f'The goal asks for "{label}"; it is element {bid}.\n```\nclick(\'{bid}\')\n```'
+    return f"The goal asks for \"{label}\"; it is element {bid}.\n```\nclick('{bid}')\n```"
 
 
 # -- parsing (no browser) --------------------------------------------------------------------------------
@@ -64,7 +64,7 @@ def click_button_solver(conversation: list[dict]) -> str:
         ("I click it.\n```python\nclick('13')\n```\nDone.", "click('13')"),
         ("```\nnoop()\n```\nthen\n```\nfill('19', 'Myron')\n```", "fill('19', 'Myron')"),
         ("Reasoning...\nclick(13)", "click('13')"),
-        ("send_msg_to_user(\"It is 42.\")", "send_msg_to_user('It is 42.')"),
+        ('send_msg_to_user("It is 42.")', "send_msg_to_user('It is 42.')"),
         ('load_skill("web-forms")', "load_skill('web-forms')"),
         ("click('7', button='right')", "click('7', button='right')"),
         ("click('1\x00') ((( '", "click('1')"),  # NUL bytes are dropped, never a crash
@@ -120,8 +120,7 @@ def test_agent_solves_click_button_and_records_the_trajectory(env):
     policy = ScriptedPolicy(click_button_solver)
     member = ESMember(seed=123, sigma=1e-3, sign=-1, index=2)
     prov = Provenance(run_id="run1", evolver="es", round=1, generation=4)
-    traj = run_episode(policy, env, "click-button", 7, sampling=SAMPLING, max_steps=5, member=member,
-                       provenance=prov)
+    traj = run_episode(policy, env, "click-button", 7, sampling=SAMPLING, max_steps=5, member=member, provenance=prov)
     assert (traj.reward, traj.valid, traj.failure) == (1.0, True, None)
     assert traj.task_id == "click-button:7" and traj.meta["end"] == "done"
     assert traj.key == episode_key(prov, member, "click-button:7") == "web/run1/es/r1/g4/m2-s123/click-button:7"
@@ -167,8 +166,9 @@ class FolderSkills:
         self.root = root
 
     def catalog_prompt(self) -> str:
-        return "\n".join(f"- {p.name}: {(p / 'SKILL.md').read_text().splitlines()[0]}"
-                         for p in sorted(self.root.iterdir()))
+        return "\n".join(
+            f"- {p.name}: {(p / 'SKILL.md').read_text().splitlines()[0]}" for p in sorted(self.root.iterdir())
+        )
 
     def activate(self, name: str) -> str:
         path = self.root / name / "SKILL.md"
@@ -187,13 +187,22 @@ def test_skill_actions_are_routed_to_the_library(env, tmp_path):
     (skill / "references").mkdir(parents=True)
     (skill / "SKILL.md").write_text("Find the button by its label.\nClick the bid whose label matches the goal.\n")
     (skill / "references" / "tips.md").write_text("Bids are the numbers in brackets.\n")
-    policy = ScriptedPolicy(['load_skill("click-buttons")', 'read_skill_file("click-buttons", "references/tips.md")',
-                             'load_skill("missing")', click_button_solver])
+    policy = ScriptedPolicy(
+        [
+            'load_skill("click-buttons")',
+            'read_skill_file("click-buttons", "references/tips.md")',
+            'load_skill("missing")',
+            click_button_solver,
+        ]
+    )
     traj = run_episode(policy, env, "click-button", 5, sampling=SAMPLING, max_steps=6, skills=FolderSkills(tmp_path))
     assert traj.reward == 1.0 and len(traj.steps) == 4 and traj.meta["skills_loaded"] == 1
     kinds = [s.meta["kind"] for s in traj.steps]
     assert kinds == ["skill", "skill", "skill", "env"]
-    assert traj.steps[0].tool_result == "Skill 'click-buttons' loaded (its text is now shown in every prompt of this episode)."
+    assert (
+        traj.steps[0].tool_result
+        == "Skill 'click-buttons' loaded (its text is now shown in every prompt of this episode)."
+    )
     assert traj.steps[1].tool_result == "Bids are the numbers in brackets.\n"
     assert "failed: KeyError" in traj.steps[2].tool_result and "missing" in traj.steps[2].tool_result
     assert all(s.reward is None for s in traj.steps[:3])  # the browser was not touched
@@ -224,8 +233,14 @@ def test_batched_episodes_share_model_calls(env):
     second = MiniWoBEnv()
     try:
         policy = ScriptedPolicy(click_button_solver)
-        trajs = run_episodes(policy, [env, second], [("click-button", 11), ("click-button", 12)],
-                             sampling=SAMPLING, max_steps=3, keys=["a", "b"])
+        trajs = run_episodes(
+            policy,
+            [env, second],
+            [("click-button", 11), ("click-button", 12)],
+            sampling=SAMPLING,
+            max_steps=3,
+            keys=["a", "b"],
+        )
     finally:
         second.close()
     assert [t.key for t in trajs] == ["a", "b"]

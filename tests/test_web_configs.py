@@ -61,8 +61,9 @@ def test_baselines_differ_from_coevo_in_one_space_only():
     base = next(s for s in coevo.evolvers if s.type == "es").params.rollout
     for other in (es_only, skills_only):
         ro = next(s for s in other.evolvers if s.type == "es").params.rollout
-        assert {k: ro[k] for k in ("taskset", "tasks", "test_episodes", "max_steps", "skill_dirs", "seed")} == \
-               {k: base[k] for k in ("taskset", "tasks", "test_episodes", "max_steps", "skill_dirs", "seed")}
+        assert {k: ro[k] for k in ("taskset", "tasks", "test_episodes", "max_steps", "skill_dirs", "seed")} == {
+            k: base[k] for k in ("taskset", "tasks", "test_episodes", "max_steps", "skill_dirs", "seed")
+        }
 
 
 def test_webarena_config_follows_the_paper_and_needs_the_deployment(deployment):
@@ -117,8 +118,10 @@ def test_webarena_gate_inherits_the_site_subset(deployment):
     sites = {str(t.task_id): t.sites for t in webarena_lite_tasks()}
     assert ro.episodes("test") and all(sites[t] == ("shopping",) for t, _ in ro.episodes("test"))
     with pytest.raises(ConfigError, match=r"gate\.rollout\.sites: .* differs from evolvers\.es\.rollout\.sites"):
-        load_config(CONFIG_DIR / "webarena_lite.yaml", ["evolvers.es.rollout.sites=[shopping]",
-                                                         "evolvers.skills.gate.rollout={sites: [shopping, reddit]}"])
+        load_config(
+            CONFIG_DIR / "webarena_lite.yaml",
+            ["evolvers.es.rollout.sites=[shopping]", "evolvers.skills.gate.rollout={sites: [shopping, reddit]}"],
+        )
 
 
 def test_a_broken_web_config_names_the_field(tmp_path):
@@ -130,8 +133,15 @@ def test_a_broken_web_config_names_the_field(tmp_path):
 
 
 def _coevo(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "coevo.cli", *args], check=False, capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parents[1], **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "coevo.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[1],
+        **kw,
+    )
 
 
 def test_run_check_validates_without_loading_anything(deployment, tmp_path):
@@ -150,6 +160,13 @@ def test_runs_show_into_head_prints_no_broken_pipe_error(tmp_path):
     TrajectoryStore(tmp_path / "store.sqlite").close()
     (tmp_path / "report.md").write_text("# Report\n" + "line of the report\n" * 200_000)
     cmd = f"{sys.executable} -m coevo.cli runs show {tmp_path} | head -n 2"
-    out = subprocess.run(cmd, check=False, shell=True, capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).resolve().parents[1])
+    out = subprocess.run(
+        cmd,
+        check=False,
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert out.stdout == "# Report\nline of the report\n" and out.stderr == ""

@@ -108,7 +108,7 @@ def test_ensure_browser_env_sets_only_missing_variables(monkeypatch, tmp_path, f
     assert _expected_chrome(tmp_path / "pw").resolve() == fake_exe.resolve()
     url = os.environ["MINIWOB_URL"]
     assert url.startswith("file://") and url.endswith("/miniwob/")
-    assert (Path(url[len("file://"):]) / "click-button.html").is_file()
+    assert (Path(url[len("file://") :]) / "click-button.html").is_file()
     # values the user set are kept
     monkeypatch.setenv("PLAYWRIGHT_BROWSERS_PATH", "/somewhere/else")
     monkeypatch.setenv("MINIWOB_URL", "http://localhost:8000/miniwob/")
@@ -118,11 +118,21 @@ def test_ensure_browser_env_sets_only_missing_variables(monkeypatch, tmp_path, f
 
 
 def test_setup_script_builds_shim_and_prints_exports(tmp_path, fake_exe):
-    env = {**os.environ, "COEVO_CACHE": str(tmp_path / "cache"), "COEVO_CHROMIUM": str(fake_exe),
-           "PYTHON": sys.executable}
+    env = {
+        **os.environ,
+        "COEVO_CACHE": str(tmp_path / "cache"),
+        "COEVO_CHROMIUM": str(fake_exe),
+        "PYTHON": sys.executable,
+    }
     for _ in range(2):  # idempotent
-        out = subprocess.run([str(REPO / "scripts" / "setup_browser.sh")], env=env, capture_output=True,
-                             text=True, timeout=60, check=True).stdout
+        out = subprocess.run(
+            [str(REPO / "scripts" / "setup_browser.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
     root = tmp_path / "cache" / "ms-playwright"
     assert f"export PLAYWRIGHT_BROWSERS_PATH={root}" in out
     assert "export MINIWOB_URL=file://" in out
@@ -178,7 +188,9 @@ def test_webarena_missing_site_variable_is_named_before_anything_launches(monkey
         check_webarena_config(gitlab_reddit, {"WA_GITLAB": "http://localhost:8023"})
     assert "WA_REDDIT" in str(err.value) and "WA_GITLAB" not in str(err.value)
     assert check_webarena_config(gitlab_reddit, {"WA_GITLAB": "http://g", "WA_REDDIT": "http://r"}) == {
-        "WA_GITLAB": "http://g", "WA_REDDIT": "http://r"}
+        "WA_GITLAB": "http://g",
+        "WA_REDDIT": "http://r",
+    }
     with pytest.raises(WebArenaConfigError, match="WA_HOMEPAGE"):
         check_webarena_config(gitlab_reddit, {"WA_GITLAB": "g", "WA_REDDIT": "r"}, homepage=True)
 

@@ -62,9 +62,15 @@ def site(tmp_path_factory):
 
 
 def spec(site: str, reward: dict, **extra) -> dict:
-    return {"type": "web", "benchmark": "openended", "max_steps": 3, "test_episodes": 1, "n_envs": 1,
-            "openended": {"start_url": f"{site}/index.html", "goal": "Subscribe to the newsletter.",
-                          "reward": reward}, **extra}
+    return {
+        "type": "web",
+        "benchmark": "openended",
+        "max_steps": 3,
+        "test_episodes": 1,
+        "n_envs": 1,
+        "openended": {"start_url": f"{site}/index.html", "goal": "Subscribe to the newsletter.", "reward": reward},
+        **extra,
+    }
 
 
 def click_subscribe(conversation: list[dict]) -> str:
@@ -77,8 +83,13 @@ def test_openended_config_is_validated_by_name():
     with pytest.raises(ValidationError, match="exactly one of"):
         build_rollout(spec("http://x", {"url_contains": "a", "page_contains": "b"}), None)
     with pytest.raises(ValidationError, match="start_url"):
-        build_rollout({**spec("http://x", {"url_contains": "a"}), "openended": {
-            "start_url": "x.html", "goal": "g", "reward": {"url_contains": "a"}}}, None)
+        build_rollout(
+            {
+                **spec("http://x", {"url_contains": "a"}),
+                "openended": {"start_url": "x.html", "goal": "g", "reward": {"url_contains": "a"}},
+            },
+            None,
+        )
     with pytest.raises(ValidationError, match="judge: cannot import"):
         build_rollout(spec("http://x", {"judge": "no_such_module:fn"}), None)
     with pytest.raises(ValidationError, match="exactly when benchmark is openended"):
@@ -110,8 +121,13 @@ def test_answer_reward_and_a_rejected_stop_action_does_not_end_the_episode(site)
         [traj] = ro.run(policy, generation=0, member=None, key_prefix="oe", split="test")
         assert "TypeError" in traj.steps[0].tool_result  # rejected: fed back, the episode goes on
         assert (traj.reward, traj.meta["end"], len(traj.steps)) == (1.0, "done", 2)
-        wrong = ro.run(ScriptedPolicy(["send_msg_to_user('It is free.')"]), generation=0, member=None,
-                       key_prefix="oe2", split="test")[0]
+        wrong = ro.run(
+            ScriptedPolicy(["send_msg_to_user('It is free.')"]),
+            generation=0,
+            member=None,
+            key_prefix="oe2",
+            split="test",
+        )[0]
         assert (wrong.valid, wrong.reward, wrong.meta["end"], len(wrong.steps)) == (True, 0.0, "done", 1)
     finally:
         ro.close()
@@ -129,7 +145,10 @@ def test_restricted_actions_agree_in_prompt_parser_feedback_and_env(site):
         for absent in ("send_msg_to_user", "goto(", "press(", "scroll("):
             assert absent not in system
         assert traj.steps[0].action is None and traj.steps[0].meta["kind"] == "parse_error"
-        assert traj.steps[0].tool_result == "Malformed output: unknown action(s) send_msg_to_user; allowed: click, fill, noop"
+        assert (
+            traj.steps[0].tool_result
+            == "Malformed output: unknown action(s) send_msg_to_user; allowed: click, fill, noop"
+        )
         assert "allowed: click, fill, noop" in policy.conversations[1][1]["content"]
         assert (traj.reward, traj.meta["end"], len(traj.steps)) == (1.0, "done", 2)
     finally:

@@ -41,8 +41,13 @@ MARKER = "Marker line of skill version 3: match the whole button name."
 @pytest.fixture
 def ctx(tmp_path):
     store = TrajectoryStore(tmp_path / "store.sqlite")
-    yield RunContext(run_id="run1", run_dir=tmp_path, store=store, budget=Budget(store, "run1"),
-                     sampling=SamplingConfig(max_new_tokens=40, temperature=0.0))
+    yield RunContext(
+        run_id="run1",
+        run_dir=tmp_path,
+        store=store,
+        budget=Budget(store, "run1"),
+        sampling=SamplingConfig(max_new_tokens=40, temperature=0.0),
+    )
     store.close()
 
 
@@ -84,8 +89,9 @@ def test_train_episodes_are_deterministic_shared_and_stratified():
     a, b = ESMember(11, 1e-3, 1, 0), ESMember(99, 1e-3, -1, 3)
     g0 = ro.episodes("train", 0, a)
     assert g0 == ro.episodes("train", 0, b) == ro.episodes("train", 0, None)  # same for every member
-    assert g0 == build_rollout({"type": "web", "taskset": "miniwob10", "episodes_per_member": 10, "seed": 5},
-                               None).episodes("train", 0, a)  # reproducible from (seed, generation)
+    assert g0 == build_rollout(
+        {"type": "web", "taskset": "miniwob10", "episodes_per_member": 10, "seed": 5}, None
+    ).episodes("train", 0, a)  # reproducible from (seed, generation)
     assert g0 != ro.episodes("train", 1, a)
     assert sorted(t for t, _ in g0) == sorted(ts.tasks)  # 10 episodes over 10 tasks: each task once
     assert all(s in ts.train_seeds for _, s in g0)
@@ -93,8 +99,9 @@ def test_train_episodes_are_deterministic_shared_and_stratified():
 
 
 def test_per_member_episodes_keep_antithetic_pairs_together():
-    ro = build_rollout({"type": "web", "taskset": "miniwob10", "episodes_per_member": 6,
-                        "same_episodes_for_all_members": False}, None)
+    ro = build_rollout(
+        {"type": "web", "taskset": "miniwob10", "episodes_per_member": 6, "same_episodes_for_all_members": False}, None
+    )
     plus, minus, other = ESMember(7, 1e-3, 1, 0), ESMember(7, 1e-3, -1, 1), ESMember(8, 1e-3, 1, 2)
     assert ro.episodes("train", 2, plus) == ro.episodes("train", 2, minus)
     assert ro.episodes("train", 2, plus) != ro.episodes("train", 2, other)
@@ -108,20 +115,27 @@ def test_test_episodes_use_fixed_heldout_seeds():
     assert all(s in ts.heldout_seeds for _, s in eps) and len(set(eps)) == 25
     assert {t for t, _ in eps} == set(ts.tasks)
     small = build_rollout({"type": "web", "taskset": "miniwob_smoke", "test_episodes": 50}, None)
-    assert small.episodes("test") == [("click-test", 100), ("click-button", 100), ("click-test", 101),
-                                      ("click-button", 101)]
+    assert small.episodes("test") == [
+        ("click-test", 100),
+        ("click-button", 100),
+        ("click-test", 101),
+        ("click-button", 101),
+    ]
 
 
-@pytest.mark.parametrize(("spec", "field"), [
-    ({"taskset": "nope"}, "taskset"),
-    ({"tasks": ["click-button", "not-a-task"]}, "tasks"),
-    ({"actions": ["click", "teleport"]}, "actions"),
-    ({"task_ids": [27]}, "task_ids"),
-    ({"episodes_per_member": 0}, "episodes_per_member"),
-    ({"skill_mode": "inline"}, "skill_mode"),
-    ({"sampling": {"temperatur": 0.5}}, "temperatur"),
-    ({"n_env": 2}, "n_env"),
-])
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"taskset": "nope"}, "taskset"),
+        ({"tasks": ["click-button", "not-a-task"]}, "tasks"),
+        ({"actions": ["click", "teleport"]}, "actions"),
+        ({"task_ids": [27]}, "task_ids"),
+        ({"episodes_per_member": 0}, "episodes_per_member"),
+        ({"skill_mode": "inline"}, "skill_mode"),
+        ({"sampling": {"temperatur": 0.5}}, "temperatur"),
+        ({"n_env": 2}, "n_env"),
+    ],
+)
 def test_bad_config_names_the_field(spec, field):
     with pytest.raises((ValidationError, ValueError), match=field):
         build_rollout({"type": "web", **spec}, None)
@@ -133,14 +147,23 @@ def test_missing_skill_folder_is_named():
 
 
 def test_webarena_split_is_disjoint_and_checked(deployment):
-    ro = build_rollout({"type": "web", "benchmark": "webarena_lite", "sites": ["shopping"], "episodes_per_member": 8,
-                        "test_episodes": 5}, None)
+    ro = build_rollout(
+        {
+            "type": "web",
+            "benchmark": "webarena_lite",
+            "sites": ["shopping"],
+            "episodes_per_member": 8,
+            "test_episodes": 5,
+        },
+        None,
+    )
     assert len(ro.test_tasks) == 5 and not set(ro.tasks) & set(ro.test_tasks)
     train = ro.episodes("train", 0)
     assert len(train) == 8 and all(t in ro.tasks and s == 0 for t, s in train)
     assert ro.episodes("train", 0) == train != ro.episodes("train", 1)
-    fixed = build_rollout({"type": "web", "benchmark": "webarena_lite", "task_ids": [4, 7, 23],
-                           "test_task_ids": [23]}, None)
+    fixed = build_rollout(
+        {"type": "web", "benchmark": "webarena_lite", "task_ids": [4, 7, 23], "test_task_ids": [23]}, None
+    )
     assert fixed.episodes("test") == [("23", 0)] and set(fixed.tasks) == {"4", "7"}
     with pytest.raises(ValueError, match="test_task_ids"):
         build_rollout({"type": "web", "benchmark": "webarena_lite", "task_ids": [4, 7], "test_task_ids": [5]}, None)
@@ -181,10 +204,12 @@ def test_member_reward_leaves_out_browser_failures():
     ro = build_rollout({"type": "web"}, None)
     ok = Trajectory(key="a", run_id="r", evolver="es", space="parameter", reward=1.0)
     lost = Trajectory(key="b", run_id="r", evolver="es", space="parameter", reward=0.0)
-    crash = Trajectory(key="c", run_id="r", evolver="es", space="parameter", reward=None, valid=False,
-                       failure="runtime")
-    llm = Trajectory(key="d", run_id="r", evolver="es", space="parameter", reward=None, valid=False,
-                     failure="llm_error")
+    crash = Trajectory(
+        key="c", run_id="r", evolver="es", space="parameter", reward=None, valid=False, failure="runtime"
+    )
+    llm = Trajectory(
+        key="d", run_id="r", evolver="es", space="parameter", reward=None, valid=False, failure="llm_error"
+    )
     assert ro.member_reward([ok, lost, crash]) == 0.5
     assert ro.member_reward([ok, llm]) == 0.5
     assert ro.member_reward([crash]) == 0.0 and ro.member_reward([]) == 0.0
@@ -195,9 +220,21 @@ def test_member_reward_leaves_out_browser_failures():
 @browser
 def test_web_rollout_on_click_button(ctx, tmp_path):
     ctx.shared["skill"] = published_skill(tmp_path)
-    ro = build_rollout({"type": "web", "taskset": "miniwob_smoke", "tasks": ["click-button"], "episodes_per_member": 2,
-                        "test_episodes": 2, "max_steps": 2, "n_envs": 2, "actions": ["click"], "use_skills": True,
-                        "skill_dirs": ["skills/miniwob-forms"]}, ctx)  # fmt: skip
+    ro = build_rollout(
+        {
+            "type": "web",
+            "taskset": "miniwob_smoke",
+            "tasks": ["click-button"],
+            "episodes_per_member": 2,
+            "test_episodes": 2,
+            "max_steps": 2,
+            "n_envs": 2,
+            "actions": ["click"],
+            "use_skills": True,
+            "skill_dirs": ["skills/miniwob-forms"],
+        },
+        ctx,
+    )
     assert isinstance(ro, WebRollout)
     policy = ScriptedPolicy(click_button_solver)
     member = ESMember(seed=7, sigma=1e-3, sign=-1, index=1)
@@ -231,8 +268,18 @@ def test_web_rollout_on_click_button(ctx, tmp_path):
 def test_tiny_qwen2_member_gets_recorded_zero_rewards(ctx, tiny_model_dir):
     from coevo.backends.hf import HFPolicy
 
-    ro = build_rollout({"type": "web", "taskset": "miniwob_smoke", "tasks": ["click-test"], "episodes_per_member": 1,
-                        "max_steps": 1, "n_envs": 1, "sampling": {"max_new_tokens": 8}}, ctx)
+    ro = build_rollout(
+        {
+            "type": "web",
+            "taskset": "miniwob_smoke",
+            "tasks": ["click-test"],
+            "episodes_per_member": 1,
+            "max_steps": 1,
+            "n_envs": 1,
+            "sampling": {"max_new_tokens": 8},
+        },
+        ctx,
+    )
     try:
         ts = ro.run(HFPolicy(tiny_model_dir), generation=0, member=ESMember(1, 1e-3, 1, 0), key_prefix="k")
     finally:
@@ -243,12 +290,34 @@ def test_tiny_qwen2_member_gets_recorded_zero_rewards(ctx, tiny_model_dir):
 
 
 # -- the report section ------------------------------------------------------------------------------------
-def _web_traj(key: str, *, gen: int, task: str, seed: int, reward: float | None, split: str = "train",
-              member: ESMember | None = None, version: int = 0, evolver: str = "es", **kw) -> Trajectory:
+def _web_traj(
+    key: str,
+    *,
+    gen: int,
+    task: str,
+    seed: int,
+    reward: float | None,
+    split: str = "train",
+    member: ESMember | None = None,
+    version: int = 0,
+    evolver: str = "es",
+    **kw,
+) -> Trajectory:
     meta = {"rollout": "web", "benchmark": "miniwob", "task": task, "seed": seed, "split": split, **kw.pop("meta", {})}
-    return Trajectory(key=key, run_id="run1", evolver=evolver, space="parameter", generation=gen,
-                      task_id=f"{task}:{seed}", reward=reward, member=member, meta=meta, llm_calls=1,
-                      context=ContextRef(skill_name="miniwob-forms", skill_version=version), **kw)
+    return Trajectory(
+        key=key,
+        run_id="run1",
+        evolver=evolver,
+        space="parameter",
+        generation=gen,
+        task_id=f"{task}:{seed}",
+        reward=reward,
+        member=member,
+        meta=meta,
+        llm_calls=1,
+        context=ContextRef(skill_name="miniwob-forms", skill_version=version),
+        **kw,
+    )
 
 
 def test_web_report_rates_diffs_and_plots(ctx, tmp_path):
@@ -275,15 +344,30 @@ def test_web_report_rates_diffs_and_plots(ctx, tmp_path):
         _web_traj("t0b", gen=0, task="click-test", seed=100, reward=1.0, split="test"),
         _web_traj("t2a", gen=2, task="click-button", seed=100, reward=1.0, split="test", version=1),
         _web_traj("t2b", gen=2, task="click-test", seed=100, reward=1.0, split="test", version=1),
-        _web_traj("gate", gen=0, task="click-test", seed=100, reward=1.0, split="test", version=1,
-                  evolver="skills", meta={"t2s_role": "gate"}),
+        _web_traj(
+            "gate",
+            gen=0,
+            task="click-test",
+            seed=100,
+            reward=1.0,
+            split="test",
+            version=1,
+            evolver="skills",
+            meta={"t2s_role": "gate"},
+        ),
         Trajectory(key="other", run_id="run1", evolver="skills", space="context", reward=None, valid=False),
     ]
     stored = [s for s, _ in store.add_trajectories(ts)]
     skill = published_skill(tmp_path, version=1)["path"]
     # as Trace2Skill stores it: version 1, derived from the source folder (version 0, not an artifact)
-    write_skill_version(store, "run1", skill, {"changelog": "match whole button names", "round": 0},
-                        diff=skill_diff(SHIPPED_SKILLS_DIR / "miniwob-forms", skill), trajectory_ids=[stored[1].id])
+    write_skill_version(
+        store,
+        "run1",
+        skill,
+        {"changelog": "match whole button names", "round": 0},
+        diff=skill_diff(SHIPPED_SKILLS_DIR / "miniwob-forms", skill),
+        trajectory_ids=[stored[1].id],
+    )
     # ES history: generation 0 changed the weights, generation 1 did not (e.g. sigma 0)
     store.add_es_history("run1", "es", 0, {"generation": 0, "weight_hash_before": "a", "weight_hash_after": "b"})
     store.add_es_history("run1", "es", 1, {"generation": 1, "weight_hash_before": "b", "weight_hash_after": "b"})
@@ -315,12 +399,26 @@ def user_skill(root, name: str = "miniwob-forms", description: str | None = None
 
 
 def coevo_config(skill_dirs: list[str], **trace2skill) -> dict:
-    rollout = {"type": "web", "taskset": "miniwob_smoke", "tasks": ["click-button"], "episodes_per_member": 1,
-               "test_episodes": 1, "max_steps": 1, "n_envs": 1, "actions": ["click"], "use_skills": True,
-               "skill_dirs": skill_dirs, "skill_name": "miniwob-forms"}
-    return {"run": {"name": "t"}, "evolvers": [
-        {"name": "es", "type": "es", "population_size": 2, "total_generations": 1, "rollout": rollout},
-        {"name": "skills", "type": "trace2skill", "skill": "miniwob-forms", "evolvers": ["es"], **trace2skill}]}
+    rollout = {
+        "type": "web",
+        "taskset": "miniwob_smoke",
+        "tasks": ["click-button"],
+        "episodes_per_member": 1,
+        "test_episodes": 1,
+        "max_steps": 1,
+        "n_envs": 1,
+        "actions": ["click"],
+        "use_skills": True,
+        "skill_dirs": skill_dirs,
+        "skill_name": "miniwob-forms",
+    }
+    return {
+        "run": {"name": "t"},
+        "evolvers": [
+            {"name": "es", "type": "es", "population_size": 2, "total_generations": 1, "rollout": rollout},
+            {"name": "skills", "type": "trace2skill", "skill": "miniwob-forms", "evolvers": ["es"], **trace2skill},
+        ],
+    }
 
 
 def test_a_conflict_between_skill_dirs_and_skills_dir_names_both(tmp_path):
@@ -385,9 +483,18 @@ def test_a_loaded_skill_is_shown_once_and_whole(ctx):
 
     body = SkillLibrary([SHIPPED_SKILLS_DIR / "miniwob-forms"]).activate("miniwob-forms").strip()
     assert len(body) > 1500
-    spec = {"type": "web", "taskset": "miniwob_smoke", "tasks": ["click-button"], "test_episodes": 1, "max_steps": 2,
-            "n_envs": 1, "max_obs_chars": 1500, "use_skills": True, "skill_mode": "catalog",
-            "skill_dirs": ["skills/miniwob-forms"]}
+    spec = {
+        "type": "web",
+        "taskset": "miniwob_smoke",
+        "tasks": ["click-button"],
+        "test_episodes": 1,
+        "max_steps": 2,
+        "n_envs": 1,
+        "max_obs_chars": 1500,
+        "use_skills": True,
+        "skill_mode": "catalog",
+        "skill_dirs": ["skills/miniwob-forms"],
+    }
     for extra, whole in (({}, True), ({"max_skill_chars": 400}, False)):
         ro = build_rollout({**spec, **extra}, ctx)
         policy = ScriptedPolicy(['load_skill("miniwob-forms")', click_button_solver])

@@ -40,8 +40,11 @@ print(json.dumps({"coevo": coevo.__file__, "heuristics": str(r.shipped_dir("heur
 
 def source_files(folder: Path) -> set[str]:
     """Files under ``folder`` (relative POSIX paths), byte-code caches left out."""
-    return {p.relative_to(folder).as_posix() for p in folder.rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")}
+    return {
+        p.relative_to(folder).as_posix()
+        for p in folder.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")
+    }
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
@@ -55,31 +58,54 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Build the wheel, install it into a fresh venv; return the paths and a clean environment for it."""
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
-    shutil.copytree(REPO, src, ignore=lambda d, names: [
-        n for n in names if (Path(d) == REPO and n in NOT_SOURCES) or n == "__pycache__"
-        or n.endswith((".pyc", ".egg-info"))])
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-         "-w", str(tmp / "dist"), str(src)])
+    shutil.copytree(
+        REPO,
+        src,
+        ignore=lambda d, names: [
+            n
+            for n in names
+            if (Path(d) == REPO and n in NOT_SOURCES) or n == "__pycache__" or n.endswith((".pyc", ".egg-info"))
+        ],
+    )
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(tmp / "dist"),
+            str(src),
+        ]
+    )
     (wheel,) = (tmp / "dist").glob("coevo-*.whl")
 
     venv = tmp / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     python = venv / "bin" / "python"
-    run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q",
-         str(wheel)])
-    purelib = Path(run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
-                   .stdout.strip())
+    run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)])
+    purelib = Path(run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]).stdout.strip())
     # the dependencies: this interpreter's site-packages folders (their own .pth files are not run, so an
     # editable coevo installed there stays invisible)
-    deps = sorted({p for p in [*site.getsitepackages(), *sys.path] if p.endswith(("site-packages", "dist-packages"))
-                   and os.path.isdir(p) and Path(p) != purelib})
+    deps = sorted(
+        {
+            p
+            for p in [*site.getsitepackages(), *sys.path]
+            if p.endswith(("site-packages", "dist-packages")) and os.path.isdir(p) and Path(p) != purelib
+        }
+    )
     (purelib / "_coevo_test_deps.pth").write_text("".join(f"{p}\n" for p in deps))
 
     elsewhere = tmp / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "COEVO_", "VIRTUAL_ENV"))}
-    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv),
-               COEVO_CACHE=str(tmp / "cache"))
+    env.update(
+        PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv), COEVO_CACHE=str(tmp / "cache")
+    )
     return {"wheel": wheel, "venv": venv, "python": python, "purelib": purelib, "cwd": elsewhere, "env": env}
 
 
@@ -89,8 +115,9 @@ def test_wheel_ships_every_package_and_the_shipped_folders(installed):
     packages = {p.relative_to(REPO).as_posix() for p in (REPO / "coevo").rglob("__init__.py")}
     assert packages <= names
     for folder in SHIPPED:
-        in_wheel = {n.removeprefix(f"coevo/_shipped/{folder}/") for n in names
-                    if n.startswith(f"coevo/_shipped/{folder}/")}
+        in_wheel = {
+            n.removeprefix(f"coevo/_shipped/{folder}/") for n in names if n.startswith(f"coevo/_shipped/{folder}/")
+        }
         assert in_wheel == source_files(REPO / folder)
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
 
@@ -112,8 +139,24 @@ def test_heuristics_eval_from_an_unrelated_folder(installed):
 
     seed = installed["purelib"] / "coevo" / "_shipped" / "heuristics" / "tsp_construct" / "seed_heuristic.py"
     assert seed.read_text() == (REPO / "heuristics" / "tsp_construct" / "seed_heuristic.py").read_text()
-    done = run([str(installed["venv"] / "bin" / "coevo"), "heuristics", "eval", "tsp_construct", str(seed),
-                "--size", "20", "--count", "8", "--seed", "0", "--json"], cwd=installed["cwd"], env=installed["env"])
+    done = run(
+        [
+            str(installed["venv"] / "bin" / "coevo"),
+            "heuristics",
+            "eval",
+            "tsp_construct",
+            str(seed),
+            "--size",
+            "20",
+            "--count",
+            "8",
+            "--seed",
+            "0",
+            "--json",
+        ],
+        cwd=installed["cwd"],
+        env=installed["env"],
+    )
     doc = json.loads(done.stdout)
     assert (doc["valid"], doc["n_instances"], doc["n_invalid"]) == (True, 8, 0)
     # the same seed heuristic on the same generated instances, run in-process from the source tree
@@ -128,10 +171,11 @@ def test_heuristics_eval_from_an_unrelated_folder(installed):
 def test_skills_validate_from_an_unrelated_folder(installed):
     skills = installed["purelib"] / "coevo" / "_shipped" / "skills"
     coevo = str(installed["venv"] / "bin" / "coevo")
-    one = run([coevo, "skills", "validate", str(skills / "web-navigation")], cwd=installed["cwd"],
-              env=installed["env"])
-    assert one.stdout.splitlines() == [f"{skills / 'web-navigation'}: ok",
-                                       "1 skill(s) checked, 0 invalid, 0 violation(s)"]
+    one = run([coevo, "skills", "validate", str(skills / "web-navigation")], cwd=installed["cwd"], env=installed["env"])
+    assert one.stdout.splitlines() == [
+        f"{skills / 'web-navigation'}: ok",
+        "1 skill(s) checked, 0 invalid, 0 violation(s)",
+    ]
     n = sum(1 for d in (REPO / "skills").iterdir() if (d / "SKILL.md").is_file())
     every = run([coevo, "skills", "validate", str(skills)], cwd=installed["cwd"], env=installed["env"])
     assert every.stdout.splitlines()[-1] == f"{n} skill(s) checked, 0 invalid, 0 violation(s)"

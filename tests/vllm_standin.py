@@ -31,14 +31,23 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from coevo.backends.vllm_worker import ESWorkerExtension
 
 PAD_ROWS = 64  # vLLM pads vocabulary rows to a multiple of 64
-FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}  # fmt: skip
+FUSED = {
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+}
 
 
 def hf_model(dtype: torch.dtype, vocab: int = 250) -> Qwen2ForCausalLM:
-    config = Qwen2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                         tie_word_embeddings=False)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return Qwen2ForCausalLM(config).to(dtype).eval()
@@ -126,8 +135,15 @@ class EngineHost:
         sampling params, LoRA requests).
     """
 
-    def __init__(self, worker: WorkerHost, *, config=None, remote: bool = False, reference: nn.Module | None = None,
-                 old_reset_signature: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        worker: WorkerHost,
+        *,
+        config=None,
+        remote: bool = False,
+        reference: nn.Module | None = None,
+        old_reset_signature: bool = False,
+    ) -> None:
         self.worker = worker
         self.remote = remote
         self.resets: list[dict] = []

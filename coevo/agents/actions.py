@@ -93,9 +93,12 @@ def _build(name: str, raw_args: list[Any]) -> ParsedAction:
 def example_action(actions: Sequence[str] | None = None) -> str:
     """An example call for feedback messages, taken from ``actions`` (``click('13')`` when click is offered)."""
     names = [a for a in (actions or WEB_ACTION_NAMES) if a != "noop"] or ["noop"]
-    return {"click": "click('13')", "fill": "fill('13', 'text')", "goto": "goto('http://example.com')",
-            "send_msg_to_user": "send_msg_to_user('answer')"}.get(
-        "click" if "click" in names else names[0], f"{names[0]}()")
+    return {
+        "click": "click('13')",
+        "fill": "fill('13', 'text')",
+        "goto": "goto('http://example.com')",
+        "send_msg_to_user": "send_msg_to_user('answer')",
+    }.get("click" if "click" in names else names[0], f"{names[0]}()")
 
 
 def parse_action(output: str, *, allow_skills: bool = True, actions: Sequence[str] | None = None) -> ParsedAction:

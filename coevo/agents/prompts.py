@@ -43,8 +43,7 @@ read_skill_file("name", "path")
 """
 
 
-def system_prompt(action_space: str, skill_catalog: str | None = None,
-                  actions: Sequence[str] | None = None) -> str:
+def system_prompt(action_space: str, skill_catalog: str | None = None, actions: Sequence[str] | None = None) -> str:
     """The system message: action space description (BrowserGym ``HighLevelActionSet.describe``) and, when
     ``skill_catalog`` is a non-empty string, the skill catalog with the two skill actions.
 
@@ -56,8 +55,12 @@ def system_prompt(action_space: str, skill_catalog: str | None = None,
 
     names = list(WEB_ACTION_NAMES if actions is None else actions)
     skills = SKILLS_TEMPLATE.format(catalog=skill_catalog.strip()) if skill_catalog and skill_catalog.strip() else ""
-    return SYSTEM_TEMPLATE.format(actions=action_space.strip(), skills=skills, example=example_action(names),
-                                  answer=ANSWER_LINE if "send_msg_to_user" in names else "")
+    return SYSTEM_TEMPLATE.format(
+        actions=action_space.strip(),
+        skills=skills,
+        example=example_action(names),
+        answer=ANSWER_LINE if "send_msg_to_user" in names else "",
+    )
 
 
 @dataclass(frozen=True)

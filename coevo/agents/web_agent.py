@@ -161,8 +161,9 @@ class WebAgent:
         self.sampling = sampling
         self.max_steps = max_steps
         self.skills = skills
-        self.skill_catalog = skill_catalog if skill_catalog is not None else (
-            skills.catalog_prompt() if skills is not None else None)
+        self.skill_catalog = (
+            skill_catalog if skill_catalog is not None else (skills.catalog_prompt() if skills is not None else None)
+        )
         self.max_obs_chars = max_obs_chars
         self.history_len = history_len
         self.max_skill_chars = max_skill_chars
@@ -188,10 +189,12 @@ class WebAgent:
 
     def _model_node(self, state: _State) -> dict[str, Any]:
         active = [e for e in state["episodes"] if e.end is None]
-        conversations = [[{"role": "system", "content": e.system}, {"role": "user", "content": e.prompt}]
-                         for e in active]
-        params = self.sampling if self.sampling.seed is None else self.sampling.with_seed(
-            self.sampling.seed + state["turn"])
+        conversations = [
+            [{"role": "system", "content": e.system}, {"role": "user", "content": e.prompt}] for e in active
+        ]
+        params = (
+            self.sampling if self.sampling.seed is None else self.sampling.with_seed(self.sampling.seed + state["turn"])
+        )
         completions = self.policy.generate(conversations, params)
         if len(completions) != len(active):
             raise PolicyError(f"policy returned {len(completions)} completions for {len(active)} conversations")
@@ -215,8 +218,14 @@ class WebAgent:
         if not e.steps:
             meta["system_prompt"] = e.system
         if c.finish_reason == "error" or c.error:
-            e.steps.append(Step(observation=e.prompt, model_output=c.text, tool_result=f"model error: {c.error}",
-                                meta={**meta, "kind": "llm_error"}))
+            e.steps.append(
+                Step(
+                    observation=e.prompt,
+                    model_output=c.text,
+                    tool_result=f"model error: {c.error}",
+                    meta={**meta, "kind": "llm_error"},
+                )
+            )
             e.end, e.failure, e.failure_detail = "llm_error", "llm_error", str(c.error)
             return
         action: ParsedAction | None = None
@@ -233,8 +242,15 @@ class WebAgent:
                 try:
                     e.obs, reward, done, _info = e.env.step(action.text)
                 except (WebEnvError, TaskEvaluationError) as exc:
-                    e.steps.append(Step(observation=e.prompt, model_output=c.text, action=action.text,
-                                        tool_result=str(exc), meta=meta))
+                    e.steps.append(
+                        Step(
+                            observation=e.prompt,
+                            model_output=c.text,
+                            action=action.text,
+                            tool_result=str(exc),
+                            meta=meta,
+                        )
+                    )
                     evaluation = isinstance(exc, TaskEvaluationError)
                     e.end = "eval_error" if evaluation else "env_error"
                     e.failure, e.failure_detail = ("evaluation" if evaluation else "runtime"), str(exc)
@@ -246,8 +262,16 @@ class WebAgent:
                 elif action.name in STOP_ACTIONS and not feedback:
                     e.end = "stop"  # only an action the env accepted ends the episode
         meta["url"] = e.obs.get("url", "")
-        e.steps.append(Step(observation=e.prompt, model_output=c.text, action=action.text if action else None,
-                            tool_result=feedback, reward=reward, meta=meta))
+        e.steps.append(
+            Step(
+                observation=e.prompt,
+                model_output=c.text,
+                action=action.text if action else None,
+                tool_result=feedback,
+                reward=reward,
+                meta=meta,
+            )
+        )
         e.history.append(HistoryItem(action.text if action else None, feedback.split("\n", 1)[0]))
         if e.end is None and len(e.steps) >= self.max_steps:
             e.end = "max_steps"
@@ -270,22 +294,35 @@ class WebAgent:
             return f"Skill {name!r} is already loaded (its text is shown in every prompt of this episode)."
         limit = self.max_skill_chars
         if limit is not None and len(text) > limit:
-            text = (text[:limit] + f"\n[truncated: {len(text) - limit} of {len(text)} characters not shown; read "
-                    f"the rest with read_skill_file({name!r}, 'SKILL.md')]")
+            text = (
+                text[:limit] + f"\n[truncated: {len(text) - limit} of {len(text)} characters not shown; read "
+                f"the rest with read_skill_file({name!r}, 'SKILL.md')]"
+            )
         e.skill_texts[name] = text
         return f"Skill {name!r} loaded (its text is now shown in every prompt of this episode)."
 
     def _prompt(self, e: _Episode, feedback: str) -> str:
-        return user_message(goal=e.obs["goal"], url=e.obs["url"], axtree=e.obs["axtree"], feedback=feedback,
-                            step=len(e.steps) + 1, max_steps=self.max_steps, history=e.history,
-                            skill_texts=e.skill_texts, max_obs_chars=self.max_obs_chars,
-                            history_len=self.history_len)
+        return user_message(
+            goal=e.obs["goal"],
+            url=e.obs["url"],
+            axtree=e.obs["axtree"],
+            feedback=feedback,
+            step=len(e.steps) + 1,
+            max_steps=self.max_steps,
+            history=e.history,
+            skill_texts=e.skill_texts,
+            max_obs_chars=self.max_obs_chars,
+            history_len=self.history_len,
+        )
 
     # -- episodes --------------------------------------------------------------------------------------
     def _start(self, e: _Episode) -> None:
         e.actions = tuple(e.env.action_names)
-        e.system = system_prompt(e.env.action_set.describe(with_long_description=False, with_examples=True),
-                                 self.skill_catalog if self.skills is not None else None, actions=e.actions)
+        e.system = system_prompt(
+            e.env.action_set.describe(with_long_description=False, with_examples=True),
+            self.skill_catalog if self.skills is not None else None,
+            actions=e.actions,
+        )
         try:
             e.obs = e.env.reset(e.task, e.seed)
         except WebEnvError as exc:
@@ -296,16 +333,34 @@ class WebAgent:
     def _trajectory(self, e: _Episode, prov: Provenance) -> Trajectory:
         valid = e.failure is None
         return Trajectory(
-            key=e.key, run_id=prov.run_id, evolver=prov.evolver,
+            key=e.key,
+            run_id=prov.run_id,
+            evolver=prov.evolver,
             space=prov.space or ("parameter" if e.member is not None else "context"),
-            round=prov.round, generation=prov.generation, task_id=e.task_id, steps=e.steps,
-            reward=float(e.reward) if valid else None, valid=valid, failure=e.failure,
-            failure_detail=e.failure_detail, member=e.member, context=prov.context, llm_calls=e.llm_calls,
-            prompt_tokens=e.prompt_tokens, completion_tokens=e.completion_tokens, started_at=e.started_at,
+            round=prov.round,
+            generation=prov.generation,
+            task_id=e.task_id,
+            steps=e.steps,
+            reward=float(e.reward) if valid else None,
+            valid=valid,
+            failure=e.failure,
+            failure_detail=e.failure_detail,
+            member=e.member,
+            context=prov.context,
+            llm_calls=e.llm_calls,
+            prompt_tokens=e.prompt_tokens,
+            completion_tokens=e.completion_tokens,
+            started_at=e.started_at,
             duration_s=time.perf_counter() - e.t0,
-            meta={"benchmark": e.env.benchmark, "task": e.task, "seed": e.seed, "end": e.end,
-                  "max_steps": self.max_steps, "final_url": e.obs.get("url", ""),
-                  "skills_loaded": len(e.skill_texts)},
+            meta={
+                "benchmark": e.env.benchmark,
+                "task": e.task,
+                "seed": e.seed,
+                "end": e.end,
+                "max_steps": self.max_steps,
+                "final_url": e.obs.get("url", ""),
+                "skills_loaded": len(e.skill_texts),
+            },
         )
 
     def run_batch(
@@ -335,14 +390,13 @@ class WebAgent:
         out: list[Trajectory] = []
         for start in range(0, len(episodes), len(envs)):
             wave = []
-            for j, (task, seed) in enumerate(episodes[start:start + len(envs)]):
+            for j, (task, seed) in enumerate(episodes[start : start + len(envs)]):
                 key = keys[start + j] if keys is not None else episode_key(prov, member, f"{task}:{seed}")
                 wave.append(_Episode(env=envs[j], task=str(task), seed=seed, key=key, member=member))
             for e in wave:
                 self._start(e)
             if any(e.end is None for e in wave):
-                self.graph.invoke({"episodes": wave, "turn": 0},
-                                  config={"recursion_limit": 2 * self.max_steps + 4})
+                self.graph.invoke({"episodes": wave, "turn": 0}, config={"recursion_limit": 2 * self.max_steps + 4})
             out.extend(self._trajectory(e, prov) for e in wave)
         return out
 
@@ -368,8 +422,9 @@ def run_episode(
     :class:`WebAgent` (``skill_catalog``, ``max_obs_chars``, ``history_len``).
     """
     agent = WebAgent(policy, sampling=sampling, max_steps=max_steps, skills=skills, **agent_kwargs)
-    return agent.run_batch([env], [(task, seed)], member=member, keys=None if key is None else [key],
-                           provenance=provenance)[0]
+    return agent.run_batch(
+        [env], [(task, seed)], member=member, keys=None if key is None else [key], provenance=provenance
+    )[0]
 
 
 def run_episodes(

@@ -42,24 +42,33 @@ def eval_report(args: argparse.Namespace) -> dict[str, Any]:
     code = read_heuristic_file(args.file)
     if args.instances:
         if args.size is not None or args.seed is not None:
-            raise ValueError("--size and --seed only apply to generated instances; with --instances give only "
-                             "--count (the first K instances of the file), --no-reference and --json")
+            raise ValueError(
+                "--size and --seed only apply to generated instances; with --instances give only "
+                "--count (the first K instances of the file), --no-reference and --json"
+            )
         instances = problem.load_instances(args.instances)
         if args.count is not None:
             instances = instances.subset(args.count)
     else:
-        instances = problem.generate(args.size if args.size is not None else problem.default_size,
-                                     args.count if args.count is not None else problem.default_count,
-                                     args.seed if args.seed is not None else 0)
+        instances = problem.generate(
+            args.size if args.size is not None else problem.default_size,
+            args.count if args.count is not None else problem.default_count,
+            args.seed if args.seed is not None else 0,
+        )
     per_instance_s = args.timeout if args.timeout is not None else DEFAULT_INSTANCE_TIMEOUT_S
     if not (per_instance_s > 0 and math.isfinite(per_instance_s)):
         raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout!r}")
-    res = evaluate_heuristic(problem, code, instances, keep_going=True, with_reference=not args.no_reference,
-                             instance_timeout_s=per_instance_s)
+    res = evaluate_heuristic(
+        problem,
+        code,
+        instances,
+        keep_going=True,
+        with_reference=not args.no_reference,
+        instance_timeout_s=per_instance_s,
+    )
     m = res.metrics
     n_invalid = m.get("n_invalid", len(instances))  # absent: the whole candidate failed before any instance
-    reasons = m.get("invalid_reasons") or ({f"{res.error_kind}: {res.error}": len(instances)} if not res.valid
-                                           else {})
+    reasons = m.get("invalid_reasons") or ({f"{res.error_kind}: {res.error}": len(instances)} if not res.valid else {})
     return {
         "problem": problem.name,
         "direction": problem.direction,
@@ -75,9 +84,18 @@ def eval_report(args: argparse.Namespace) -> dict[str, Any]:
         "error_kind": res.error_kind,
         "instances_source": instances.source,
         "instance_timeout_s": per_instance_s,
-        "instances": m.get("per_instance") or [
-            {"name": name, "objective": None, "valid": False, "time_s": None, "error_kind": res.error_kind,
-             "error": res.error} for name in instances.names],
+        "instances": m.get("per_instance")
+        or [
+            {
+                "name": name,
+                "objective": None,
+                "valid": False,
+                "time_s": None,
+                "error_kind": res.error_kind,
+                "error": res.error,
+            }
+            for name in instances.names
+        ],
     }
 
 
@@ -96,8 +114,9 @@ def read_heuristic_file(path: str | Path) -> str:
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"FILE {path} is not UTF-8 text (undecodable byte at offset {exc.start}); "
-                         "give Python source") from None
+        raise ValueError(
+            f"FILE {path} is not UTF-8 text (undecodable byte at offset {exc.start}); give Python source"
+        ) from None
     if "\x00" in text:
         raise ValueError(f"FILE {path} contains NUL bytes (a binary file?); give Python source")
     return text
@@ -132,8 +151,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         print(f"gap: {out['gap_percent']:.4f}% vs {out['reference']} (mean {out['reference_mean']:.6f})")
     times = [x["time_s"] for x in out["instances"] if x["time_s"] is not None]
     if times:
-        print(f"time per instance: mean {sum(times) / len(times):.3f} s, max {max(times):.3f} s "
-              f"(limit {out['instance_timeout_s']:g} s)")
+        print(
+            f"time per instance: mean {sum(times) / len(times):.3f} s, max {max(times):.3f} s "
+            f"(limit {out['instance_timeout_s']:g} s)"
+        )
     print(f"invalid: {out['n_invalid']} of {out['n_instances']}")
     for reason, count in out["invalid_reasons"].items():
         print(f"  {count} x {reason}")
@@ -143,8 +164,10 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 def _cmd_list(args: argparse.Namespace) -> int:
     for name in available_problems():
         p = load_problem(name)
-        print(f"{name}\t{p.function_name}\t{p.direction} {p.objective_name}\tsizes {list(p.sizes)}\t"
-              f"reference: {p.reference_name}")
+        print(
+            f"{name}\t{p.function_name}\t{p.direction} {p.objective_name}\tsizes {list(p.sizes)}\t"
+            f"reference: {p.reference_name}"
+        )
     if not available_problems():
         print(f"no problems found in {heuristics_root()}", file=sys.stderr)
         return 1
@@ -160,15 +183,22 @@ def add_parser(subparsers: Any) -> None:
     ev = sub.add_parser("eval", help="evaluate a heuristic file on a problem's instances (exit 1 if invalid)")
     ev.add_argument("problem", help="problem name (a folder under heuristics/) or a problem folder")
     ev.add_argument("file", help="Python file defining the problem's function (e.g. select_next_node)")
-    ev.add_argument("--size", type=int, default=None,
-                    help="generated instance size (default: the problem's; not with --instances)")
-    ev.add_argument("--count", type=int, default=None,
-                    help="number of instances (generated; or the first K of --instances)")
+    ev.add_argument(
+        "--size", type=int, default=None, help="generated instance size (default: the problem's; not with --instances)"
+    )
+    ev.add_argument(
+        "--count", type=int, default=None, help="number of instances (generated; or the first K of --instances)"
+    )
     ev.add_argument("--seed", type=int, default=None, help="generator seed (default 0; not with --instances)")
-    ev.add_argument("--instances", default=None,
-                    help="instance file or folder (.npz, TSPLIB .tsp, BPP .json, CVRPLIB .vrp)")
-    ev.add_argument("--timeout", type=float, default=None,
-                    help=f"wall-clock limit per instance in seconds (default {DEFAULT_INSTANCE_TIMEOUT_S:g})")
+    ev.add_argument(
+        "--instances", default=None, help="instance file or folder (.npz, TSPLIB .tsp, BPP .json, CVRPLIB .vrp)"
+    )
+    ev.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help=f"wall-clock limit per instance in seconds (default {DEFAULT_INSTANCE_TIMEOUT_S:g})",
+    )
     ev.add_argument("--no-reference", action="store_true", help="skip the reference solver (no gap)")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.set_defaults(func=_cmd_eval)

@@ -47,15 +47,17 @@ def instances_file(instances: InstanceSet, folder: str | os.PathLike | None = No
     return path
 
 
-def _resolve(problem: HeuristicProblem | str | os.PathLike,
-             instances: InstanceSet | str | os.PathLike) -> tuple[HeuristicProblem, InstanceSet]:
+def _resolve(
+    problem: HeuristicProblem | str | os.PathLike, instances: InstanceSet | str | os.PathLike
+) -> tuple[HeuristicProblem, InstanceSet]:
     prob = problem if isinstance(problem, HeuristicProblem) else load_problem(problem)
     inst = instances if isinstance(instances, InstanceSet) else prob.load_instances(instances)
     return prob, prob.check_instances(inst)
 
 
-def summarize(problem: HeuristicProblem, instances: InstanceSet, raw: EvalResult,
-              with_reference: bool = True) -> EvalResult:
+def summarize(
+    problem: HeuristicProblem, instances: InstanceSet, raw: EvalResult, with_reference: bool = True
+) -> EvalResult:
     """Turn the sandbox's raw result (``metrics["objectives"]``) into the problem's EvalResult.
 
     Valid: ``n_invalid`` = 0, ``objective`` = mean objective, ``score`` = -objective (minimise) or
@@ -67,37 +69,65 @@ def summarize(problem: HeuristicProblem, instances: InstanceSet, raw: EvalResult
     ``failures`` (keep_going), the result is invalid (most common kind) and ``metrics`` carries n_invalid,
     invalid_reasons ({"kind: detail": count}) and mean_valid_objective / gap over the instances that ran.
     """
-    metrics: dict[str, Any] = {"n_instances": len(instances), "direction": problem.direction,
-                               "objective_name": problem.objective_name}
+    metrics: dict[str, Any] = {
+        "n_instances": len(instances),
+        "direction": problem.direction,
+        "objective_name": problem.objective_name,
+    }
     if not raw.valid:
         metrics["reference"] = instances.known_reference_name or problem.reference_name
-        return EvalResult(valid=False, metrics=metrics, feedback=f"invalid ({raw.error_kind}): {raw.error}",
-                          error_kind=raw.error_kind, error=raw.error, duration_s=raw.duration_s)
+        return EvalResult(
+            valid=False,
+            metrics=metrics,
+            feedback=f"invalid ({raw.error_kind}): {raw.error}",
+            error_kind=raw.error_kind,
+            error=raw.error,
+            duration_s=raw.duration_s,
+        )
     objectives = (raw.metrics or {}).get("objectives")
     failures = (raw.metrics or {}).get("failures") or [None] * len(instances)
     times = (raw.metrics or {}).get("times_s")
-    if (not isinstance(objectives, list) or len(objectives) != len(instances) or len(failures) != len(instances)
-            or not all((f is not None and o is None) or (isinstance(o, (int, float)) and math.isfinite(o))
-                       for o, f in zip(objectives, failures))):
+    if (
+        not isinstance(objectives, list)
+        or len(objectives) != len(instances)
+        or len(failures) != len(instances)
+        or not all(
+            (f is not None and o is None) or (isinstance(o, (int, float)) and math.isfinite(o))
+            for o, f in zip(objectives, failures)
+        )
+    ):
         detail = f"target returned objectives {str(objectives)[:200]!r} for {len(instances)} instances"
-        return EvalResult(valid=False, metrics=metrics, feedback=detail, error_kind="sandbox", error=detail,
-                          duration_s=raw.duration_s)
+        return EvalResult(
+            valid=False, metrics=metrics, feedback=detail, error_kind="sandbox", error=detail, duration_s=raw.duration_s
+        )
     failed = [f for f in failures if f is not None]
     metrics["per_instance"] = [
-        {"name": name, "objective": None if f is not None else float(o), "valid": f is None,
-         "time_s": float(times[i]) if isinstance(times, list) and i < len(times)
-         and isinstance(times[i], (int, float)) else None,
-         "error_kind": None if f is None else f.get("kind"), "error": None if f is None else f.get("error")}
-        for i, (name, o, f) in enumerate(zip(instances.names, objectives, failures))]
+        {
+            "name": name,
+            "objective": None if f is not None else float(o),
+            "valid": f is None,
+            "time_s": float(times[i])
+            if isinstance(times, list) and i < len(times) and isinstance(times[i], (int, float))
+            else None,
+            "error_kind": None if f is None else f.get("kind"),
+            "error": None if f is None else f.get("error"),
+        }
+        for i, (name, o, f) in enumerate(zip(instances.names, objectives, failures))
+    ]
     metrics["n_invalid"] = len(failed)
     metrics["invalid_reasons"] = dict(Counter(f"{f['kind']}: {f['error']}" for f in failed))
     if failed:  # keep_going mode: summarise the instances that did run, and mark the candidate invalid
         keep = [i for i, f in enumerate(failures) if f is None]
         metrics.update(_valid_subset_metrics(problem, instances, objectives, keep, with_reference))
         kind = Counter(f["kind"] for f in failed).most_common(1)[0][0]
-        return EvalResult(valid=False, metrics=metrics, error_kind=kind, error=failed[0]["error"],
-                          feedback=f"invalid on {len(failed)} of {len(instances)} instances: {failed[0]['error']}",
-                          duration_s=raw.duration_s)
+        return EvalResult(
+            valid=False,
+            metrics=metrics,
+            error_kind=kind,
+            error=failed[0]["error"],
+            feedback=f"invalid on {len(failed)} of {len(instances)} instances: {failed[0]['error']}",
+            duration_s=raw.duration_s,
+        )
     mean = float(np.mean(objectives))
     metrics["objectives"] = [float(o) for o in objectives]
     gap, ref_name, ref_mean = None, None, None
@@ -110,28 +140,29 @@ def summarize(problem: HeuristicProblem, instances: InstanceSet, raw: EvalResult
     if gap is not None:
         feedback += f"; gap {gap:.3f}% vs {ref_name}"
     score = -mean if problem.direction == "minimize" else mean
-    return EvalResult(valid=True, objective=mean, score=score, metrics=metrics, feedback=feedback,
-                      duration_s=raw.duration_s)
+    return EvalResult(
+        valid=True, objective=mean, score=score, metrics=metrics, feedback=feedback, duration_s=raw.duration_s
+    )
 
 
-def _valid_subset_metrics(problem: HeuristicProblem, instances: InstanceSet, objectives: list,
-                          keep: list[int], with_reference: bool) -> dict[str, Any]:
+def _valid_subset_metrics(
+    problem: HeuristicProblem, instances: InstanceSet, objectives: list, keep: list[int], with_reference: bool
+) -> dict[str, Any]:
     """mean objective and gap over the instances in ``keep`` (those that ran validly)."""
     if not keep:
         return {"mean_valid_objective": None, "reference": None, "reference_mean": None, "gap_percent": None}
     mean = float(np.mean([objectives[i] for i in keep]))
-    out: dict[str, Any] = {"mean_valid_objective": mean, "reference": None, "reference_mean": None,
-                           "gap_percent": None}
+    out: dict[str, Any] = {"mean_valid_objective": mean, "reference": None, "reference_mean": None, "gap_percent": None}
     if with_reference:
         refs, name = problem.references(instances)
         ref_mean = float(np.mean(refs[keep]))
-        out.update(reference=name, reference_mean=ref_mean, gap_percent=gap_percent(mean, ref_mean,
-                                                                                     problem.direction))
+        out.update(reference=name, reference_mean=ref_mean, gap_percent=gap_percent(mean, ref_mean, problem.direction))
     return out
 
 
-def scaled_timeout(problem: HeuristicProblem, instances: InstanceSet, base_timeout_s: float,
-                   basis: InstanceSet | tuple[int, int]) -> float:
+def scaled_timeout(
+    problem: HeuristicProblem, instances: InstanceSet, base_timeout_s: float, basis: InstanceSet | tuple[int, int]
+) -> float:
     """``base_timeout_s`` (chosen for ``basis``) scaled to ``instances`` by the problem's work measure:
     ``base * max(1, work(instances) / work(basis))`` (:meth:`HeuristicProblem.work`, size **
     ``time_exponent`` summed over instances). ``basis`` is an InstanceSet or ``(size, count)``.
@@ -152,13 +183,20 @@ def _sandbox_timeout(sandbox: Any) -> float | None:
     return getattr(limits, "timeout_s", None)
 
 
-def _time_options(problem: HeuristicProblem, instances: InstanceSet, sandbox: Any, timeout_s: float | None,
-                  instance_timeout_s: float | None, timeout_basis: Any) -> dict[str, Any]:
+def _time_options(
+    problem: HeuristicProblem,
+    instances: InstanceSet,
+    sandbox: Any,
+    timeout_s: float | None,
+    instance_timeout_s: float | None,
+    timeout_basis: Any,
+) -> dict[str, Any]:
     """The payload keys setting this evaluation's limits (see the module docstring)."""
     out: dict[str, Any] = {}
     for name, value in (("timeout_s", timeout_s), ("instance_timeout_s", instance_timeout_s)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or not value > 0 or not math.isfinite(value)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value)
+        ):
             raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     if instance_timeout_s is not None:
         out["instance_timeout_s"] = float(instance_timeout_s)
@@ -180,11 +218,18 @@ def default_sandbox() -> Any:
     return Sandbox()
 
 
-def evaluate_heuristic(problem: HeuristicProblem | str | os.PathLike, code: str,
-                       instances: InstanceSet | str | os.PathLike, sandbox: Any = None,
-                       with_reference: bool = True, keep_going: bool = False, *,
-                       timeout_s: float | None = None, instance_timeout_s: float | None = None,
-                       timeout_basis: InstanceSet | tuple[int, int] | None = None) -> EvalResult:
+def evaluate_heuristic(
+    problem: HeuristicProblem | str | os.PathLike,
+    code: str,
+    instances: InstanceSet | str | os.PathLike,
+    sandbox: Any = None,
+    with_reference: bool = True,
+    keep_going: bool = False,
+    *,
+    timeout_s: float | None = None,
+    instance_timeout_s: float | None = None,
+    timeout_basis: InstanceSet | tuple[int, int] | None = None,
+) -> EvalResult:
     """Evaluate one heuristic program.
 
     Args:
@@ -214,17 +259,27 @@ def evaluate_heuristic(problem: HeuristicProblem | str | os.PathLike, code: str,
     """
     prob, inst = _resolve(problem, instances)
     sandbox = sandbox if sandbox is not None else default_sandbox()
-    payload = {"problem": str(prob.root), "instances_path": str(instances_file(inst)), "keep_going": keep_going,
-               **_time_options(prob, inst, sandbox, timeout_s, instance_timeout_s, timeout_basis)}
+    payload = {
+        "problem": str(prob.root),
+        "instances_path": str(instances_file(inst)),
+        "keep_going": keep_going,
+        **_time_options(prob, inst, sandbox, timeout_s, instance_timeout_s, timeout_basis),
+    }
     raw = sandbox.run(code, prob.resolve_function_name(code), TARGET, payload)
     return summarize(prob, inst, raw, with_reference)
 
 
-def evaluate_many(problem: HeuristicProblem | str | os.PathLike, codes: Sequence[str],
-                  instances: InstanceSet | str | os.PathLike, sandbox: Any = None,
-                  with_reference: bool = True, *, timeout_s: float | None = None,
-                  instance_timeout_s: float | None = None,
-                  timeout_basis: InstanceSet | tuple[int, int] | None = None) -> list[EvalResult]:
+def evaluate_many(
+    problem: HeuristicProblem | str | os.PathLike,
+    codes: Sequence[str],
+    instances: InstanceSet | str | os.PathLike,
+    sandbox: Any = None,
+    with_reference: bool = True,
+    *,
+    timeout_s: float | None = None,
+    instance_timeout_s: float | None = None,
+    timeout_basis: InstanceSet | tuple[int, int] | None = None,
+) -> list[EvalResult]:
     """Evaluate several programs on the same instances (one instances file, references computed once).
 
     Uses the sandbox's ``evaluate_many(requests)`` when it has one (requests are dicts with ``code``,
@@ -233,10 +288,14 @@ def evaluate_many(problem: HeuristicProblem | str | os.PathLike, codes: Sequence
     """
     prob, inst = _resolve(problem, instances)
     sandbox = sandbox if sandbox is not None else default_sandbox()
-    payload = {"problem": str(prob.root), "instances_path": str(instances_file(inst)),
-               **_time_options(prob, inst, sandbox, timeout_s, instance_timeout_s, timeout_basis)}
-    requests = [{"code": c, "function_name": prob.resolve_function_name(c), "target": TARGET,
-                 "payload": payload} for c in codes]
+    payload = {
+        "problem": str(prob.root),
+        "instances_path": str(instances_file(inst)),
+        **_time_options(prob, inst, sandbox, timeout_s, instance_timeout_s, timeout_basis),
+    }
+    requests = [
+        {"code": c, "function_name": prob.resolve_function_name(c), "target": TARGET, "payload": payload} for c in codes
+    ]
     if hasattr(sandbox, "evaluate_many"):
         raws = sandbox.evaluate_many(requests)
     else:

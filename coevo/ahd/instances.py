@@ -91,8 +91,15 @@ class InstanceSet:
         if count < 1:
             raise ValueError(f"count must be >= 1, got {count}")
         ref = None if self.known_reference is None else self.known_reference[:count]
-        return InstanceSet(self.problem, self.names[:count], self.arrays[:count], self.source, ref,
-                           self.known_reference_name, dict(self.meta))
+        return InstanceSet(
+            self.problem,
+            self.names[:count],
+            self.arrays[:count],
+            self.source,
+            ref,
+            self.known_reference_name,
+            dict(self.meta),
+        )
 
     def validate(self) -> InstanceSet:
         """Check every instance's arrays against the field conventions; returns ``self``.
@@ -164,8 +171,10 @@ class InstanceSet:
         path = Path(path)
         with _open_npz(path) as data:
             if "__header__" not in data.files:
-                raise NotAnInstanceSetError(f"{path} is not an InstanceSet .npz (no __header__ entry); "
-                                 "use load_eoh_tsp_npz for EoH coordinate files")
+                raise NotAnInstanceSetError(
+                    f"{path} is not an InstanceSet .npz (no __header__ entry); "
+                    "use load_eoh_tsp_npz for EoH coordinate files"
+                )
             try:
                 header = json.loads(str(data["__header__"]))
                 ref = data["__known_reference__"] if "__known_reference__" in data.files else None
@@ -175,8 +184,15 @@ class InstanceSet:
                         continue
                     idx, name = key.split(_SEP, 1)
                     arrays[int(idx)][name] = data[key]
-                return cls(header["problem"], header["names"], arrays, header["source"], ref,
-                           header["known_reference_name"], header.get("meta") or {})
+                return cls(
+                    header["problem"],
+                    header["names"],
+                    arrays,
+                    header["source"],
+                    ref,
+                    header["known_reference_name"],
+                    header.get("meta") or {},
+                )
             except (KeyError, IndexError, TypeError, ValueError) as exc:
                 raise ValueError(f"{path}: malformed InstanceSet .npz ({type(exc).__name__}: {exc})") from None
 
@@ -190,8 +206,15 @@ def _instance_problem(inst: dict[str, np.ndarray]) -> tuple[str, str] | None:
             return key, f"dtype {arr.dtype} is not numeric"
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():
             return key, f"{int((~np.isfinite(arr)).sum())} non-finite (NaN/inf) entries"
-    shape_rules = {"coords": (2, "(n, 2)"), "distances": (2, "(n, n)"), "capacity": (0, "a scalar"),
-                   "items": (1, "(m,)"), "demands": (1, "(n,)"), "weights": (1, "(k,)"), "values": (1, "(k,)")}
+    shape_rules = {
+        "coords": (2, "(n, 2)"),
+        "distances": (2, "(n, n)"),
+        "capacity": (0, "a scalar"),
+        "items": (1, "(m,)"),
+        "demands": (1, "(n,)"),
+        "weights": (1, "(k,)"),
+        "values": (1, "(k,)"),
+    }
     for key, (ndim, text) in shape_rules.items():
         if key in arrs and arrs[key].ndim != ndim:
             return key, f"shape {arrs[key].shape}, expected {text}"
@@ -257,8 +280,10 @@ def load_eoh_tsp_npz(path: str | os.PathLike, count: int | None = None) -> Insta
     with _open_npz(path) as data:
         for key in ("coords", "distances"):
             if key not in data.files:
-                raise ValueError(f"{path}: neither an InstanceSet .npz (no __header__) nor an EoH TSP .npz "
-                                 f"(missing key {key!r}; found {data.files})")
+                raise ValueError(
+                    f"{path}: neither an InstanceSet .npz (no __header__) nor an EoH TSP .npz "
+                    f"(missing key {key!r}; found {data.files})"
+                )
         coords, dist = data["coords"], data["distances"]
     if coords.ndim != 3 or dist.shape != coords.shape[:2] + (coords.shape[1],):
         raise ValueError(f"{path}: coords {coords.shape} and distances {dist.shape} do not match (B,n,2)/(B,n,n)")
@@ -271,8 +296,9 @@ def load_eoh_tsp_npz(path: str | os.PathLike, count: int | None = None) -> Insta
 TSPLIB_COORD_TYPES = ("EUC_2D", "CEIL_2D", "ATT", "GEO", "MAN_2D", "MAX_2D")
 
 
-def load_tsplib(paths: list[str | os.PathLike] | str | os.PathLike,
-                optima: dict[str, float] | str | os.PathLike | None = None) -> InstanceSet:
+def load_tsplib(
+    paths: list[str | os.PathLike] | str | os.PathLike, optima: dict[str, float] | str | os.PathLike | None = None
+) -> InstanceSet:
     """TSPLIB ``.tsp`` files (one instance each) as a ``tsp_construct`` set.
 
     Files are parsed by ``tsplib95``; distances follow the TSPLIB distance function of the file's
@@ -301,8 +327,14 @@ def load_tsplib(paths: list[str | os.PathLike] | str | os.PathLike,
         arrays.append(inst)
         refs.append(optima.get(name) if optima else None)
     known = np.array(refs, dtype=np.float64) if refs and all(r is not None for r in refs) else None
-    return InstanceSet("tsp_construct", names, arrays, ",".join(map(str, paths)), known,
-                       "TSPLIB optimum" if known is not None else None).validate()
+    return InstanceSet(
+        "tsp_construct",
+        names,
+        arrays,
+        ",".join(map(str, paths)),
+        known,
+        "TSPLIB optimum" if known is not None else None,
+    ).validate()
 
 
 def _read_tsplib_file(p: Path, tsplib95: Any) -> tuple[str, dict[str, np.ndarray]]:
@@ -316,32 +348,40 @@ def _read_tsplib_file(p: Path, tsplib95: Any) -> tuple[str, dict[str, np.ndarray
     except Exception as exc:  # noqa: BLE001 -- tsplib95 raises ParsingError and plain exceptions alike
         raise ValueError(f"{p}: not a valid TSPLIB file: {exc}") from None
     if prob.type not in ("TSP", "ATSP"):
-        raise ValueError(f"{p}: " + ("no TYPE field (is it a TSPLIB .tsp file?)" if prob.type is None
-                                     else f"TYPE is {prob.type!r}, expected TSP or ATSP"))
+        raise ValueError(
+            f"{p}: "
+            + (
+                "no TYPE field (is it a TSPLIB .tsp file?)"
+                if prob.type is None
+                else f"TYPE is {prob.type!r}, expected TSP or ATSP"
+            )
+        )
     n = prob.dimension
     if not isinstance(n, int) or n < 3:
         raise ValueError(f"{p}: DIMENSION is {n!r}, expected an int >= 3")
     wtype = prob.edge_weight_type
     if wtype not in TSPLIB_COORD_TYPES + ("EXPLICIT",):
-        raise ValueError(f"{p}: EDGE_WEIGHT_TYPE {wtype!r} is not supported; use one of "
-                         f"{', '.join(TSPLIB_COORD_TYPES)} or EXPLICIT")
+        raise ValueError(
+            f"{p}: EDGE_WEIGHT_TYPE {wtype!r} is not supported; use one of {', '.join(TSPLIB_COORD_TYPES)} or EXPLICIT"
+        )
     nodes = list(prob.get_nodes())
     if wtype != "EXPLICIT" and len(prob.node_coords) != n:
         raise ValueError(f"{p}: NODE_COORD_SECTION has {len(prob.node_coords)} nodes but DIMENSION is {n}")
     if wtype != "EXPLICIT" and any(len(prob.node_coords[u]) != 2 for u in nodes):
         raise ValueError(f"{p}: NODE_COORD_SECTION entries must have 2 coordinates for {wtype}")
-    coords = np.array([prob.node_coords[u] for u in nodes], dtype=np.float64) if prob.node_coords \
-        else np.zeros((n, 2))
+    coords = np.array([prob.node_coords[u] for u in nodes], dtype=np.float64) if prob.node_coords else np.zeros((n, 2))
     try:
         if wtype == "EUC_2D":  # TSPLIB: nint(sqrt(dx^2 + dy^2)), as tsplib95's get_weight
             dist = np.floor(euclidean_matrix(coords) + 0.5)
         else:
-            dist = np.array([[prob.get_weight(u, v) if u != v else 0.0 for v in nodes] for u in nodes],
-                            dtype=np.float64)
+            dist = np.array(
+                [[prob.get_weight(u, v) if u != v else 0.0 for v in nodes] for u in nodes], dtype=np.float64
+            )
     except Exception as exc:  # noqa: BLE001 -- e.g. an EDGE_WEIGHT_SECTION shorter than the matrix
         field_name = "EDGE_WEIGHT_SECTION" if wtype == "EXPLICIT" else "NODE_COORD_SECTION"
-        raise ValueError(f"{p}: cannot compute {wtype} distances from {field_name}: "
-                         f"{type(exc).__name__}: {exc}") from None
+        raise ValueError(
+            f"{p}: cannot compute {wtype} distances from {field_name}: {type(exc).__name__}: {exc}"
+        ) from None
     if dist.shape != (n, n):
         raise ValueError(f"{p}: EDGE_WEIGHT_SECTION gives a {dist.shape} matrix but DIMENSION is {n}")
     return prob.name or p.stem, {"coords": coords, "distances": dist}
@@ -380,8 +420,11 @@ def load_bpp_json(path: str | os.PathLike, count: int | None = None) -> Instance
         raise ValueError(f"{path}: field 'instances' must be a non-empty object {{name: [item sizes]}}")
     names, arrays = [], []
     for name, items in list(doc["instances"].items())[:count]:
-        if (not isinstance(items, list) or not items
-                or not all(isinstance(x, int) and not isinstance(x, bool) for x in items)):
+        if (
+            not isinstance(items, list)
+            or not items
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in items)
+        ):
             raise ValueError(f"{path}: field 'instances.{name}' must be a non-empty list of integer item sizes")
         items = np.asarray(items, dtype=np.int64)
         if items.max() > cap or items.min() <= 0:
@@ -426,6 +469,12 @@ def load_cvrplib(paths: list[str | os.PathLike] | str | os.PathLike) -> Instance
         coords = np.asarray(inst.get("node_coord", np.zeros((inst["dimension"], 2))), dtype=np.float64)[order]
         demands = np.asarray(inst["demand"], dtype=np.int64)[order]
         names.append(str(inst.get("name", p.stem)))
-        arrays.append({"coords": coords, "demands": demands, "distances": dist,
-                       "capacity": np.array(int(inst["capacity"]), dtype=np.int64)})
+        arrays.append(
+            {
+                "coords": coords,
+                "demands": demands,
+                "distances": dist,
+                "capacity": np.array(int(inst["capacity"]), dtype=np.int64),
+            }
+        )
     return InstanceSet("cvrp_construct", names, arrays, ",".join(map(str, paths))).validate()

@@ -39,8 +39,12 @@ def code_key(code: str) -> str:
         for node in ast.walk(tree):
             if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 body = node.body
-                if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                        and isinstance(body[0].value.value, str):
+                if (
+                    body
+                    and isinstance(body[0], ast.Expr)
+                    and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)
+                ):
                     node.body = body[1:] or [ast.Pass()]
         norm = ast.unparse(tree)
     return hashlib.sha256(norm.encode()).hexdigest()[:16]
@@ -91,11 +95,17 @@ class Individual:
         """The individual a valid heuristic trajectory holds (its meta has code, thought, objective)."""
         m = t.meta
         return cls(
-            id=t.key.split("/", 1)[-1], thought=m.get("thought") or "", code=m["code"],
-            objective=float(m["objective"]), reward=float(t.reward), operator=m.get("operator", "i1"),
-            generation=t.generation, parents=list(m.get("parent_ids") or []), source=t.evolver,
+            id=t.key.split("/", 1)[-1],
+            thought=m.get("thought") or "",
+            code=m["code"],
+            objective=float(m["objective"]),
+            reward=float(t.reward),
+            operator=m.get("operator", "i1"),
+            generation=t.generation,
+            parents=list(m.get("parent_ids") or []),
+            source=t.evolver,
             member=asdict(t.member) if t.member is not None else None,
-        )  # fmt: skip
+        )
 
     def provenance(self) -> str:
         """Who made it, in words (e.g. ``evolver 'es' (ES member 1, seed 42, sign -1, generation 0)``)."""
@@ -104,8 +114,10 @@ class Individual:
         text = f"evolver {self.source!r}, operator {self.operator}"
         if self.member is not None:
             m = self.member
-            text += (f", written under the perturbed weights of ES member {m['index']} (seed {m['seed']}, "
-                     f"sign {m['sign']:+d}, sigma {m['sigma']:.3g}) of ES generation {self.generation}")
+            text += (
+                f", written under the perturbed weights of ES member {m['index']} (seed {m['seed']}, "
+                f"sign {m['sign']:+d}, sigma {m['sigma']:.3g}) of ES generation {self.generation}"
+            )
         return text
 
 
@@ -142,8 +154,10 @@ def select_parents(population: Sequence[Individual], m: int, rng: random.Random)
 def survivors(individuals: Sequence[Individual], n: int) -> list[Individual]:
     """EoH population management: drop non-finite, rank by reward (best first; ties by id), drop later
     duplicates of an objective value or of the code (:func:`code_key`), keep the ``n`` best."""
-    ranked = sorted((i for i in individuals if math.isfinite(i.reward) and math.isfinite(i.objective)),
-                    key=lambda i: (-i.reward, i.id))  # fmt: skip
+    ranked = sorted(
+        (i for i in individuals if math.isfinite(i.reward) and math.isfinite(i.objective)),
+        key=lambda i: (-i.reward, i.id),
+    )
     seen_obj: set[float] = set()
     seen_code: set[str] = set()
     out: list[Individual] = []

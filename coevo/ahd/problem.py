@@ -97,16 +97,20 @@ def load_problem(name_or_dir: str | os.PathLike) -> HeuristicProblem:
     given = Path(name_or_dir)
     folder = given if (given / "problem.py").is_file() else heuristics_root() / str(name_or_dir)
     if not (folder / "problem.py").is_file():
-        raise ValueError(f"unknown heuristic problem {str(name_or_dir)!r}; available in {heuristics_root()}: "
-                         f"{', '.join(available_problems()) or '(none)'} (or pass a folder with a problem.py)")
+        raise ValueError(
+            f"unknown heuristic problem {str(name_or_dir)!r}; available in {heuristics_root()}: "
+            f"{', '.join(available_problems()) or '(none)'} (or pass a folder with a problem.py)"
+        )
     folder = folder.resolve()
     key = str(folder)
     if key in _LOADED:
         return _LOADED[key]
     other = next((p for p in _LOADED.values() if p.name == folder.name), None)
     if other is not None:
-        raise ValueError(f"problem {folder.name!r} is already loaded from {other.root}; {folder} defines "
-                         "another problem of the same name (rename one of the folders)")
+        raise ValueError(
+            f"problem {folder.name!r} is already loaded from {other.root}; {folder} defines "
+            "another problem of the same name (rename one of the folders)"
+        )
     mod_name = f"coevo_heuristics.{folder.name}"
     spec = importlib.util.spec_from_file_location(mod_name, folder / "problem.py")
     module = importlib.util.module_from_spec(spec)
@@ -118,8 +122,10 @@ def load_problem(name_or_dir: str | os.PathLike) -> HeuristicProblem:
         raise
     cls = PROBLEMS.get(folder.name)
     if cls is None or cls.__module__ != mod_name:
-        raise ValueError(f"{folder / 'problem.py'} does not register a problem named {folder.name!r} "
-                         "(decorate a HeuristicProblem subclass with @register_problem and set name)")
+        raise ValueError(
+            f"{folder / 'problem.py'} does not register a problem named {folder.name!r} "
+            "(decorate a HeuristicProblem subclass with @register_problem and set name)"
+        )
     problem = cls(root=folder)
     _LOADED[key] = problem
     return problem
@@ -138,8 +144,9 @@ def as_index(value: Any, what: str, upper: int) -> int:
     try:
         idx = operator.index(value)
     except TypeError:
-        raise InvalidReturn(f"{what} returned {value!r} of type {type(value).__name__}; expected an int index") \
-            from None
+        raise InvalidReturn(
+            f"{what} returned {value!r} of type {type(value).__name__}; expected an int index"
+        ) from None
     if not 0 <= idx < upper:
         raise InvalidReturn(f"{what} returned index {idx}, outside [0, {upper})")
     return idx
@@ -159,8 +166,7 @@ def int_sequence(solution: Any, what: str, upper: int, max_len: int) -> list[int
             raise InfeasibleSolution(f"{what}: expected a 1-d integer array, got {solution.dtype} {solution.shape}")
         solution = solution.tolist()
     if not isinstance(solution, list) or len(solution) > max_len:
-        raise InfeasibleSolution(f"{what}: expected a list of at most {max_len} indices, got "
-                                 f"{type(solution).__name__}")
+        raise InfeasibleSolution(f"{what}: expected a list of at most {max_len} indices, got {type(solution).__name__}")
     if not all(type(v) is int and 0 <= v < upper for v in solution):
         bad = next(v for v in solution if not (type(v) is int and 0 <= v < upper))
         raise InfeasibleSolution(f"{what}: {bad!r:.40} is not an index in [0, {upper})")
@@ -236,8 +242,9 @@ class HeuristicProblem(ABC):
         and scores it. Raises InvalidReturn / InfeasibleSolution as described in the module docstring.
         """
         if self.construct_file is None:
-            raise NotImplementedError(f"{type(self).__name__} sets no construct_file and does not override "
-                                      "solve_instance")
+            raise NotImplementedError(
+                f"{type(self).__name__} sets no construct_file and does not override solve_instance"
+            )
         args = self.construct_args(arrays)
         if getattr(fn, "is_remote_function", False):
             solution = fn.construct(self.construct_source(), *args)
@@ -279,8 +286,9 @@ class HeuristicProblem(ABC):
         """:attr:`construct_file` imported in this process (for local callables)."""
         cached = getattr(self, "_construct_module", None)
         if cached is None:
-            spec = importlib.util.spec_from_file_location(f"coevo_heuristics.{self.name}_construct",
-                                                          self.construct_path())
+            spec = importlib.util.spec_from_file_location(
+                f"coevo_heuristics.{self.name}_construct", self.construct_path()
+            )
             cached = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(cached)
             self._construct_module = cached
@@ -303,8 +311,9 @@ class HeuristicProblem(ABC):
         return float(sum(float(self.instance_size(a)) ** self.time_exponent for a in instances))
 
     # --- shared machinery -----------------------------------------------------------------------------
-    def check_args(self, size: int, count: int, seed: int, min_size: int = 1,
-                   cells_per_instance: int | None = None) -> None:
+    def check_args(
+        self, size: int, count: int, seed: int, min_size: int = 1, cells_per_instance: int | None = None
+    ) -> None:
         """ValueError naming the field when size/count/seed are out of range, before anything is allocated.
 
         Bounds: ``size >= min_size``, ``1 <= count <= max_count``, ``seed >= 0``, and
@@ -318,8 +327,10 @@ class HeuristicProblem(ABC):
             raise ValueError(f"{self.name}: count must be <= {self.max_count}, got {count}")
         cells = int(count) * int(size if cells_per_instance is None else cells_per_instance)
         if cells > self.max_cells:
-            raise ValueError(f"{self.name}: size {size} x count {count} needs {cells:,} array entries, more "
-                             f"than the limit {self.max_cells:,}; lower size or count")
+            raise ValueError(
+                f"{self.name}: size {size} x count {count} needs {cells:,} array entries, more "
+                f"than the limit {self.max_cells:,}; lower size or count"
+            )
 
     def check_instances(self, instances: InstanceSet) -> InstanceSet:
         """Check ``instances`` before any heuristic runs; returns them.
@@ -335,12 +346,15 @@ class HeuristicProblem(ABC):
         for name, inst in zip(instances.names, instances.arrays):
             missing = [f for f in self.instance_fields if f not in inst]
             if missing:
-                raise ValueError(f"{src}: instance {name!r} lacks field(s) {missing} "
-                                 f"(a {self.name} instance needs {list(self.instance_fields)})")
+                raise ValueError(
+                    f"{src}: instance {name!r} lacks field(s) {missing} "
+                    f"(a {self.name} instance needs {list(self.instance_fields)})"
+                )
         return instances.validate()
 
-    def run_heuristic(self, fn: Any, instances: InstanceSet, keep_going: bool = False,
-                      instance_timeout_s: float | None = None) -> dict[str, Any]:
+    def run_heuristic(
+        self, fn: Any, instances: InstanceSet, keep_going: bool = False, instance_timeout_s: float | None = None
+    ) -> dict[str, Any]:
         """Run ``fn`` on every instance (this is what the sandbox target calls, on the trusted side).
 
         Args:
@@ -415,8 +429,9 @@ class HeuristicProblem(ABC):
             except NotAnInstanceSetError:
                 inst = load_eoh_tsp_npz(path)
             return self.check_instances(inst)
-        raise ValueError(f"{self.name}: cannot read instances from {path} (suffix {path.suffix!r}); "
-                         "use an InstanceSet .npz")
+        raise ValueError(
+            f"{self.name}: cannot read instances from {path} (suffix {path.suffix!r}); use an InstanceSet .npz"
+        )
 
     def resolve_function_name(self, code: str) -> str:
         """The name under which ``code`` defines the heuristic: ``function_name`` or one of its aliases
@@ -479,6 +494,9 @@ def run_target(fn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         if key not in payload:
             raise ValueError(f"payload is missing {key!r}")
     problem = load_problem(payload["problem"])
-    return problem.run_heuristic(fn, InstanceSet.load(payload["instances_path"]),
-                                 keep_going=bool(payload.get("keep_going", False)),
-                                 instance_timeout_s=payload.get("instance_timeout_s"))
+    return problem.run_heuristic(
+        fn,
+        InstanceSet.load(payload["instances_path"]),
+        keep_going=bool(payload.get("keep_going", False)),
+        instance_timeout_s=payload.get("instance_timeout_s"),
+    )

@@ -42,8 +42,9 @@ def cache_dir() -> Path:
     return Path(root) / "references"
 
 
-def cached_reference(instances: InstanceSet, solver_id: str,
-                     solve_one: Callable[[dict[str, np.ndarray]], float]) -> np.ndarray:
+def cached_reference(
+    instances: InstanceSet, solver_id: str, solve_one: Callable[[dict[str, np.ndarray]], float]
+) -> np.ndarray:
     """Per-instance reference objectives, computed once per (instances, solver) and cached on disk.
 
     Args:
@@ -113,7 +114,8 @@ def knapsack_optimum(weights: np.ndarray, values: np.ndarray, capacity: float) -
     v = np.rint(np.asarray(values, dtype=np.float64) * KP_SCALE).astype(np.int64)
     cap = math.floor(float(capacity) * KP_SCALE)
     solver = knapsack_solver.KnapsackSolver(
-        knapsack_solver.SolverType.KNAPSACK_MULTIDIMENSION_BRANCH_AND_BOUND_SOLVER, "kp_reference")
+        knapsack_solver.SolverType.KNAPSACK_MULTIDIMENSION_BRANCH_AND_BOUND_SOLVER, "kp_reference"
+    )
     solver.init(v.tolist(), [w.tolist()], [cap])
     solver.solve()
     chosen = [i for i in range(len(v)) if solver.best_solution_contains(i)]

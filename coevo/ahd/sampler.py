@@ -142,9 +142,13 @@ class HeuristicSampler:
             self._train = self.problem.generate(self.train_size, self.train_count, self.train_seed)
         return self._train
 
-    def evaluate(self, codes: Sequence[str], instances: InstanceSet | None = None,
-                 with_reference: bool = True, timeout_basis: InstanceSet | tuple[int, int] | None = None
-                 ) -> list[EvalResult]:
+    def evaluate(
+        self,
+        codes: Sequence[str],
+        instances: InstanceSet | None = None,
+        with_reference: bool = True,
+        timeout_basis: InstanceSet | tuple[int, int] | None = None,
+    ) -> list[EvalResult]:
         """Evaluate heuristics in parallel in the sandbox (default: on the training instances); one
         :class:`~coevo.types.EvalResult` per code, in order, invalid ones never raising. ``timeout_basis``
         (``(size, count)`` or an InstanceSet) scales the sandbox's time limit from that workload to these
@@ -152,8 +156,14 @@ class HeuristicSampler:
         if not codes:
             return []
         inst = self.train_instances if instances is None else instances
-        return evaluate_many(self.problem, list(codes), inst, sandbox=self.sandbox, with_reference=with_reference,
-                            timeout_basis=timeout_basis)
+        return evaluate_many(
+            self.problem,
+            list(codes),
+            inst,
+            sandbox=self.sandbox,
+            with_reference=with_reference,
+            timeout_basis=timeout_basis,
+        )
 
     def seed_individual(self) -> Individual:
         """The problem's seed heuristic evaluated on the training instances, as individual ``"seed"``.
@@ -165,24 +175,44 @@ class HeuristicSampler:
         res = self.evaluate([code])[0]
         if not res.valid:
             raise RuntimeError(f"{self.problem.name}: the seed heuristic is invalid ({res.error_kind}: {res.error})")
-        return Individual(id="seed", thought="the problem's seed heuristic", code=code, objective=res.objective,
-                          reward=res.score, operator="seed", source="seed")  # fmt: skip
+        return Individual(
+            id="seed",
+            thought="the problem's seed heuristic",
+            code=code,
+            objective=res.objective,
+            reward=res.score,
+            operator="seed",
+            source="seed",
+        )
 
     # ------------------------------------------------------------------ prompts
     def key(self, *parts: object) -> str:
         """Deterministic trajectory key ``run/part/part/...``."""
         return "/".join([self.run_id, *map(str, parts)])
 
-    def job(self, operator: str, *, key: str, seed: int, parents: Sequence[Individual] = (),
-            extra_meta: dict[str, Any] | None = None) -> SampleJob:
+    def job(
+        self,
+        operator: str,
+        *,
+        key: str,
+        seed: int,
+        parents: Sequence[Individual] = (),
+        extra_meta: dict[str, Any] | None = None,
+    ) -> SampleJob:
         """One call of ``operator`` on ``parents`` (prompt from :func:`coevo.ahd.prompts.build_messages`).
 
         Raises:
             ValueError: unknown operator or a parent count it cannot take.
         """
         messages = build_messages(operator, self.problem.prompt_spec(), list(parents))
-        return SampleJob(key=key, operator=operator, messages=messages, seed=seed, parents=list(parents),
-                         extra_meta=dict(extra_meta or {}))  # fmt: skip
+        return SampleJob(
+            key=key,
+            operator=operator,
+            messages=messages,
+            seed=seed,
+            parents=list(parents),
+            extra_meta=dict(extra_meta or {}),
+        )
 
     def operator_jobs(
         self,
@@ -212,18 +242,24 @@ class HeuristicSampler:
         for op in operators:
             need = parents_needed(op, parents_m)
             if need and not population:
-                raise RuntimeError(f"{self.owner}: operator {op} needs parents but the population is empty "
-                                   "(run an initialisation step first)")  # fmt: skip
+                raise RuntimeError(
+                    f"{self.owner}: operator {op} needs parents but the population is empty "
+                    "(run an initialisation step first)"
+                )
             for j in range(n):
                 use = rng.random() < (1.0 if weights is None else weights[op])
                 parents = select_parents(population, need, rng) if need else []
                 seed = rng.getrandbits(63)
                 if use:
-                    meta = {"worst_objective": worst.objective if worst else None,
-                            "worst_score": worst.reward if worst else None, "population_size": len(population),
-                            **(extra_meta or {})}  # fmt: skip
-                    jobs.append(self.job(op, key=self.key(*key_parts, op, j), seed=seed, parents=parents,
-                                         extra_meta=meta))  # fmt: skip
+                    meta = {
+                        "worst_objective": worst.objective if worst else None,
+                        "worst_score": worst.reward if worst else None,
+                        "population_size": len(population),
+                        **(extra_meta or {}),
+                    }
+                    jobs.append(
+                        self.job(op, key=self.key(*key_parts, op, j), seed=seed, parents=parents, extra_meta=meta)
+                    )
         return jobs
 
     # ------------------------------------------------------------------ sampling and recording
@@ -275,13 +311,25 @@ class HeuristicSampler:
             to_eval = [i for i in coded if i not in copies]
             results = dict(zip(to_eval, self.evaluate([extractions[i].code for i in to_eval])))
             for i, (job, comp) in enumerate(zip(pending, completions)):
-                t = self._trajectory(job, comp, extractions[i], results.get(i), round_index, generation,
-                                     evolver or self.owner, member, started, params.seed, copies.get(i))  # fmt: skip
+                t = self._trajectory(
+                    job,
+                    comp,
+                    extractions[i],
+                    results.get(i),
+                    round_index,
+                    generation,
+                    evolver or self.owner,
+                    member,
+                    started,
+                    params.seed,
+                    copies.get(i),
+                )
                 made[job.key] = self.store.add_trajectory(t)[0]
         return [t if t is not None else made[job.key] for job, t in found if t is not None or job.key in made]
 
-    def _duplicates(self, jobs: Sequence[SampleJob], codes: list[str], index: list[int],
-                    existing: Sequence[Individual]) -> dict[int, str]:
+    def _duplicates(
+        self, jobs: Sequence[SampleJob], codes: list[str], index: list[int], existing: Sequence[Individual]
+    ) -> dict[int, str]:
         """Batch position -> id of the individual it copies, for the samples ``codes`` (at ``index``)."""
         if not self.reject_duplicates:
             return {}
@@ -298,17 +346,28 @@ class HeuristicSampler:
                 known[k] = jobs[i].key.split("/", 1)[-1]  # a later sample of this batch copying it is a duplicate
         return copies
 
-    def _trajectory(self, job, comp, extraction, result, round_index, generation, evolver, member, started, seed,
-                    copy_of=None):
+    def _trajectory(
+        self, job, comp, extraction, result, round_index, generation, evolver, member, started, seed, copy_of=None
+    ):
         best = max(job.parents, key=lambda p: p.reward) if job.parents else None  # the child's best parent
         meta: dict[str, Any] = {
-            "problem": self.problem.name, "sampler": self.owner, "reward_unit": self.reward_unit, "operator": job.operator,
-            "instances": self.train_tag, "parent_ids": [p.id for p in job.parents],
-            "parent_objectives": [p.objective for p in job.parents], "parent_objective": best.objective if best else None,
+            "problem": self.problem.name,
+            "sampler": self.owner,
+            "reward_unit": self.reward_unit,
+            "operator": job.operator,
+            "instances": self.train_tag,
+            "parent_ids": [p.id for p in job.parents],
+            "parent_objectives": [p.objective for p in job.parents],
+            "parent_objective": best.objective if best else None,
             "parent_score": best.reward if best else None,
-            "seed": job.seed, "batch_seed": seed, "finish_reason": comp.finish_reason, "code": None, "thought": None,
-            "objective": None, **job.extra_meta,
-        }  # fmt: skip
+            "seed": job.seed,
+            "batch_seed": seed,
+            "finish_reason": comp.finish_reason,
+            "code": None,
+            "thought": None,
+            "objective": None,
+            **job.extra_meta,
+        }
         failure = detail = feedback = None
         if comp.error is not None:
             failure, detail = "llm_error", comp.error
@@ -328,27 +387,48 @@ class HeuristicSampler:
                 failure, detail = result.error_kind or "other", result.error
         reward = result.score if failure is None else None
         step = Step(
-            observation=_messages_text(job.messages), model_output=comp.text,
-            action=None if extraction is None else extraction.code, tool_result=feedback or detail, reward=reward,
-        )  # fmt: skip
+            observation=_messages_text(job.messages),
+            model_output=comp.text,
+            action=None if extraction is None else extraction.code,
+            tool_result=feedback or detail,
+            reward=reward,
+        )
         return Trajectory(
-            key=job.key, run_id=self.run_id, evolver=evolver, space="parameter" if member else "context",
-            round=round_index, generation=generation, task_id=self.train_tag, steps=[step], reward=reward,
-            valid=failure is None, failure=failure, failure_detail=detail, member=member,
+            key=job.key,
+            run_id=self.run_id,
+            evolver=evolver,
+            space="parameter" if member else "context",
+            round=round_index,
+            generation=generation,
+            task_id=self.train_tag,
+            steps=[step],
+            reward=reward,
+            valid=failure is None,
+            failure=failure,
+            failure_detail=detail,
+            member=member,
             context=ContextRef(heuristic_id=",".join(meta["parent_ids"]) or None, prompt=job.operator),
-            llm_calls=1, prompt_tokens=comp.prompt_tokens, completion_tokens=comp.completion_tokens,
-            started_at=started, duration_s=time.time() - started, meta=meta,
-        )  # fmt: skip
+            llm_calls=1,
+            prompt_tokens=comp.prompt_tokens,
+            completion_tokens=comp.completion_tokens,
+            started_at=started,
+            duration_s=time.time() - started,
+            meta=meta,
+        )
 
     # ------------------------------------------------------------------ what was recorded
     def recorded(self, since_id: int = 0) -> list[Trajectory]:
         """Valid heuristic trajectories of this run for this problem and training set (by any evolver, any
         sampler), with trajectory id > ``since_id``, in id order (steps not loaded)."""
         return [
-            t for t in self.store.query(run_id=self.run_id, task_id=self.train_tag, valid=True, with_steps=False)
-            if t.id > since_id and t.reward is not None and t.meta.get("problem") == self.problem.name
-            and t.meta.get("code") and t.meta.get("objective") is not None
-        ]  # fmt: skip
+            t
+            for t in self.store.query(run_id=self.run_id, task_id=self.train_tag, valid=True, with_steps=False)
+            if t.id > since_id
+            and t.reward is not None
+            and t.meta.get("problem") == self.problem.name
+            and t.meta.get("code")
+            and t.meta.get("objective") is not None
+        ]
 
     def last_id(self) -> int:
         """The largest trajectory id of the run so far (0 when empty)."""

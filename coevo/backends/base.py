@@ -147,9 +147,7 @@ class Policy(ABC):
         """
         raise TypeError(f"{type(self).__name__} has no parameter space; ES needs an HF or vLLM policy")
 
-    def es_replica(
-        self, scope: ScopeSpec, *, master_weights: bool = True, restore_mode: str = "exact"
-    ) -> ESReplica:
+    def es_replica(self, scope: ScopeSpec, *, master_weights: bool = True, restore_mode: str = "exact") -> ESReplica:
         """The ES replica of this policy (:class:`coevo.es.replica.ESReplica`): how the ES evolver perturbs,
         updates, hashes and snapshots its weights.
 

@@ -230,7 +230,9 @@ class HFPolicy(Policy):
         )
 
     @torch.inference_mode()
-    def _generate_batch(self, prompts: list[str], params: SamplingParams, seeds: Sequence[int] | None) -> list[Completion]:
+    def _generate_batch(
+        self, prompts: list[str], params: SamplingParams, seeds: Sequence[int] | None
+    ) -> list[Completion]:
         from transformers import LogitsProcessorList
 
         t0 = time.perf_counter()

@@ -63,8 +63,9 @@ class HFReplica:
         self.policy = policy
         self.scope = scope
         self.restore_mode = restore_mode
-        self.params = ESParams(select_params(policy.named_parameters(), scope),
-                               master_dtype=torch.float32 if master_weights else None)  # fmt: skip
+        self.params = ESParams(
+            select_params(policy.named_parameters(), scope), master_dtype=torch.float32 if master_weights else None
+        )
 
     @property
     def active(self) -> bool:
@@ -197,8 +198,9 @@ class HFPopulation:
             for p in positions:
                 seeds.append(request_seed(params.seed, count.get(p, 0)))
                 count[p] = count.get(p, 0) + 1
-        return self.policy.generate_rows([c for _, c in rows], params, row_seeds=seeds,
-                                         batch_hook=self._batch_hook(positions))  # fmt: skip
+        return self.policy.generate_rows(
+            [c for _, c in rows], params, row_seeds=seeds, batch_hook=self._batch_hook(positions)
+        )
 
     def logprob(self, rows: Sequence[Row], targets: Sequence[str]) -> torch.Tensor:
         """``log p(target | conversation)`` (nats) under each row's member: float32 CPU tensor (len(rows),)."""

@@ -47,8 +47,9 @@ class ReplicaWorker:
         if spec.get("torch_threads"):
             torch.set_num_threads(int(spec["torch_threads"]))
         policy = HFPolicy(spec["model"], dtype=spec["dtype"], device=spec["device"], batch_size=spec["batch_size"])
-        self.replica = policy.es_replica(ScopeSpec.from_dict(spec["scope"]), master_weights=spec["master_weights"],
-                                         restore_mode=spec["restore_mode"])  # fmt: skip
+        self.replica = policy.es_replica(
+            ScopeSpec.from_dict(spec["scope"]), master_weights=spec["master_weights"], restore_mode=spec["restore_mode"]
+        )
         self.rollout = build_rollout(spec["rollout"], None)
         self.pid = os.getpid()
 
@@ -57,9 +58,15 @@ class ReplicaWorker:
         on the train split, restore)."""
         member = ESMember(**job["member"])
         with self.replica.perturbed(member) as policy:
-            trajs = self.rollout.run(policy, generation=job["generation"], member=member, split="train",
-                                     key_prefix=job["key_prefix"], evolver=job["evolver"],
-                                     round_index=job["round_index"])  # fmt: skip
+            trajs = self.rollout.run(
+                policy,
+                generation=job["generation"],
+                member=member,
+                split="train",
+                key_prefix=job["key_prefix"],
+                evolver=job["evolver"],
+                round_index=job["round_index"],
+            )
         out = []
         for t in trajs:
             d = t.to_dict()
@@ -72,9 +79,15 @@ class ReplicaWorker:
         round_index}`` (``HFReplica.population`` + ``rollout.run_population``); one trajectory list per member."""
         members = [ESMember(**m) for m in job["members"]]
         with self.replica.population(members, int(job["rank"])) as pop:
-            groups = self.rollout.run_population(pop, members, generation=job["generation"], split="train",
-                                                 key_prefixes=job["key_prefixes"], evolver=job["evolver"],
-                                                 round_index=job["round_index"])  # fmt: skip
+            groups = self.rollout.run_population(
+                pop,
+                members,
+                generation=job["generation"],
+                split="train",
+                key_prefixes=job["key_prefixes"],
+                evolver=job["evolver"],
+                round_index=job["round_index"],
+            )
         out = []
         for trajs in groups:
             out.append([{**t.to_dict(), "meta": {**t.to_dict()["meta"], "worker_pid": self.pid}} for t in trajs])
@@ -154,8 +167,16 @@ class RayReplicaPool:
         results = pool.map(lambda actor, job: actor.evaluate.remote(job), jobs)
         return [[Trajectory.from_dict(d) for d in ds] for ds in results]
 
-    def evaluate_population(self, members: Sequence[ESMember], key_prefixes: Sequence[str], *, rank: int,
-                            generation: int, evolver: str, round_index: int) -> list[list[Trajectory]]:  # fmt: skip
+    def evaluate_population(
+        self,
+        members: Sequence[ESMember],
+        key_prefixes: Sequence[str],
+        *,
+        rank: int,
+        generation: int,
+        evolver: str,
+        round_index: int,
+    ) -> list[list[Trajectory]]:
         """Roll out a low-rank population on the actors: the members are cut into ``len(actors)`` contiguous
         groups (sizes differ by at most one; always the same groups for the same population), each rolled out
         together on one actor. Returns the trajectories per member, in order."""
@@ -166,8 +187,14 @@ class RayReplicaPool:
         futures = []
         for actor, lo, hi in zip(self.actors, bounds[:-1], bounds[1:], strict=True):
             if hi > lo:
-                job = {"members": [asdict(m) for m in members[lo:hi]], "key_prefixes": list(key_prefixes[lo:hi]),
-                       "rank": rank, "generation": generation, "evolver": evolver, "round_index": round_index}  # fmt: skip
+                job = {
+                    "members": [asdict(m) for m in members[lo:hi]],
+                    "key_prefixes": list(key_prefixes[lo:hi]),
+                    "rank": rank,
+                    "generation": generation,
+                    "evolver": evolver,
+                    "round_index": round_index,
+                }
                 futures.append(actor.evaluate_population.remote(job))
         return [[Trajectory.from_dict(d) for d in ds] for group in ray.get(futures) for ds in group]
 
@@ -186,7 +213,9 @@ class RayReplicaPool:
         hashes = ray.get([a.apply.remote(rec) for a in self.actors])
         return None, self.check(hashes, expected, f"generation {record.generation}")[0]
 
-    def load(self, snapshot: str | Path | None, records: Sequence[GenerationRecord], expected: str | None = None) -> str:
+    def load(
+        self, snapshot: str | Path | None, records: Sequence[GenerationRecord], expected: str | None = None
+    ) -> str:
         """Load a snapshot and re-apply records on every actor; checks the hashes; returns the common hash."""
         import ray
 

@@ -5,7 +5,7 @@ started with the worker extension :class:`coevo.backends.vllm_worker.ESWorkerExt
 through the engine; ES goes through ``llm.collective_rpc("es_...")``, which runs the shared ES math
 (:mod:`coevo.es`) on the worker's parameters in place, in canonical HF terms: the same seed gives the same
 noise, the same update gives the same weights and the same ``weights_hash`` as on
-:class:`~coevo.backends.hf.HFPolicy` (field notes §1: vLLM's fused ``qkv_proj`` / ``gate_up_proj`` are split
+:class:`~coevo.backends.hf.HFPolicy` (docs/references.md §1: vLLM's fused ``qkv_proj`` / ``gate_up_proj`` are split
 into HF-named views). :class:`VLLMReplica` is the ES replica (the :class:`coevo.es.replica.ESReplica`
 protocol) the ES evolver uses for such a policy: ``policy.es_replica(scope, ...)``.
 
@@ -117,8 +117,11 @@ def engine_lora_settings(llm: Any) -> dict[str, int] | None:
     if lora is None:
         return None
     max_loras = int(lora.max_loras)
-    return {"max_loras": max_loras, "max_lora_rank": int(lora.max_lora_rank),
-            "max_cpu_loras": int(getattr(lora, "max_cpu_loras", None) or max_loras)}  # fmt: skip
+    return {
+        "max_loras": max_loras,
+        "max_lora_rank": int(lora.max_lora_rank),
+        "max_cpu_loras": int(getattr(lora, "max_cpu_loras", None) or max_loras),
+    }
 
 
 def vllm_sampling_kwargs(params: SamplingParams, index: int, stop_token_ids: list[int] | None = None) -> dict[str, Any]:
@@ -221,11 +224,20 @@ class VLLMPolicy(Policy):
 
         path = resolve_model(model, cache_dir=cache_dir)
         os.environ["HF_HUB_OFFLINE"] = "1"
-        kwargs = {"model": str(path), "tokenizer": str(path), "dtype": dtype, "seed": seed,
-                  "tensor_parallel_size": tensor_parallel_size, "gpu_memory_utilization": float(gpu_memory_utilization),
-                  "enforce_eager": enforce_eager, "enable_prefix_caching": enable_prefix_caching,
-                  "worker_extension_cls": WORKER_EXTENSION, **({"max_model_len": max_model_len} if max_model_len else {}),
-                  **lora_kwargs, **(engine_kwargs or {})}  # fmt: skip
+        kwargs = {
+            "model": str(path),
+            "tokenizer": str(path),
+            "dtype": dtype,
+            "seed": seed,
+            "tensor_parallel_size": tensor_parallel_size,
+            "gpu_memory_utilization": float(gpu_memory_utilization),
+            "enforce_eager": enforce_eager,
+            "enable_prefix_caching": enable_prefix_caching,
+            "worker_extension_cls": WORKER_EXTENSION,
+            **({"max_model_len": max_model_len} if max_model_len else {}),
+            **lora_kwargs,
+            **(engine_kwargs or {}),
+        }
         try:
             llm = vllm.LLM(**kwargs)
         except Exception as e:
@@ -233,9 +245,17 @@ class VLLMPolicy(Policy):
         self._attach(llm, load_tokenizer(path), str(model), path, dtype, tensor_parallel_size, noise_device)
 
     @classmethod
-    def from_engine(cls, llm: Any, tokenizer: Any, *, model_id: str, path: str | Path | None = None,
-                    dtype: str = "bfloat16", tensor_parallel_size: int = 1,
-                    noise_device: str = "cpu") -> VLLMPolicy:  # fmt: skip
+    def from_engine(
+        cls,
+        llm: Any,
+        tokenizer: Any,
+        *,
+        model_id: str,
+        path: str | Path | None = None,
+        dtype: str = "bfloat16",
+        tensor_parallel_size: int = 1,
+        noise_device: str = "cpu",
+    ) -> VLLMPolicy:
         """Wrap an engine built elsewhere (it must have been created with
         ``worker_extension_cls=WORKER_EXTENSION`` for the ES hooks). ``tokenizer`` is the HF tokenizer. Its
         prefix-cache, KV-connector and LoRA settings are read from the engine (:func:`engine_cache_settings`)."""
@@ -275,8 +295,10 @@ class VLLMPolicy(Policy):
         Raises:
             TypeError: always; ES drives a vLLM policy through :meth:`es_replica` / the ``es_*`` hooks.
         """
-        raise TypeError("VLLMPolicy's weights live in the vLLM worker processes; ES uses policy.es_replica(scope) "
-                        "and the es_* hooks (collective_rpc), not named_parameters()")  # fmt: skip
+        raise TypeError(
+            "VLLMPolicy's weights live in the vLLM worker processes; ES uses policy.es_replica(scope) "
+            "and the es_* hooks (collective_rpc), not named_parameters()"
+        )
 
     # ------------------------------------------------------------------ generation
     def _prompt_ids(self, conversations: list[list[Message]]) -> list[list[int]]:
@@ -299,9 +321,13 @@ class VLLMPolicy(Policy):
         """
         return self.generate_requests(conversations, params)
 
-    def generate_requests(self, conversations: list[list[Message]], params: SamplingParams,
-                          seed_indices: Sequence[int] | None = None,
-                          lora_requests: Sequence[Any] | None = None) -> list[Completion]:  # fmt: skip
+    def generate_requests(
+        self,
+        conversations: list[list[Message]],
+        params: SamplingParams,
+        seed_indices: Sequence[int] | None = None,
+        lora_requests: Sequence[Any] | None = None,
+    ) -> list[Completion]:
         """:meth:`generate` with per-request options, in one engine call: request i samples with
         ``request_seed(params.seed, seed_indices[i])`` (default i) and runs under ``lora_requests[i]``
         (a ``vllm.lora.request.LoRARequest``, or None for the base weights; default: all None).
@@ -332,10 +358,16 @@ class VLLMPolicy(Policy):
         for ro in outputs:
             o = ro.outputs[0]
             reason = o.finish_reason if o.finish_reason in ("stop", "length") else "error"
-            out.append(Completion(text=o.text if reason != "error" else "", prompt_tokens=len(ro.prompt_token_ids),
-                                  completion_tokens=len(o.token_ids), finish_reason=reason,
-                                  error=None if reason != "error" else f"vLLM finish_reason {o.finish_reason!r}",
-                                  duration_s=duration))  # fmt: skip
+            out.append(
+                Completion(
+                    text=o.text if reason != "error" else "",
+                    prompt_tokens=len(ro.prompt_token_ids),
+                    completion_tokens=len(o.token_ids),
+                    finish_reason=reason,
+                    error=None if reason != "error" else f"vLLM finish_reason {o.finish_reason!r}",
+                    duration_s=duration,
+                )
+            )
         return out
 
     @staticmethod
@@ -358,8 +390,9 @@ class VLLMPolicy(Policy):
         """
         return self.logprob_requests(conversations, targets)
 
-    def logprob_requests(self, conversations: list[list[Message]], targets: list[str],
-                         lora_requests: Sequence[Any] | None = None) -> torch.Tensor:  # fmt: skip
+    def logprob_requests(
+        self, conversations: list[list[Message]], targets: list[str], lora_requests: Sequence[Any] | None = None
+    ) -> torch.Tensor:
         """:meth:`logprob` with request i under ``lora_requests[i]`` (None: the base weights), in one engine call."""
         import vllm
 
@@ -376,8 +409,9 @@ class VLLMPolicy(Policy):
             seqs.append(p_ids + t_ids)
             n_target.append(len(t_ids))
         sp = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
-        outputs = self.llm.generate([{"prompt_token_ids": s} for s in seqs], sp, use_tqdm=False,
-                                    **self._lora_arg(lora_requests))  # fmt: skip
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": s} for s in seqs], sp, use_tqdm=False, **self._lora_arg(lora_requests)
+        )
         values = []
         for seq, n, ro in zip(seqs, n_target, outputs, strict=True):
             plp = ro.prompt_logprobs  # per prompt position: None (first) or {token_id: Logprob}
@@ -422,8 +456,10 @@ class VLLMPolicy(Policy):
             except (TypeError, ValueError):
                 accepted = True
             if not accepted:
-                raise PolicyError("this vLLM's reset_prefix_cache has no reset_connector: the KV connector's cache "
-                                  "would keep blocks of the old weights; use vLLM >= 0.32 or no kv_transfer_config")
+                raise PolicyError(
+                    "this vLLM's reset_prefix_cache has no reset_connector: the KV connector's cache "
+                    "would keep blocks of the old weights; use vLLM >= 0.32 or no kv_transfer_config"
+                )
             kwargs["reset_connector"] = True
         if reset(**kwargs) is False:
             raise PolicyError("vLLM could not reset its prefix cache after a weight change (requests running?)")
@@ -453,9 +489,14 @@ class VLLMPolicy(Policy):
         self._weights_changed()
         return state
 
-    def es_setup(self, scope: ScopeSpec | dict[str, Any] | str = "all_linear", master_weights: bool = True,
-                 restore_mode: str = "exact", master_device: str | None = None,
-                 backup_device: str | None = None) -> dict[str, Any]:  # fmt: skip
+    def es_setup(
+        self,
+        scope: ScopeSpec | dict[str, Any] | str = "all_linear",
+        master_weights: bool = True,
+        restore_mode: str = "exact",
+        master_device: str | None = None,
+        backup_device: str | None = None,
+    ) -> dict[str, Any]:
         """Select the ES tensors in the workers (``ESWorkerExtension.es_setup``, with this policy's
         ``noise_device``); returns the worker state.
 
@@ -463,11 +504,14 @@ class VLLMPolicy(Policy):
             ValueError: ``tensor_parallel_size`` > 1 (ES needs one GPU per engine), bad scope or restore mode.
         """
         if self.tensor_parallel_size != 1:
-            raise ValueError(f"ES on vLLM needs tensor_parallel_size == 1, this engine has {self.tensor_parallel_size}: "
-                             "its workers hold shards whose noise and hash cannot match the HF model")  # fmt: skip
+            raise ValueError(
+                f"ES on vLLM needs tensor_parallel_size == 1, this engine has {self.tensor_parallel_size}: "
+                "its workers hold shards whose noise and hash cannot match the HF model"
+            )
         spec = scope.to_dict() if isinstance(scope, ScopeSpec) else scope
-        state = self._rpc("es_setup", spec, bool(master_weights), restore_mode, master_device, backup_device,
-                          self.noise_device)  # fmt: skip
+        state = self._rpc(
+            "es_setup", spec, bool(master_weights), restore_mode, master_device, backup_device, self.noise_device
+        )
         self.es_ready, self.es_active = True, state.get("active")
         self.noise_spec = state.get("noise_spec", NOISE_SPEC)
         return state
@@ -590,8 +634,9 @@ class VLLMReplica:
         TypeError: ``policy`` has no ``es_setup`` hook. ValueError: see :meth:`VLLMPolicy.es_setup`.
     """
 
-    def __init__(self, policy: VLLMPolicy, scope: ScopeSpec, master_weights: bool = True,
-                 restore_mode: str = "exact") -> None:  # fmt: skip
+    def __init__(
+        self, policy: VLLMPolicy, scope: ScopeSpec, master_weights: bool = True, restore_mode: str = "exact"
+    ) -> None:
         if not callable(getattr(policy, "es_setup", None)):
             raise TypeError(f"VLLMReplica needs a VLLMPolicy, got {type(policy).__name__}")
         self.policy, self.scope, self.restore_mode = policy, scope, restore_mode

@@ -81,24 +81,34 @@ def check_lora_settings(max_loras: int, max_lora_rank: int) -> dict[str, Any]:
     """
     if isinstance(max_loras, bool) or not isinstance(max_loras, int) or max_loras < 1:
         raise ValueError(f"max_loras must be an int >= 1, got {max_loras!r}")
-    return {"enable_lora": True, "max_loras": max_loras, "max_lora_rank": lora_rank_for(max_lora_rank),
-            "max_cpu_loras": max_loras}  # fmt: skip
+    return {
+        "enable_lora": True,
+        "max_loras": max_loras,
+        "max_lora_rank": lora_rank_for(max_lora_rank),
+        "max_cpu_loras": max_loras,
+    }
 
 
 def check_matrices(matrices: Sequence[tuple[str, Sequence[int]]]) -> None:
     """Raise ValueError unless every ``(HF name, shape)`` is the 2-D weight of a LoRA-capable linear module
     (:data:`LORA_MODULES`): embeddings, the LM head, norms and biases cannot be LoRA adapters here."""
-    bad = [n for n, shape in matrices
-           if len(shape) != 2 or not n.endswith(".weight") or n.rsplit(".", 2)[-2] not in LORA_MODULES]  # fmt: skip
+    bad = [
+        n
+        for n, shape in matrices
+        if len(shape) != 2 or not n.endswith(".weight") or n.rsplit(".", 2)[-2] not in LORA_MODULES
+    ]
     if bad:
-        raise ValueError(f"low-rank ES on vLLM serves members as LoRA adapters of {LORA_MODULES} weights; not such a "
-                         f"weight: {bad[:4]} (use scope all_linear, without embeddings or lm_head)")  # fmt: skip
+        raise ValueError(
+            f"low-rank ES on vLLM serves members as LoRA adapters of {LORA_MODULES} weights; not such a "
+            f"weight: {bad[:4]} (use scope all_linear, without embeddings or lm_head)"
+        )
     if not matrices:
         raise ValueError("no matrices in scope")
 
 
-def adapter_tensors(member: ESMember, rank: int, matrices: Sequence[tuple[str, Sequence[int]]],
-                    dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:  # fmt: skip
+def adapter_tensors(
+    member: ESMember, rank: int, matrices: Sequence[tuple[str, Sequence[int]]], dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     """The PEFT tensors of ``member``'s adapter (module docstring for the mapping).
 
     Args:
@@ -119,8 +129,14 @@ def adapter_tensors(member: ESMember, rank: int, matrices: Sequence[tuple[str, S
     return out
 
 
-def write_adapter(folder: str | Path, member: ESMember, rank: int, matrices: Sequence[tuple[str, Sequence[int]]],
-                  dtype: torch.dtype = torch.float32, base_model: str | None = None) -> Path:  # fmt: skip
+def write_adapter(
+    folder: str | Path,
+    member: ESMember,
+    rank: int,
+    matrices: Sequence[tuple[str, Sequence[int]]],
+    dtype: torch.dtype = torch.float32,
+    base_model: str | None = None,
+) -> Path:
     """Write ``member``'s adapter as a PEFT LoRA folder: ``adapter_config.json`` (``r = lora_alpha = rank``,
     ``target_modules`` the HF module names present) and ``adapter_model.safetensors``.
 
@@ -135,11 +151,22 @@ def write_adapter(folder: str | Path, member: ESMember, rank: int, matrices: Seq
     check_matrices(matrices)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
-              "r": int(rank), "lora_alpha": int(rank), "lora_dropout": 0.0, "bias": "none", "use_rslora": False,
-              "use_dora": False, "fan_in_fan_out": False, "init_lora_weights": True, "modules_to_save": None,
-              "target_modules": sorted({n.rsplit(".", 2)[-2] for n, _ in matrices}),
-              "coevo": {"seed": int(member.seed), "sign": int(member.sign), "sigma": float(member.sigma)}}  # fmt: skip
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": int(rank),
+        "lora_alpha": int(rank),
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "use_rslora": False,
+        "use_dora": False,
+        "fan_in_fan_out": False,
+        "init_lora_weights": True,
+        "modules_to_save": None,
+        "target_modules": sorted({n.rsplit(".", 2)[-2] for n, _ in matrices}),
+        "coevo": {"seed": int(member.seed), "sign": int(member.sign), "sigma": float(member.sigma)},
+    }
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=1))
     save_file(adapter_tensors(member, rank, matrices, dtype), str(folder / "adapter_model.safetensors"))
     return folder
@@ -191,8 +218,10 @@ class VLLMPopulation:
         lora_rank_for(rank)
         settings = engine_lora_settings(policy.llm)
         if settings is None:
-            raise ValueError("low-rank ES on vLLM needs an engine started with LoRA: VLLMPolicy(..., enable_lora=True, "
-                             f"max_loras=<members per batch>, max_lora_rank>={rank})")  # fmt: skip
+            raise ValueError(
+                "low-rank ES on vLLM needs an engine started with LoRA: VLLMPolicy(..., enable_lora=True, "
+                f"max_loras=<members per batch>, max_lora_rank>={rank})"
+            )
         if settings["max_lora_rank"] < rank:
             raise ValueError(f"the engine's max_lora_rank {settings['max_lora_rank']} is below the ES rank {rank}")
         matrices = policy.es_matrices()

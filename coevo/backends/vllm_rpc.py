@@ -25,8 +25,19 @@ from coevo.es.history import ReplayMismatchError
 _TAG = re.compile(r"\[coevo-error (?P<type>[A-Za-z_][\w.]*)\] ")
 
 #: the error types re-raised driver-side, by ``<module>.<qualname>``
-_BUILTIN_TYPES = (ValueError, TypeError, RuntimeError, KeyError, IndexError, NotImplementedError, FileNotFoundError,
-                  FileExistsError, PermissionError, OSError, MemoryError)  # fmt: skip
+_BUILTIN_TYPES = (
+    ValueError,
+    TypeError,
+    RuntimeError,
+    KeyError,
+    IndexError,
+    NotImplementedError,
+    FileNotFoundError,
+    FileExistsError,
+    PermissionError,
+    OSError,
+    MemoryError,
+)
 _COEVO_TYPES = (ReplayMismatchError, SnapshotError, NoiseDeviceError, PolicyError)
 ERROR_TYPES: dict[str, type[Exception]] = {f"{t.__module__}.{t.__qualname__}": t for t in _BUILTIN_TYPES + _COEVO_TYPES}
 
@@ -66,9 +77,8 @@ def reraise(exc: BaseException, method: str) -> None:
     m = _TAG.search(text)
     if m is None:
         raise PolicyError(f"vLLM collective_rpc({method!r}) failed: {type(exc).__name__}: {text}") from exc
-    name, message = m.group("type"), text[m.end():]
+    name, message = m.group("type"), text[m.end() :]
     cls = ERROR_TYPES.get(name)
     if cls is None:
         raise PolicyError(f"vLLM worker {method} raised {name}: {message}") from exc
     raise cls(message) from exc
-

@@ -7,7 +7,7 @@ method runs the shared ES math of :mod:`coevo.es` (noise, perturbation, update, 
 copied here. Arguments and results are plain data (dicts, lists, str, int, float) so that they cross vLLM's
 RPC serialisation (msgpack in the V1 engine) unchanged.
 
-Fused tensors. vLLM packs Qwen2 / Llama-style projections into one tensor per layer (field notes §1):
+Fused tensors. vLLM packs Qwen2 / Llama-style projections into one tensor per layer (docs/references.md §1):
 ``model.layers.N.self_attn.qkv_proj.{weight,bias} = cat(q_proj, k_proj, v_proj, dim 0)`` and
 ``model.layers.N.mlp.gate_up_proj.weight = cat(gate_proj, up_proj, dim 0)``, with the parts' row counts
 from the HF config (q: ``num_attention_heads * head_dim``, k and v: ``num_key_value_heads * head_dim``,
@@ -43,7 +43,7 @@ Restrictions. Tensor parallelism and pipeline parallelism must be 1 (each worker
 noise and hash cannot equal the HF model's): :meth:`ESWorkerExtension.es_setup` refuses them. Quantized
 (non-floating) packed weights are refused as well.
 
-Safety. A second ``es_perturb`` while one is active raises RuntimeError (``ESParams`` guard, field notes
+Safety. A second ``es_perturb`` while one is active raises RuntimeError (``ESParams`` guard, docs/references.md
 §1 defect "no guard against double apply"); a failure half-way through a perturbation restores what was
 written before the error propagates (``coevo.es.perturb``), so weights are never left half perturbed.
 """
@@ -242,7 +242,7 @@ def _as_module(obj: Any, where: str) -> nn.Module:
 
 def find_model(worker: Any) -> nn.Module:
     """The ``nn.Module`` a vLLM worker runs: ``worker.model_runner.get_model()`` or ``.model`` (vLLM 0.8 - 0.1x),
-    or the same under ``gpu_model_runner`` (field notes §1), unwrapped from CUDA-graph wrappers.
+    or the same under ``gpu_model_runner`` (docs/references.md §1), unwrapped from CUDA-graph wrappers.
 
     Raises:
         TypeError: no model runner with a model on ``worker`` (message lists what was tried).
@@ -379,9 +379,14 @@ class ESWorkerExtension:
         if noise_device not in NOISE_DEVICES:
             raise ValueError(f"noise_device must be one of {NOISE_DEVICES}, got {noise_device!r}")
         spec = ScopeSpec(scope) if isinstance(scope, str) else ScopeSpec.from_dict(dict(scope))
-        config = {"scope": spec.to_dict(), "master_weights": bool(master_weights), "restore_mode": restore_mode,
-                  "master_device": master_device, "backup_device": backup_device,
-                  "noise_device": noise_device}  # fmt: skip
+        config = {
+            "scope": spec.to_dict(),
+            "master_weights": bool(master_weights),
+            "restore_mode": restore_mode,
+            "master_device": master_device,
+            "backup_device": backup_device,
+            "noise_device": noise_device,
+        }
         if self._coevo_es_params is not None:
             if self._coevo_es_active is not None:
                 raise RuntimeError("es_setup while a perturbation is active; call es_restore first")
@@ -396,8 +401,9 @@ class ESWorkerExtension:
             views = canonical_views(pairs, fused, getattr(hf_config, "vocab_size", None))
             selected = select_params(views, spec)
             refuse_strided(selected)
-            params = ESParams(selected, master_dtype=torch.float32 if master_weights else None,
-                              master_device=master_device)  # fmt: skip
+            params = ESParams(
+                selected, master_dtype=torch.float32 if master_weights else None, master_device=master_device
+            )
             use_device_noise(params, noise_device == "device")
             self._coevo_es_params = params
         self._coevo_es_config = config
@@ -475,8 +481,9 @@ class ESWorkerExtension:
         es = self._es()
         rec = GenerationRecord.from_dict(dict(record))
         if rec.scope != self._coevo_es_config["scope"]:
-            raise ValueError(f"record.scope {rec.scope} differs from the scope set up on the worker "
-                             f"{self._coevo_es_config['scope']}")  # fmt: skip
+            raise ValueError(
+                f"record.scope {rec.scope} differs from the scope set up on the worker {self._coevo_es_config['scope']}"
+            )
         report = apply_records(es, [rec], check_hash=check_hash)
         stats, digest = report.stats[0], report.weights_hash
         return {"stats": stats.to_dict(), "weights_hash": digest}

@@ -28,8 +28,13 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 from coevo.dashboard import figures
 from coevo.dashboard.reader import RunReader
 
-PAGES = (("/", "Overview"), ("/heuristics", "Heuristic design"), ("/es", "ES"), ("/trajectories", "Trajectories"),
-         ("/skills", "Skills"))  # fmt: skip
+PAGES = (
+    ("/", "Overview"),
+    ("/heuristics", "Heuristic design"),
+    ("/es", "ES"),
+    ("/trajectories", "Trajectories"),
+    ("/skills", "Skills"),
+)
 
 _CSS = """
 body { font-family: system-ui, -apple-system, Segoe UI, Roboto, sans-serif; margin: 0; color: #222; background: #fafafa; }
@@ -57,9 +62,13 @@ pre { background: #fff; border: 1px solid #ddd; padding: 8px; overflow-x: auto; 
 .step { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 6px 12px; margin: 10px 0; }
 """
 
-_INDEX = """<!DOCTYPE html>
-<html><head>{%metas%}<title>{%title%}</title>{%favicon%}{%css%}<style>""" + _CSS + """</style></head>
+_INDEX = (
+    """<!DOCTYPE html>
+<html><head>{%metas%}<title>{%title%}</title>{%favicon%}{%css%}<style>"""
+    + _CSS
+    + """</style></head>
 <body>{%app_entry%}<footer>{%config%}{%scripts%}{%renderer%}</footer></body></html>"""
+)
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -74,8 +83,13 @@ def fmt(x: Any) -> str:
     return str(x)
 
 
-def table(headers: list[str], rows: list[list[Any]], table_id: str | None = None,
-          row_ids: list[str] | None = None, row_classes: list[str] | None = None) -> html.Table:
+def table(
+    headers: list[str],
+    rows: list[list[Any]],
+    table_id: str | None = None,
+    row_ids: list[str] | None = None,
+    row_classes: list[str] | None = None,
+) -> html.Table:
     """An HTML table; cells may be components (links) or values (formatted with :func:`fmt`).
     ``row_ids`` become each row's ``data-id`` attribute."""
     body = []
@@ -86,13 +100,15 @@ def table(headers: list[str], rows: list[list[Any]], table_id: str | None = None
         cells = [html.Td(c if isinstance(c, (html.A, dcc.Link, html.Span, html.Code)) else fmt(c)) for c in row]
         body.append(html.Tr(cells, className=row_classes[i] if row_classes else None, **attrs))
     kwargs = {"id": table_id} if table_id else {}
-    return html.Table([html.Thead(html.Tr([html.Th(h) for h in headers])), html.Tbody(body)], className="grid",
-                      **kwargs)  # fmt: skip
+    return html.Table(
+        [html.Thead(html.Tr([html.Th(h) for h in headers])), html.Tbody(body)], className="grid", **kwargs
+    )
 
 
 def card(label: str, value: Any, card_id: str) -> html.Div:
-    return html.Div([html.Div(label, className="label"), html.Div(fmt(value), className="value", id=card_id)],
-                    className="card")  # fmt: skip
+    return html.Div(
+        [html.Div(label, className="label"), html.Div(fmt(value), className="value", id=card_id)], className="card"
+    )
 
 
 def graph(fig, graph_id: str) -> dcc.Graph:
@@ -134,32 +150,73 @@ def overview_panel(reader: RunReader) -> list[Any]:
     def of(used, cap, unit=""):
         return f"{fmt(used)}{unit} / {fmt(cap)}{unit}" if cap is not None else f"{fmt(used)}{unit}"
 
-    cards = html.Div([
-        card("status", o["status"], "ov-status"),
-        card("LLM samples used / budget", of(o["samples"], o["max_samples"]), "ov-samples"),
-        card("rounds completed / max", of(o["rounds_completed"], o["max_rounds"]), "ov-rounds"),
-        card("evolver steps", o["steps"], "ov-steps"),
-        card("trajectories", o["trajectories"], "ov-trajectories"),
-        card("wall time (evolver steps)", of(round(o["wall_s"], 1), o["max_wall_s"], " s"), "ov-wall"),
-    ], className="cards")  # fmt: skip
+    cards = html.Div(
+        [
+            card("status", o["status"], "ov-status"),
+            card("LLM samples used / budget", of(o["samples"], o["max_samples"]), "ov-samples"),
+            card("rounds completed / max", of(o["rounds_completed"], o["max_rounds"]), "ov-rounds"),
+            card("evolver steps", o["steps"], "ov-steps"),
+            card("trajectories", o["trajectories"], "ov-trajectories"),
+            card("wall time (evolver steps)", of(round(o["wall_s"], 1), o["max_wall_s"], " s"), "ov-wall"),
+        ],
+        className="cards",
+    )
     stop = html.P(["stop reason: ", html.B(fmt(o["stop_reason"]), id="ov-stop")])
-    ev_rows = [[e["evolver"], e["space"], e["trajectories"], e["samples"], f"{e['valid_percent']:.1f}%",
-                e["mean_reward"], e["best_reward"]] for e in o["evolvers"]]  # fmt: skip
+    ev_rows = [
+        [
+            e["evolver"],
+            e["space"],
+            e["trajectories"],
+            e["samples"],
+            f"{e['valid_percent']:.1f}%",
+            e["mean_reward"],
+            e["best_reward"],
+        ]
+        for e in o["evolvers"]
+    ]
     steps = reader.steps_records()
-    step_rows = [[s.get("round"), s.get("evolver"), s.get("space"), s.get("samples"), s.get("trajectories"),
-                  s.get("best_reward"), s.get("samples_total"), round(float(s.get("wall_s") or 0), 1),
-                  ", ".join(f"{k}={fmt(v)}" for k, v in (s.get("metrics") or {}).items())] for s in steps]  # fmt: skip
+    step_rows = [
+        [
+            s.get("round"),
+            s.get("evolver"),
+            s.get("space"),
+            s.get("samples"),
+            s.get("trajectories"),
+            s.get("best_reward"),
+            s.get("samples_total"),
+            round(float(s.get("wall_s") or 0), 1),
+            ", ".join(f"{k}={fmt(v)}" for k, v in (s.get("metrics") or {}).items()),
+        ]
+        for s in steps
+    ]
     return [
         html.H2(f"Run {o['run_id']}" + (f" ({o['name']})" if o["name"] else "")),
-        cards, stop,
+        cards,
+        stop,
         graph(figures.reward_vs_samples(reader.reward_curves()), "ov-reward-graph"),
         html.H3("Evolvers"),
-        table(["evolver", "space", "trajectories", "LLM samples", "valid", "mean reward", "best reward"], ev_rows,
-              "ov-evolvers"),
+        table(
+            ["evolver", "space", "trajectories", "LLM samples", "valid", "mean reward", "best reward"],
+            ev_rows,
+            "ov-evolvers",
+        ),
         html.H3("Evolver steps"),
-        table(["round", "evolver", "space", "samples", "trajectories", "best reward", "samples total", "wall s",
-               "metrics"], step_rows, "ov-steps-table"),
-    ]  # fmt: skip
+        table(
+            [
+                "round",
+                "evolver",
+                "space",
+                "samples",
+                "trajectories",
+                "best reward",
+                "samples total",
+                "wall s",
+                "metrics",
+            ],
+            step_rows,
+            "ov-steps-table",
+        ),
+    ]
 
 
 def heuristics_panel(reader: RunReader, selected: str | None) -> tuple[list[Any], list[Any]]:
@@ -167,13 +224,25 @@ def heuristics_panel(reader: RunReader, selected: str | None) -> tuple[list[Any]
     selected heuristic's code goes between them."""
     rows = reader.heuristics()
     if not rows:
-        return [html.H2("Heuristic design"), html.P("This run has no heuristic-design evolver samples.", id="h-none")], []
+        return [
+            html.H2("Heuristic design"),
+            html.P("This run has no heuristic-design evolver samples.", id="h-none"),
+        ], []
     ids = [r["id"] for r in rows]
-    table_rows = [[
-        dcc.Link(r["id"], href="/heuristics?" + urlencode({"h": r["id"]})), r["evolver"], r["operator"],
-        r["generation"], ", ".join(r["parents"]) or "–", r["member"], r["objective"],
-        "valid" if r["valid"] else (r["failure"] or "invalid"), traj_link(r["trajectory_id"]),
-    ] for r in rows]  # fmt: skip
+    table_rows = [
+        [
+            dcc.Link(r["id"], href="/heuristics?" + urlencode({"h": r["id"]})),
+            r["evolver"],
+            r["operator"],
+            r["generation"],
+            ", ".join(r["parents"]) or "–",
+            r["member"],
+            r["objective"],
+            "valid" if r["valid"] else (r["failure"] or "invalid"),
+            traj_link(r["trajectory_id"]),
+        ]
+        for r in rows
+    ]
     classes = [("selected " if r["id"] == selected else "") + ("" if r["valid"] else "invalid") for r in rows]
     best = reader.best_heuristics()
     sections = reader.report_sections()
@@ -182,24 +251,49 @@ def heuristics_panel(reader: RunReader, selected: str | None) -> tuple[list[Any]
         if name in sections:
             heldout += [html.H4(name), dcc.Markdown(_no_images(sections[name]), className="md")]
     if not heldout:
-        heldout = [html.P("The held-out comparison (seed vs best on the test sizes) is written when the run ends.",
-                          className="muted")]  # fmt: skip
+        heldout = [
+            html.P(
+                "The held-out comparison (seed vs best on the test sizes) is written when the run ends.",
+                className="muted",
+            )
+        ]
     top = [
         html.H2("Heuristic design"),
-        html.P(f"{len(rows)} heuristics ({sum(r['valid'] for r in rows)} valid); click one for its code and thought.",
-               id="h-count"),
+        html.P(
+            f"{len(rows)} heuristics ({sum(r['valid'] for r in rows)} valid); click one for its code and thought.",
+            id="h-count",
+        ),
         graph(figures.lineage(rows, selected), "lineage-graph"),
     ]
     return top, [
         graph(figures.best_so_far(reader.best_so_far()), "best-graph"),
-        html.H3("Seed vs best on held-out sizes"), html.Div(heldout, id="h-heldout"),
+        html.H3("Seed vs best on held-out sizes"),
+        html.Div(heldout, id="h-heldout"),
         html.H3("Best heuristic over time"),
-        table(["evolver", "id", "operator", "objective", "thought"],
-              [[b["evolver"], b["id"], b["operator"], b["objective"], b["thought"]] for b in best], "h-best"),
+        table(
+            ["evolver", "id", "operator", "objective", "thought"],
+            [[b["evolver"], b["id"], b["operator"], b["objective"], b["thought"]] for b in best],
+            "h-best",
+        ),
         html.H3("Lineage (every heuristic)"),
-        table(["id", "evolver", "operator", "generation", "parents", "ES member", "objective", "valid / failure",
-               "trajectory"], table_rows, "lineage-table", row_ids=ids, row_classes=classes),
-    ]  # fmt: skip
+        table(
+            [
+                "id",
+                "evolver",
+                "operator",
+                "generation",
+                "parents",
+                "ES member",
+                "objective",
+                "valid / failure",
+                "trajectory",
+            ],
+            table_rows,
+            "lineage-table",
+            row_ids=ids,
+            row_classes=classes,
+        ),
+    ]
 
 
 def heuristic_detail(reader: RunReader, selected: str | None) -> list[Any]:
@@ -212,11 +306,15 @@ def heuristic_detail(reader: RunReader, selected: str | None) -> list[Any]:
     status = "valid" if r["valid"] else f"invalid ({r['failure']}): {r['failure_detail'] or ''}"
     return [
         html.H3(["Heuristic ", html.Code(r["id"])]),
-        html.P(f"{r['evolver']} · operator {r['operator']} · generation {r['generation']} · parents "
-               f"{', '.join(r['parents']) or '–'} · member {r['member']} · objective {fmt(r['objective'])} · {status}"),
-        html.H4("Thought"), html.Pre(r["thought"] or "–", id="h-thought"),
-        html.H4("Code"), html.Pre(r["code"] or "– (no code could be extracted)", id="h-code"),
-    ]  # fmt: skip
+        html.P(
+            f"{r['evolver']} · operator {r['operator']} · generation {r['generation']} · parents "
+            f"{', '.join(r['parents']) or '–'} · member {r['member']} · objective {fmt(r['objective'])} · {status}"
+        ),
+        html.H4("Thought"),
+        html.Pre(r["thought"] or "–", id="h-thought"),
+        html.H4("Code"),
+        html.Pre(r["code"] or "– (no code could be extracted)", id="h-code"),
+    ]
 
 
 def es_panel(reader: RunReader, evolver: str | None) -> list[Any]:
@@ -231,30 +329,89 @@ def es_panel(reader: RunReader, evolver: str | None) -> list[Any]:
             rows.append([g["generation"], "–", "–", "–", "–", "–", "–", "–", "–", "–", g["heldout_reward"]])
             continue
         coeffs = " ".join(f"{c:+.2f}" for c in g["coeffs"])
-        rows.append([g["generation"], g["sigma"], g["n"], g["mean_reward"], g["max_reward"], g["min_reward"],
-                     coeffs, g["update_norm"], "skipped" if g["skipped"] else "applied",
-                     html.Code((g["weight_hash_after"] or "")[:16]), g["heldout_reward"]])  # fmt: skip
+        rows.append(
+            [
+                g["generation"],
+                g["sigma"],
+                g["n"],
+                g["mean_reward"],
+                g["max_reward"],
+                g["min_reward"],
+                coeffs,
+                g["update_norm"],
+                "skipped" if g["skipped"] else "applied",
+                html.Code((g["weight_hash_after"] or "")[:16]),
+                g["heldout_reward"],
+            ]
+        )
     return [
         html.H3(f"ES evolver {evolver}"),
-        table(["generation", "sigma", "N", "mean R", "max R", "min R", "normalised coefficients", "‖update‖", "update",
-               "weight hash after", "held-out R"], rows, "es-table"),
+        table(
+            [
+                "generation",
+                "sigma",
+                "N",
+                "mean R",
+                "max R",
+                "min R",
+                "normalised coefficients",
+                "‖update‖",
+                "update",
+                "weight hash after",
+                "held-out R",
+            ],
+            rows,
+            "es-table",
+        ),
         graph(figures.es_generations(evolver, gens), "es-graph"),
-    ]  # fmt: skip
+    ]
 
 
 def trajectory_table(reader: RunReader, evolver, generation, member, validity, limit) -> list[Any]:
     valid = {"valid": True, "invalid": False}.get(validity or "all")
-    rows, total = reader.trajectory_rows(evolver=evolver or None, generation=generation,
-                                         member=member or None, valid=valid, limit=int(limit or 200))  # fmt: skip
-    body = [[traj_link(r["id"]), r["key"], r["evolver"], r["space"], r["round"], r["generation"], r["member"],
-             r["task"], "valid" if r["valid"] else (r["failure"] or "invalid"), r["reward"], r["steps"], r["llm_calls"]]
-            for r in rows]  # fmt: skip
+    rows, total = reader.trajectory_rows(
+        evolver=evolver or None, generation=generation, member=member or None, valid=valid, limit=int(limit or 200)
+    )
+    body = [
+        [
+            traj_link(r["id"]),
+            r["key"],
+            r["evolver"],
+            r["space"],
+            r["round"],
+            r["generation"],
+            r["member"],
+            r["task"],
+            "valid" if r["valid"] else (r["failure"] or "invalid"),
+            r["reward"],
+            r["steps"],
+            r["llm_calls"],
+        ]
+        for r in rows
+    ]
     return [
         html.P(f"{total} trajectories match; showing the newest {len(rows)}.", id="t-count"),
-        table(["id", "key", "evolver", "space", "round", "generation", "ES member", "task", "valid / failure", "reward",
-               "steps", "LLM calls"], body, "traj-table", row_ids=[str(r["id"]) for r in rows],
-              row_classes=["" if r["valid"] else "invalid" for r in rows]),
-    ]  # fmt: skip
+        table(
+            [
+                "id",
+                "key",
+                "evolver",
+                "space",
+                "round",
+                "generation",
+                "ES member",
+                "task",
+                "valid / failure",
+                "reward",
+                "steps",
+                "LLM calls",
+            ],
+            body,
+            "traj-table",
+            row_ids=[str(r["id"]) for r in rows],
+            row_classes=["" if r["valid"] else "invalid" for r in rows],
+        ),
+    ]
 
 
 def trajectory_page(reader: RunReader, tid: int) -> list[Any]:
@@ -263,22 +420,49 @@ def trajectory_page(reader: RunReader, tid: int) -> list[Any]:
         return [html.H2(f"Trajectory {tid}"), html.P("no trajectory with this id in the store", id="t-missing")]
     m, c = t.member, t.context
     fields = [
-        ["key", t.key], ["run", t.run_id], ["evolver / space", f"{t.evolver} / {t.space}"],
-        ["round / generation", f"{t.round} / {t.generation}"], ["task", t.task_id],
+        ["key", t.key],
+        ["run", t.run_id],
+        ["evolver / space", f"{t.evolver} / {t.space}"],
+        ["round / generation", f"{t.round} / {t.generation}"],
+        ["task", t.task_id],
         ["ES member", "–" if m is None else f"#{m.index}, sign {m.sign:+d}, seed {m.seed}, sigma {m.sigma:g}"],
-        ["context", ", ".join(f"{k}={v}" for k, v in (("skill", c.skill_name), ("skill version", c.skill_version),
-                                                         ("heuristic", c.heuristic_id), ("prompt", c.prompt)) if v is not None) or "–"],
-        ["reward", t.reward], ["valid", t.valid], ["failure", f"{t.failure}: {t.failure_detail or ''}" if t.failure else "–"],
+        [
+            "context",
+            ", ".join(
+                f"{k}={v}"
+                for k, v in (
+                    ("skill", c.skill_name),
+                    ("skill version", c.skill_version),
+                    ("heuristic", c.heuristic_id),
+                    ("prompt", c.prompt),
+                )
+                if v is not None
+            )
+            or "–",
+        ],
+        ["reward", t.reward],
+        ["valid", t.valid],
+        ["failure", f"{t.failure}: {t.failure_detail or ''}" if t.failure else "–"],
         ["LLM calls / tokens (prompt, completion)", f"{t.llm_calls} / {t.prompt_tokens}, {t.completion_tokens}"],
-        ["started / duration", f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t.started_at))} / {t.duration_s:.3g} s"],
-    ]  # fmt: skip
+        [
+            "started / duration",
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t.started_at))} / {t.duration_s:.3g} s",
+        ],
+    ]
     steps = []
     for i, s in enumerate(t.steps):
         parts: list[Any] = [html.H4(f"Step {i}" + (f" · reward {fmt(s.reward)}" if s.reward is not None else ""))]
-        for label, text in (("observation", s.observation), ("action", s.action), ("model output", s.model_output),
-                            ("tool result", s.tool_result)):  # fmt: skip
+        for label, text in (
+            ("observation", s.observation),
+            ("action", s.action),
+            ("model output", s.model_output),
+            ("tool result", s.tool_result),
+        ):
             if text is not None:
-                parts += [html.Div(label, className="muted"), html.Pre(text, className=f"step-{label.replace(' ', '-')}")]
+                parts += [
+                    html.Div(label, className="muted"),
+                    html.Pre(text, className=f"step-{label.replace(' ', '-')}"),
+                ]
         if s.meta:
             parts += [html.Div("meta", className="muted"), html.Pre(json.dumps(s.meta, indent=1, default=str))]
         steps.append(html.Div(parts, className="step", **{"data-step": str(i)}))
@@ -294,9 +478,15 @@ def trajectory_page(reader: RunReader, tid: int) -> list[Any]:
 def _diff_view(diff: str) -> html.Pre:
     lines = []
     for line in diff.splitlines():
-        cls = ("add" if line.startswith("+") and not line.startswith("+++") else
-               "del" if line.startswith("-") and not line.startswith("---") else
-               "hunk" if line.startswith("@@") else None)  # fmt: skip
+        cls = (
+            "add"
+            if line.startswith("+") and not line.startswith("+++")
+            else "del"
+            if line.startswith("-") and not line.startswith("---")
+            else "hunk"
+            if line.startswith("@@")
+            else None
+        )
         lines.append(html.Span(line or " ", className=cls))
     return html.Pre(lines or "(no change)", className="diff")
 
@@ -308,22 +498,38 @@ def skills_panel(reader: RunReader) -> list[Any]:
     out: list[Any] = [html.H2("Skills"), html.P(f"{len(versions)} skill versions", id="s-count")]
     for v in versions:
         meta = v["meta"]
-        causes = [[traj_link(c["id"]), c["evolver"], c["generation"], c["task"], c["valid"], c["reward"]]
-                  for c in v["causes"]]  # fmt: skip
+        causes = [
+            [traj_link(c["id"]), c["evolver"], c["generation"], c["task"], c["valid"], c["reward"]] for c in v["causes"]
+        ]
         missing = sorted(set(v["trajectory_ids"]) - {c["id"] for c in v["causes"]})
-        info = ", ".join(f"{k}={fmt(meta.get(k))}" for k in ("evolver", "round", "gate_current", "gate_candidate",
-                                                              "edits", "rejected") if k in meta)  # fmt: skip
-        out.append(html.Div([
-            html.H3(f"{v['name']} v{v['version']}" + (f" (from v{v['parent_version']})" if v["parent_version"] else "")),
-            html.P(info or "–", className="muted"),
-            html.P(["changelog: ", meta.get("changelog") or "–"]),
-            html.H4("Diff"), _diff_view(v["diff"]),
-            html.H4(f"Trajectories that caused it ({len(v['trajectory_ids'])})"),
-            table(["trajectory", "evolver", "generation", "task", "valid", "reward"], causes),
-            html.P(f"not in this store: {missing}", className="muted") if missing else None,
-            html.Details([html.Summary(f"files ({len(v['files'])})")]
-                         + [html.Div([html.Code(name), html.Pre(text)]) for name, text in sorted(v["files"].items())]),
-        ], className="skill-version", **{"data-skill": v["name"], "data-version": str(v["version"])}))  # fmt: skip
+        info = ", ".join(
+            f"{k}={fmt(meta.get(k))}"
+            for k in ("evolver", "round", "gate_current", "gate_candidate", "edits", "rejected")
+            if k in meta
+        )
+        out.append(
+            html.Div(
+                [
+                    html.H3(
+                        f"{v['name']} v{v['version']}"
+                        + (f" (from v{v['parent_version']})" if v["parent_version"] else "")
+                    ),
+                    html.P(info or "–", className="muted"),
+                    html.P(["changelog: ", meta.get("changelog") or "–"]),
+                    html.H4("Diff"),
+                    _diff_view(v["diff"]),
+                    html.H4(f"Trajectories that caused it ({len(v['trajectory_ids'])})"),
+                    table(["trajectory", "evolver", "generation", "task", "valid", "reward"], causes),
+                    html.P(f"not in this store: {missing}", className="muted") if missing else None,
+                    html.Details(
+                        [html.Summary(f"files ({len(v['files'])})")]
+                        + [html.Div([html.Code(name), html.Pre(text)]) for name, text in sorted(v["files"].items())]
+                    ),
+                ],
+                className="skill-version",
+                **{"data-skill": v["name"], "data-version": str(v["version"])},
+            )
+        )
     return out
 
 
@@ -333,21 +539,36 @@ def create_app(reader: RunReader, refresh_s: float = 2.0) -> Dash:
     if not refresh_s > 0:
         raise ValueError(f"refresh_s must be > 0, got {refresh_s}")
     run_id = reader.run_id
-    app = Dash(__name__, title=f"coevo · {run_id}", serve_locally=True, suppress_callback_exceptions=True,
-               update_title=None, index_string=_INDEX)  # fmt: skip
+    app = Dash(
+        __name__,
+        title=f"coevo · {run_id}",
+        serve_locally=True,
+        suppress_callback_exceptions=True,
+        update_title=None,
+        index_string=_INDEX,
+    )
     nav = [dcc.Link(label, href=path, id=f"nav-{label.split()[0].lower()}") for path, label in PAGES]
-    app.layout = html.Div([
-        dcc.Location(id="url", refresh=False),
-        dcc.Interval(id="tick", interval=int(refresh_s * 1000)),
-        dcc.Store(id="version"), dcc.Store(id="route"),
-        html.Header([html.Span(f"coevo · {run_id}", className="run"), *nav,
-                     html.Span("", id="live", className="live")]),
-        html.Div(id="banner"),
-        html.Main(id="page"),
-    ])  # fmt: skip
+    app.layout = html.Div(
+        [
+            dcc.Location(id="url", refresh=False),
+            dcc.Interval(id="tick", interval=int(refresh_s * 1000)),
+            dcc.Store(id="version"),
+            dcc.Store(id="route"),
+            html.Header(
+                [html.Span(f"coevo · {run_id}", className="run"), *nav, html.Span("", id="live", className="live")]
+            ),
+            html.Div(id="banner"),
+            html.Main(id="page"),
+        ]
+    )
 
-    @app.callback(Output("version", "data"), Output("live", "children"), Output("banner", "children"),
-                  Input("tick", "n_intervals"), State("version", "data"))  # fmt: skip
+    @app.callback(
+        Output("version", "data"),
+        Output("live", "children"),
+        Output("banner", "children"),
+        Input("tick", "n_intervals"),
+        State("version", "data"),
+    )
     def poll(_n, old):
         try:
             new = reader.data_version()
@@ -356,8 +577,7 @@ def create_app(reader: RunReader, refresh_s: float = 2.0) -> Dash:
         stamp = f"read-only · live, checked {time.strftime('%H:%M:%S')}"
         return (no_update if new == old else new), stamp, None
 
-    @app.callback(Output("page", "children"), Output("route", "data"), Input("url", "pathname"),
-                  State("route", "data"))  # fmt: skip
+    @app.callback(Output("page", "children"), Output("route", "data"), Input("url", "pathname"), State("route", "data"))
     def route(path, current):
         path = path or "/"
         if path == current:
@@ -368,18 +588,38 @@ def create_app(reader: RunReader, refresh_s: float = 2.0) -> Dash:
         elif path == "/heuristics":
             shell = [html.Div(id="heur-panel"), html.Div(id="heur-detail"), html.Div(id="heur-bottom")]
         elif path == "/es":
-            shell = [html.H2("ES"), dcc.Dropdown(id="es-evolver", placeholder="ES evolver", clearable=False,
-                                                 style={"maxWidth": "300px"}), html.Div(id="es-panel")]  # fmt: skip
+            shell = [
+                html.H2("ES"),
+                dcc.Dropdown(id="es-evolver", placeholder="ES evolver", clearable=False, style={"maxWidth": "300px"}),
+                html.Div(id="es-panel"),
+            ]
         elif path == "/trajectories":
-            shell = [html.H2("Trajectories"), html.Div([
-                html.Div([html.Label("evolver"), dcc.Dropdown(id="f-evolver", placeholder="any")]),
-                html.Div([html.Label("generation"), dcc.Dropdown(id="f-generation", placeholder="any")]),
-                html.Div([html.Label("ES member"), dcc.Dropdown(id="f-member", placeholder="any")]),
-                html.Div([html.Label("validity"), dcc.RadioItems(id="f-valid", value="all", inline=True,
-                                                                 options=["all", "valid", "invalid"])]),
-                html.Div([html.Label("rows"), dcc.Dropdown(id="f-limit", value=200, clearable=False,
-                                                           options=[50, 200, 1000, 10000])]),
-            ], className="filters"), html.Div(id="traj-panel")]  # fmt: skip
+            shell = [
+                html.H2("Trajectories"),
+                html.Div(
+                    [
+                        html.Div([html.Label("evolver"), dcc.Dropdown(id="f-evolver", placeholder="any")]),
+                        html.Div([html.Label("generation"), dcc.Dropdown(id="f-generation", placeholder="any")]),
+                        html.Div([html.Label("ES member"), dcc.Dropdown(id="f-member", placeholder="any")]),
+                        html.Div(
+                            [
+                                html.Label("validity"),
+                                dcc.RadioItems(
+                                    id="f-valid", value="all", inline=True, options=["all", "valid", "invalid"]
+                                ),
+                            ]
+                        ),
+                        html.Div(
+                            [
+                                html.Label("rows"),
+                                dcc.Dropdown(id="f-limit", value=200, clearable=False, options=[50, 200, 1000, 10000]),
+                            ]
+                        ),
+                    ],
+                    className="filters",
+                ),
+                html.Div(id="traj-panel"),
+            ]
         elif path == "/skills":
             shell = [html.Div(id="skills-panel")]
         elif path == "/":
@@ -393,8 +633,13 @@ def create_app(reader: RunReader, refresh_s: float = 2.0) -> Dash:
     def _overview(_v, _r):
         return overview_panel(reader)
 
-    @app.callback(Output("heur-panel", "children"), Output("heur-bottom", "children"), Input("version", "data"),
-                  Input("route", "data"), Input("url", "search"))  # fmt: skip
+    @app.callback(
+        Output("heur-panel", "children"),
+        Output("heur-bottom", "children"),
+        Input("version", "data"),
+        Input("route", "data"),
+        Input("url", "search"),
+    )
     def _heuristics(_v, _r, search):
         try:
             return heuristics_panel(reader, _search_param(search, "h"))
@@ -412,8 +657,13 @@ def create_app(reader: RunReader, refresh_s: float = 2.0) -> Dash:
         hid = point.get("customdata")
         return "?" + urlencode({"h": hid}) if isinstance(hid, str) else no_update
 
-    @app.callback(Output("es-evolver", "options"), Output("es-evolver", "value"), Input("version", "data"),
-                  Input("route", "data"), State("es-evolver", "value"))  # fmt: skip
+    @app.callback(
+        Output("es-evolver", "options"),
+        Output("es-evolver", "value"),
+        Input("version", "data"),
+        Input("route", "data"),
+        State("es-evolver", "value"),
+    )
     def _es_options(_v, _r, value):
         try:
             names = reader.es_evolvers()
@@ -426,8 +676,13 @@ def create_app(reader: RunReader, refresh_s: float = 2.0) -> Dash:
     def _es(_v, evolver):
         return es_panel(reader, evolver)
 
-    @app.callback(Output("f-evolver", "options"), Output("f-generation", "options"), Output("f-member", "options"),
-                  Input("version", "data"), Input("route", "data"))  # fmt: skip
+    @app.callback(
+        Output("f-evolver", "options"),
+        Output("f-generation", "options"),
+        Output("f-member", "options"),
+        Input("version", "data"),
+        Input("route", "data"),
+    )
     def _filter_options(_v, _r):
         try:
             opts = reader.filter_options()
@@ -437,9 +692,15 @@ def create_app(reader: RunReader, refresh_s: float = 2.0) -> Dash:
         members += [{"label": f"member #{i}", "value": str(i)} for i in opts["members"]]
         return opts["evolvers"], opts["generations"], members
 
-    @app.callback(Output("traj-panel", "children"), Input("version", "data"), Input("f-evolver", "value"),
-                  Input("f-generation", "value"), Input("f-member", "value"), Input("f-valid", "value"),
-                  Input("f-limit", "value"))  # fmt: skip
+    @app.callback(
+        Output("traj-panel", "children"),
+        Input("version", "data"),
+        Input("f-evolver", "value"),
+        Input("f-generation", "value"),
+        Input("f-member", "value"),
+        Input("f-valid", "value"),
+        Input("f-limit", "value"),
+    )
     @_busy_guard
     def _trajectories(_v, evolver, generation, member, validity, limit):
         return trajectory_table(reader, evolver, generation, member, validity, limit)
@@ -457,8 +718,9 @@ def create_app(reader: RunReader, refresh_s: float = 2.0) -> Dash:
     def _skills(_v, _r):
         return skills_panel(reader)
 
-    @app.callback(*[Output(f"nav-{label.split()[0].lower()}", "className") for _, label in PAGES],
-                  Input("url", "pathname"))  # fmt: skip
+    @app.callback(
+        *[Output(f"nav-{label.split()[0].lower()}", "className") for _, label in PAGES], Input("url", "pathname")
+    )
     def _active(path):
         return ["active" if (path or "/") == p else "" for p, _ in PAGES]
 

@@ -12,8 +12,12 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-_LAYOUT = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 50}, "height": 360,
-           "legend": {"orientation": "h", "y": -0.2}}  # fmt: skip
+_LAYOUT = {
+    "template": "plotly_white",
+    "margin": {"l": 60, "r": 20, "t": 40, "b": 50},
+    "height": 360,
+    "legend": {"orientation": "h", "y": -0.2},
+}
 
 
 def _empty(title: str, note: str) -> go.Figure:
@@ -59,31 +63,69 @@ def lineage(rows: list[dict[str, Any]], selected: str | None = None) -> go.Figur
                 ex += [pos[p][0], pos[r["id"]][0], None]
                 ey += [pos[p][1], pos[r["id"]][1], None]
     fig = go.Figure(layout={**_LAYOUT, "title": "Heuristic lineage (parents → child)", "height": 460})
-    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line={"color": "#bbb", "width": 1}, hoverinfo="skip",
-                             name="parent → child"))  # fmt: skip
+    fig.add_trace(
+        go.Scatter(
+            x=ex, y=ey, mode="lines", line={"color": "#bbb", "width": 1}, hoverinfo="skip", name="parent → child"
+        )
+    )
 
     def hover(r: dict[str, Any]) -> str:
-        status = f"objective {r['objective']:.6g}" if r["valid"] and r["objective"] is not None else f"invalid: {r['failure']}"
-        return (f"<b>{r['id']}</b><br>{r['evolver']} · {r['operator']} · gen {r['generation']}<br>{status}"
-                f"<br>member {r['member']}<br>parents: {', '.join(r['parents']) or '–'}")  # fmt: skip
+        status = (
+            f"objective {r['objective']:.6g}"
+            if r["valid"] and r["objective"] is not None
+            else f"invalid: {r['failure']}"
+        )
+        return (
+            f"<b>{r['id']}</b><br>{r['evolver']} · {r['operator']} · gen {r['generation']}<br>{status}"
+            f"<br>member {r['member']}<br>parents: {', '.join(r['parents']) or '–'}"
+        )
 
     valid = [r for r in rows if r["valid"] and r["objective"] is not None]
     failed = [r for r in rows if not (r["valid"] and r["objective"] is not None)]
     if valid:
-        fig.add_trace(go.Scatter(
-            x=[pos[r["id"]][0] for r in valid], y=[pos[r["id"]][1] for r in valid], mode="markers", name="valid",
-            marker={"size": 13, "color": [r["objective"] for r in valid], "colorscale": "Viridis", "showscale": True,
-                    "colorbar": {"title": "objective"}, "line": {"width": 1, "color": "#333"}},
-            customdata=[r["id"] for r in valid], hovertext=[hover(r) for r in valid], hoverinfo="text"))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=[pos[r["id"]][0] for r in valid],
+                y=[pos[r["id"]][1] for r in valid],
+                mode="markers",
+                name="valid",
+                marker={
+                    "size": 13,
+                    "color": [r["objective"] for r in valid],
+                    "colorscale": "Viridis",
+                    "showscale": True,
+                    "colorbar": {"title": "objective"},
+                    "line": {"width": 1, "color": "#333"},
+                },
+                customdata=[r["id"] for r in valid],
+                hovertext=[hover(r) for r in valid],
+                hoverinfo="text",
+            )
+        )
     if failed:
-        fig.add_trace(go.Scatter(
-            x=[pos[r["id"]][0] for r in failed], y=[pos[r["id"]][1] for r in failed], mode="markers", name="invalid",
-            marker={"size": 10, "symbol": "x", "color": "#999"}, customdata=[r["id"] for r in failed],
-            hovertext=[hover(r) for r in failed], hoverinfo="text"))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=[pos[r["id"]][0] for r in failed],
+                y=[pos[r["id"]][1] for r in failed],
+                mode="markers",
+                name="invalid",
+                marker={"size": 10, "symbol": "x", "color": "#999"},
+                customdata=[r["id"] for r in failed],
+                hovertext=[hover(r) for r in failed],
+                hoverinfo="text",
+            )
+        )
     if selected in pos:
-        fig.add_trace(go.Scatter(x=[pos[selected][0]], y=[pos[selected][1]], mode="markers", name="selected",
-                                 marker={"size": 22, "color": "rgba(0,0,0,0)", "line": {"width": 3, "color": "#d62728"}},
-                                 hoverinfo="skip"))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=[pos[selected][0]],
+                y=[pos[selected][1]],
+                mode="markers",
+                name="selected",
+                marker={"size": 22, "color": "rgba(0,0,0,0)", "line": {"width": 3, "color": "#d62728"}},
+                hoverinfo="skip",
+            )
+        )
     fig.update_xaxes(title="generation", dtick=1)
     fig.update_yaxes(visible=False)
     return fig
@@ -107,9 +149,13 @@ def es_generations(evolver: str, gens: list[dict[str, Any]]) -> go.Figure:
     rows = [g for g in gens if not g.get("final")]
     if not gens:
         return _empty(f"ES {evolver}", "no generation yet")
-    fig = make_subplots(rows=5, cols=1, shared_xaxes=True, vertical_spacing=0.04,
-                        subplot_titles=("sigma", "member rewards", "normalised coefficients", "‖update‖",
-                                        "held-out reward (centre)"))  # fmt: skip
+    fig = make_subplots(
+        rows=5,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.04,
+        subplot_titles=("sigma", "member rewards", "normalised coefficients", "‖update‖", "held-out reward (centre)"),
+    )
     gx = [g["generation"] for g in rows]
     fig.add_trace(go.Scatter(x=gx, y=[g["sigma"] for g in rows], mode="lines+markers", name="sigma"), row=1, col=1)
     for sign, name, color in ((1, "member (+)", "#1f77b4"), (-1, "member (−)", "#ff7f0e")):
@@ -123,15 +169,30 @@ def es_generations(evolver: str, gens: list[dict[str, Any]]) -> go.Figure:
                         cx.append(g["generation"])
                         cs.append(g["coeffs"][i])
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=name, marker={"color": color}), row=2, col=1)
-        fig.add_trace(go.Scatter(x=cx, y=cs, mode="markers", name=f"coeff {name[7:]}", marker={"color": color},
-                                 showlegend=False), row=3, col=1)  # fmt: skip
-    fig.add_trace(go.Scatter(x=gx, y=[g["mean_reward"] for g in rows], mode="lines", name="mean reward",
-                             line={"color": "#333"}), row=2, col=1)  # fmt: skip
-    fig.add_trace(go.Scatter(x=gx, y=[g["update_norm"] for g in rows], mode="lines+markers", name="‖update‖"),
-                  row=4, col=1)  # fmt: skip
+        fig.add_trace(
+            go.Scatter(x=cx, y=cs, mode="markers", name=f"coeff {name[7:]}", marker={"color": color}, showlegend=False),
+            row=3,
+            col=1,
+        )
+    fig.add_trace(
+        go.Scatter(x=gx, y=[g["mean_reward"] for g in rows], mode="lines", name="mean reward", line={"color": "#333"}),
+        row=2,
+        col=1,
+    )
+    fig.add_trace(
+        go.Scatter(x=gx, y=[g["update_norm"] for g in rows], mode="lines+markers", name="‖update‖"), row=4, col=1
+    )
     held = [g for g in gens if g.get("heldout_reward") is not None]
-    fig.add_trace(go.Scatter(x=[g["generation"] for g in held], y=[g["heldout_reward"] for g in held],
-                             mode="lines+markers", name="held-out"), row=5, col=1)  # fmt: skip
+    fig.add_trace(
+        go.Scatter(
+            x=[g["generation"] for g in held],
+            y=[g["heldout_reward"] for g in held],
+            mode="lines+markers",
+            name="held-out",
+        ),
+        row=5,
+        col=1,
+    )
     fig.update_layout(**{**_LAYOUT, "height": 900, "title": f"ES {evolver}: per generation"})
     fig.update_xaxes(title="generation", dtick=1, row=5, col=1)
     return fig

@@ -48,8 +48,13 @@ class DashboardError(RuntimeError):
 
 
 def _ro_connect(db: Path, busy_timeout_s: float) -> sqlite3.Connection:
-    conn = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
-                           timeout=busy_timeout_s, check_same_thread=False)  # fmt: skip
+    conn = sqlite3.connect(
+        f"{db.resolve().as_uri()}?mode=ro",
+        uri=True,
+        isolation_level=None,
+        timeout=busy_timeout_s,
+        check_same_thread=False,
+    )
     conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
     return conn
 
@@ -176,8 +181,10 @@ class RunReader:
     @_locked
     def data_version(self) -> list[Any]:
         """A value that changes whenever the run writes anything (rows, artifacts, ES history, summary)."""
-        row = self._sql("SELECT (SELECT MAX(id) FROM trajectories), (SELECT MAX(id) FROM artifacts), "
-                        "(SELECT COUNT(*) FROM es_history)")[0]
+        row = self._sql(
+            "SELECT (SELECT MAX(id) FROM trajectories), (SELECT MAX(id) FROM artifacts), "
+            "(SELECT COUNT(*) FROM es_history)"
+        )[0]
         summary = self.run_dir / "summary.json"
         return [*tuple(row), summary.stat().st_mtime if summary.exists() else None]
 
@@ -233,12 +240,17 @@ class RunReader:
         evolvers = []
         for name, ts in sorted(per.items()):
             rewards = [t.reward for t in ts if t.valid and _finite(t.reward) is not None]
-            evolvers.append({
-                "evolver": name, "space": ts[0].space, "trajectories": len(ts), "samples": sum(t.llm_calls for t in ts),
-                "valid_percent": 100.0 * sum(t.valid for t in ts) / len(ts),
-                "mean_reward": sum(rewards) / len(rewards) if rewards else None,
-                "best_reward": max(rewards) if rewards else None,
-            })  # fmt: skip
+            evolvers.append(
+                {
+                    "evolver": name,
+                    "space": ts[0].space,
+                    "trajectories": len(ts),
+                    "samples": sum(t.llm_calls for t in ts),
+                    "valid_percent": 100.0 * sum(t.valid for t in ts) / len(ts),
+                    "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+                    "best_reward": max(rewards) if rewards else None,
+                }
+            )
         rounds = summary["rounds_completed"] if summary else (max(s["round"] for s in steps) + 1 if steps else 0)
         return {
             "run_id": self.run_id,
@@ -291,27 +303,59 @@ class RunReader:
             if not is_heuristic(t):
                 continue
             m = t.meta
-            rows.append({
-                "id": heuristic_id(t), "trajectory_id": t.id, "evolver": t.evolver, "space": t.space, "problem": m.get("problem"),
-                "generation": t.generation, "round": t.round, "operator": m.get("operator"),
-                "parents": list(m.get("parent_ids") or []), "member": _member_label(t),
-                "objective": _finite(m.get("objective")), "reward": _finite(t.reward), "valid": t.valid,
-                "failure": t.failure, "failure_detail": t.failure_detail, "thought": m.get("thought"),
-                "code": m.get("code"), "samples_before": samples,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "id": heuristic_id(t),
+                    "trajectory_id": t.id,
+                    "evolver": t.evolver,
+                    "space": t.space,
+                    "problem": m.get("problem"),
+                    "generation": t.generation,
+                    "round": t.round,
+                    "operator": m.get("operator"),
+                    "parents": list(m.get("parent_ids") or []),
+                    "member": _member_label(t),
+                    "objective": _finite(m.get("objective")),
+                    "reward": _finite(t.reward),
+                    "valid": t.valid,
+                    "failure": t.failure,
+                    "failure_detail": t.failure_detail,
+                    "thought": m.get("thought"),
+                    "code": m.get("code"),
+                    "samples_before": samples,
+                }
+            )
         known = {r["id"] for r in rows}
-        best = {a.content.get("id"): a.content for a in self.store.list_artifacts(kind=HEURISTIC_KIND, run_id=self.run_id)}
+        best = {
+            a.content.get("id"): a.content for a in self.store.list_artifacts(kind=HEURISTIC_KIND, run_id=self.run_id)
+        }
         for parent in dict.fromkeys(p for r in rows for p in r["parents"]):
             if parent in known:
                 continue
             art = best.get(parent, {})
-            rows.insert(0, {
-                "id": parent, "trajectory_id": None, "evolver": art.get("source") or "–", "space": None, "problem": art.get("problem"),
-                "generation": 0, "round": None, "operator": art.get("operator") or "seed", "parents": [],
-                "member": "–", "objective": _finite(art.get("objective")), "reward": _finite(art.get("reward")),
-                "valid": bool(art), "failure": None if art else "not stored", "failure_detail": None,
-                "thought": art.get("thought"), "code": art.get("code"), "samples_before": 0,
-            })  # fmt: skip
+            rows.insert(
+                0,
+                {
+                    "id": parent,
+                    "trajectory_id": None,
+                    "evolver": art.get("source") or "–",
+                    "space": None,
+                    "problem": art.get("problem"),
+                    "generation": 0,
+                    "round": None,
+                    "operator": art.get("operator") or "seed",
+                    "parents": [],
+                    "member": "–",
+                    "objective": _finite(art.get("objective")),
+                    "reward": _finite(art.get("reward")),
+                    "valid": bool(art),
+                    "failure": None if art else "not stored",
+                    "failure_detail": None,
+                    "thought": art.get("thought"),
+                    "code": art.get("code"),
+                    "samples_before": 0,
+                },
+            )
             known.add(parent)
         return rows
 
@@ -322,9 +366,18 @@ class RunReader:
         out = []
         for a in sorted(self.store.list_artifacts(kind=HEURISTIC_KIND, run_id=self.run_id), key=lambda a: a.id):
             c = a.content
-            out.append({"evolver": a.meta.get("evolver") or a.name, "id": c.get("id"), "objective": _finite(c.get("objective")),
-                        "reward": _finite(c.get("reward")), "operator": c.get("operator"), "thought": c.get("thought"),
-                        "code": c.get("code"), "created_at": a.created_at})  # fmt: skip
+            out.append(
+                {
+                    "evolver": a.meta.get("evolver") or a.name,
+                    "id": c.get("id"),
+                    "objective": _finite(c.get("objective")),
+                    "reward": _finite(c.get("reward")),
+                    "operator": c.get("operator"),
+                    "thought": c.get("thought"),
+                    "code": c.get("code"),
+                    "created_at": a.created_at,
+                }
+            )
         return out
 
     @_locked
@@ -381,17 +434,28 @@ class RunReader:
             g = int(row["generation"])
             rewards = [float(r) for r in row.get("rewards") or []]
             update = row.get("update") or {}
-            out.append({
-                "generation": g, "round": row.get("round"), "sigma": row.get("sigma"), "alpha": row.get("alpha"),
-                "n": len(rewards), "rewards": rewards, "coeffs": [float(c) for c in row.get("coeffs") or []],
-                "signs": list(row.get("signs") or []), "seeds": list(row.get("seeds") or []),
-                "mean_reward": sum(rewards) / len(rewards) if rewards else None,
-                "max_reward": max(rewards) if rewards else None, "min_reward": min(rewards) if rewards else None,
-                "update_norm": _finite(update.get("update_norm")), "changed_fraction": _finite(update.get("changed_fraction")),
-                "skipped": bool(row.get("skipped")), "weight_hash_before": row.get("weight_hash_before"),
-                "weight_hash_after": row.get("weight_hash_after"),
-                "heldout_reward": sum(held[g]) / len(held[g]) if held.get(g) else None,
-            })  # fmt: skip
+            out.append(
+                {
+                    "generation": g,
+                    "round": row.get("round"),
+                    "sigma": row.get("sigma"),
+                    "alpha": row.get("alpha"),
+                    "n": len(rewards),
+                    "rewards": rewards,
+                    "coeffs": [float(c) for c in row.get("coeffs") or []],
+                    "signs": list(row.get("signs") or []),
+                    "seeds": list(row.get("seeds") or []),
+                    "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+                    "max_reward": max(rewards) if rewards else None,
+                    "min_reward": min(rewards) if rewards else None,
+                    "update_norm": _finite(update.get("update_norm")),
+                    "changed_fraction": _finite(update.get("changed_fraction")),
+                    "skipped": bool(row.get("skipped")),
+                    "weight_hash_before": row.get("weight_hash_before"),
+                    "weight_hash_after": row.get("weight_hash_after"),
+                    "heldout_reward": sum(held[g]) / len(held[g]) if held.get(g) else None,
+                }
+            )
         done = {r["generation"] for r in out}
         for g in sorted(set(held) - done):
             out.append({"generation": g, "heldout_reward": sum(held[g]) / len(held[g]), "final": True})
@@ -434,11 +498,24 @@ class RunReader:
             f"valid, failure, reward, n_steps, llm_calls FROM trajectories WHERE {' AND '.join(where)} ORDER BY id DESC",
             params,
         )
-        rows = [{
-            "id": r[0], "key": r[1], "evolver": r[2], "space": r[3], "round": r[4], "generation": r[5],
-            "member": member_label(r[6], r[7], r[8]), "task": r[9],
-            "valid": bool(r[10]), "failure": r[11], "reward": r[12], "steps": r[13], "llm_calls": r[14],
-        } for r in found]  # fmt: skip
+        rows = [
+            {
+                "id": r[0],
+                "key": r[1],
+                "evolver": r[2],
+                "space": r[3],
+                "round": r[4],
+                "generation": r[5],
+                "member": member_label(r[6], r[7], r[8]),
+                "task": r[9],
+                "valid": bool(r[10]),
+                "failure": r[11],
+                "reward": r[12],
+                "steps": r[13],
+                "llm_calls": r[14],
+            }
+            for r in found
+        ]
         return (rows if limit is None else rows[:limit]), len(rows)
 
     @_locked
@@ -447,8 +524,14 @@ class RunReader:
         run = (self.run_id,)
         ev = [r[0] for r in self._sql("SELECT DISTINCT evolver FROM trajectories WHERE run_id = ? ORDER BY 1", run)]
         gen = [r[0] for r in self._sql("SELECT DISTINCT generation FROM trajectories WHERE run_id = ? ORDER BY 1", run)]
-        mem = [r[0] for r in self._sql("SELECT DISTINCT member_index FROM trajectories WHERE run_id = ? "
-                                       "AND member_index IS NOT NULL ORDER BY 1", run)]  # fmt: skip
+        mem = [
+            r[0]
+            for r in self._sql(
+                "SELECT DISTINCT member_index FROM trajectories WHERE run_id = ? "
+                "AND member_index IS NOT NULL ORDER BY 1",
+                run,
+            )
+        ]
         return {"evolvers": ev, "generations": gen, "members": mem}
 
     @_locked
@@ -473,17 +556,33 @@ class RunReader:
         if ids:
             for i in range(0, len(ids), 500):
                 chunk = ids[i : i + 500]
-                for r in self._sql("SELECT id, evolver, generation, reward, valid, task_id FROM trajectories "
-                                   f"WHERE id IN ({', '.join('?' * len(chunk))})", chunk):  # fmt: skip
-                    known[r[0]] = {"id": r[0], "evolver": r[1], "generation": r[2], "reward": r[3],
-                                   "valid": bool(r[4]), "task": r[5]}  # fmt: skip
+                for r in self._sql(
+                    "SELECT id, evolver, generation, reward, valid, task_id FROM trajectories "
+                    f"WHERE id IN ({', '.join('?' * len(chunk))})",
+                    chunk,
+                ):
+                    known[r[0]] = {
+                        "id": r[0],
+                        "evolver": r[1],
+                        "generation": r[2],
+                        "reward": r[3],
+                        "valid": bool(r[4]),
+                        "task": r[5],
+                    }
         out = []
         for a in arts:
             tids = [int(i) for i in a.content.get("trajectory_ids") or []]
-            out.append({
-                "name": a.name, "version": a.version, "parent_version": a.parent_version,
-                "diff": a.content.get("diff") or "", "files": dict(a.content.get("files") or {}),
-                "trajectory_ids": tids, "causes": [known[i] for i in tids if i in known], "meta": dict(a.meta),
-                "created_at": a.created_at,
-            })  # fmt: skip
+            out.append(
+                {
+                    "name": a.name,
+                    "version": a.version,
+                    "parent_version": a.parent_version,
+                    "diff": a.content.get("diff") or "",
+                    "files": dict(a.content.get("files") or {}),
+                    "trajectory_ids": tids,
+                    "causes": [known[i] for i in tids if i in known],
+                    "meta": dict(a.meta),
+                    "created_at": a.created_at,
+                }
+            )
         return out

@@ -200,13 +200,15 @@ def ensure_browser_env(shim_root: str | Path | None = None) -> BrowserEnvInfo:
 def main(argv: list[str] | None = None) -> int:
     """CLI: build the shim under ``--root`` and print the export lines; exit 1 with the reason on failure."""
     parser = argparse.ArgumentParser(prog="python -m coevo.envs.browser", description=__doc__.split("\n")[0])
-    parser.add_argument("--root", default=None, help="shim folder (default: $COEVO_CACHE/ms-playwright or "
-                        "~/.cache/coevo/ms-playwright)")
+    parser.add_argument(
+        "--root", default=None, help="shim folder (default: $COEVO_CACHE/ms-playwright or ~/.cache/coevo/ms-playwright)"
+    )
     args = parser.parse_args(argv)
     try:
         root = build_playwright_shim(args.root)
-        info = BrowserEnvInfo(chromium=str(find_chromium()), playwright_browsers_path=str(root),
-                              miniwob_url=miniwob_html_url())
+        info = BrowserEnvInfo(
+            chromium=str(find_chromium()), playwright_browsers_path=str(root), miniwob_url=miniwob_html_url()
+        )
     except BrowserSetupError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -9,7 +9,7 @@ episode with its reply, until all are done. It knows nothing about policies: ``g
 Two context modes (how a turn's conversation is built):
 
 * ``"board"``: the system message and the current observation only (no chat history), as the reference Sudoku
-  environment of Agentic ESOpt (field notes §6): the observation re-renders the whole state each turn.
+  environment of Agentic ESOpt (docs/references.md §6): the observation re-renders the whole state each turn.
 * ``"history"``: the whole episode so far as a chat (system, first observation, reply, observation, ...). This
   is what a token-level RL trainer needs (every turn of the trajectory is one token sequence, see
   :mod:`coevo.rl.grpo`), and what tool-use (ReAct) episodes need to see their earlier calls.
@@ -87,8 +87,11 @@ def conversation(episode: TurnEpisode, turns: Sequence[Turn], context: Context) 
     return [*msgs, {"role": "user", "content": episode.observation()}]
 
 
-def drive(episodes: Sequence[TurnEpisode], generate: Callable[[list[list[Message]], int], list[Any]],
-          context: Context = "board") -> list[list[Turn]]:
+def drive(
+    episodes: Sequence[TurnEpisode],
+    generate: Callable[[list[list[Message]], int], list[Any]],
+    context: Context = "board",
+) -> list[list[Turn]]:
     """Step every episode to its end, one batched ``generate`` call per turn over all unfinished episodes.
 
     Args:
@@ -117,16 +120,34 @@ def drive(episodes: Sequence[TurnEpisode], generate: Callable[[list[list[Message
         for i, conv, out in zip(active, convs, outs):
             text = out.text or ""
             action, feedback = episodes[i].step(text)
-            turns[i].append(Turn(observation=conv[-1]["content"], output=text, action=action, feedback=feedback,
-                                 prompt_tokens=getattr(out, "prompt_tokens", 0),
-                                 completion_tokens=getattr(out, "completion_tokens", 0),
-                                 error=getattr(out, "error", None)))  # fmt: skip
+            turns[i].append(
+                Turn(
+                    observation=conv[-1]["content"],
+                    output=text,
+                    action=action,
+                    feedback=feedback,
+                    prompt_tokens=getattr(out, "prompt_tokens", 0),
+                    completion_tokens=getattr(out, "completion_tokens", 0),
+                    error=getattr(out, "error", None),
+                )
+            )
         index += 1
 
 
 def turns_to_steps(turns: Sequence[Turn]) -> list[Step]:
     """Store steps of an episode's turns (step reward None: the reward is terminal, on the trajectory)."""
-    return [Step(observation=t.observation, model_output=t.output, action=t.action, tool_result=t.feedback,
-                 meta={"prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens,
-                       **({"error": t.error} if t.error else {}), **t.meta})
-            for t in turns]  # fmt: skip
+    return [
+        Step(
+            observation=t.observation,
+            model_output=t.output,
+            action=t.action,
+            tool_result=t.feedback,
+            meta={
+                "prompt_tokens": t.prompt_tokens,
+                "completion_tokens": t.completion_tokens,
+                **({"error": t.error} if t.error else {}),
+                **t.meta,
+            },
+        )
+        for t in turns
+    ]

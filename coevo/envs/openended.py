@@ -107,7 +107,7 @@ def _rewarded_task_class() -> type:
         def validate(self, page: Any, chat_messages: list[dict[str, Any]]) -> tuple[float, bool, str, dict]:
             # BrowserGym's chat opens with an assistant greeting and the goal as a user message: answers follow
             first_user = next((i for i, m in enumerate(chat_messages) if m.get("role") == "user"), -1)
-            after = chat_messages[first_user + 1:]
+            after = chat_messages[first_user + 1 :]
             answers = [m["message"] for m in after if m.get("role") == "assistant"]
             stopped = bool(answers) or any(m.get("role") == "infeasible" for m in after)
             r = self.rule
@@ -116,11 +116,18 @@ def _rewarded_task_class() -> type:
             elif r.url_contains is not None:
                 ok = r.url_contains in page.url
             elif r.page_contains is not None:
-                ok = r.page_contains.lower() in page.evaluate("() => document.body ? document.body.innerText : ''").lower()
+                ok = (
+                    r.page_contains.lower()
+                    in page.evaluate("() => document.body ? document.body.innerText : ''").lower()
+                )
             else:
                 ok = float(self._judge(page, chat_messages, self.goal)) > 0
-            return (1.0 if ok else 0.0), bool(ok or stopped), "", {"rule": next(
-                k for k in REWARD_RULES if getattr(r, k) is not None)}
+            return (
+                (1.0 if ok else 0.0),
+                bool(ok or stopped),
+                "",
+                {"rule": next(k for k in REWARD_RULES if getattr(r, k) is not None)},
+            )
 
     return RewardedOpenEndedTask
 
@@ -158,8 +165,11 @@ class OpenEndedEnv(WebEnv):
         if setup_browser:
             ensure_browser_env()
         gym_kwargs = dict(kwargs.pop("gym_kwargs", None) or {})
-        gym_kwargs["task_kwargs"] = {"start_url": self.spec.start_url, "goal": self.spec.goal,
-                                     "reward": self.spec.reward.model_dump()}
+        gym_kwargs["task_kwargs"] = {
+            "start_url": self.spec.start_url,
+            "goal": self.spec.goal,
+            "reward": self.spec.reward.model_dump(),
+        }
         super().__init__(GYM_BENCHMARK, gym_kwargs=gym_kwargs, **kwargs)
 
     def check_task(self, task: str) -> None:

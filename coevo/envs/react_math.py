@@ -42,8 +42,9 @@ FAMILIES = ("arith", "modpow", "primes", "gcdlcm", "fraction", "digitsum", "bino
 TOOL_TARGET = "coevo.envs.react_math:tool_target"
 
 _CODE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```|<python>(.*?)</python>", re.DOTALL | re.IGNORECASE)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>|\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}|(?:final\s+)?answer\s*[:=]\s*(.+)",
-                     re.IGNORECASE)  # fmt: skip
+_ANSWER = re.compile(
+    r"<answer>(.*?)</answer>|\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}|(?:final\s+)?answer\s*[:=]\s*(.+)", re.IGNORECASE
+)
 _NUM = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)(e[-+]?\d+)?$", re.IGNORECASE)
 
 
@@ -116,25 +117,34 @@ def make_problem(rng: random.Random, family: str | None = None, problem_id: str 
     elif fam == "fraction":
         a, b, c, d = rng.randint(1, 30), rng.randint(2, 40), rng.randint(1, 30), rng.randint(2, 40)
         op = rng.choice("+-*")
-        val = {"+": Fraction(a, b) + Fraction(c, d), "-": Fraction(a, b) - Fraction(c, d),
-               "*": Fraction(a, b) * Fraction(c, d)}[op]  # fmt: skip
+        val = {
+            "+": Fraction(a, b) + Fraction(c, d),
+            "-": Fraction(a, b) - Fraction(c, d),
+            "*": Fraction(a, b) * Fraction(c, d),
+        }[op]
         q, ans = f"Compute {a}/{b} {op} {c}/{d}. Give the result as a fraction in lowest terms.", val
-        return Problem(problem_id, q, f"{val.numerator}/{val.denominator}" if val.denominator != 1
-                       else str(val.numerator), fam)  # fmt: skip
+        return Problem(
+            problem_id, q, f"{val.numerator}/{val.denominator}" if val.denominator != 1 else str(val.numerator), fam
+        )
     elif fam == "digitsum":
         b, e = rng.randint(2, 9), rng.randint(40, 300)
         q, ans = f"What is the sum of the decimal digits of {b}^{e}?", sum(map(int, str(b**e)))
     elif fam == "binomial":
         n = rng.randint(20, 60)
         k = rng.randint(3, n // 2)
-        q, ans = f"In how many ways can {k} items be chosen from {n} distinct items (order does not matter)?", math.comb(n, k)
+        q, ans = (
+            f"In how many ways can {k} items be chosen from {n} distinct items (order does not matter)?",
+            math.comb(n, k),
+        )
     elif fam == "shopping":
         qty1, qty2 = rng.randint(2, 30), rng.randint(2, 30)
         p1, p2 = Fraction(rng.randint(50, 2000), 100), Fraction(rng.randint(50, 2000), 100)
         total = qty1 * p1 + qty2 * p2
         paid = (int(total) // 50 + 1) * 50
-        q = (f"Sam buys {qty1} notebooks at ${_canon(p1)} each and {qty2} pens at ${_canon(p2)} each, and pays "
-             f"with ${paid}. How many dollars of change does Sam get?")
+        q = (
+            f"Sam buys {qty1} notebooks at ${_canon(p1)} each and {qty2} pens at ${_canon(p2)} each, and pays "
+            f"with ${paid}. How many dollars of change does Sam get?"
+        )
         ans = paid - total
     else:
         raise ValueError(f"unknown family {fam!r}; known: {FAMILIES}")
@@ -279,12 +289,18 @@ class PythonTool:
         observation keeps the last this many characters of stdout. use_bwrap: as ``Sandbox`` (None = when usable).
     """
 
-    def __init__(self, timeout_s: float = 10.0, memory_mb: int = 1024, max_output_chars: int = 2000,
-                 use_bwrap: bool | None = None) -> None:
+    def __init__(
+        self,
+        timeout_s: float = 10.0,
+        memory_mb: int = 1024,
+        max_output_chars: int = 2000,
+        use_bwrap: bool | None = None,
+    ) -> None:
         from coevo.sandbox import Sandbox, SandboxLimits
 
-        self.sandbox = Sandbox(SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, max_procs=32),
-                               use_bwrap=use_bwrap)  # fmt: skip
+        self.sandbox = Sandbox(
+            SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, max_procs=32), use_bwrap=use_bwrap
+        )
         self.max_output_chars = max_output_chars
 
     def __call__(self, source: str) -> ToolResult:
@@ -362,8 +378,11 @@ class MathEpisode(TurnEpisode):
             self.tool_calls += 1
             res = self.tool(code)
             self.tool_errors += bool(res.error)
-            self._last = "Observation:\n" + (res.stdout.rstrip() or "(no output)") + (
-                f"\nError: {res.error}" if res.error else "")  # fmt: skip
+            self._last = (
+                "Observation:\n"
+                + (res.stdout.rstrip() or "(no output)")
+                + (f"\nError: {res.error}" if res.error else "")
+            )
             return f"python:\n{code}", self._last
         self._last = "No tool call or answer found. Reply with a ```python``` block or 'Answer: <value>'."
         return None, self._last
@@ -372,6 +391,13 @@ class MathEpisode(TurnEpisode):
         return 1.0 if answers_match(self.answer, self.problem.answer) else 0.0
 
     def summary(self) -> dict[str, Any]:
-        return {"problem_id": self.problem.problem_id, "family": self.problem.family, "expected": self.problem.answer,
-                "answer": self.answer, "correct": self.reward() == 1.0, "turns": self.turns,
-                "tool_calls": self.tool_calls, "tool_errors": self.tool_errors}  # fmt: skip
+        return {
+            "problem_id": self.problem.problem_id,
+            "family": self.problem.family,
+            "expected": self.problem.answer,
+            "answer": self.answer,
+            "correct": self.reward() == 1.0,
+            "turns": self.turns,
+            "tool_calls": self.tool_calls,
+            "tool_errors": self.tool_errors,
+        }

@@ -68,8 +68,9 @@ def is_valid_solution(grid: Grid) -> bool:
         return False
     want = set(range(1, n + 1))
     units = [set(row) for row in grid] + [{grid[r][c] for r in range(n)} for c in range(n)]
-    units += [{grid[br + r][bc + c] for r in range(b) for c in range(b)}
-              for br in range(0, n, b) for bc in range(0, n, b)]  # fmt: skip
+    units += [
+        {grid[br + r][bc + c] for r in range(b) for c in range(b)} for br in range(0, n, b) for bc in range(0, n, b)
+    ]
     return all(u == want for u in units)
 
 
@@ -115,8 +116,10 @@ def make_puzzle(n: int, horizon: int, rng: random.Random, puzzle_id: str = "") -
 
 def puzzles(n: int, horizon: int, split: str, count: int, seed: int, offset: int = 0) -> list[Puzzle]:
     """Puzzles ``offset .. offset+count-1`` of a split; puzzle ``i`` depends only on (n, horizon, split, seed, i)."""
-    return [make_puzzle(n, horizon, random.Random(f"sudoku/{n}/{horizon}/{split}/{seed}/{i}"), f"{split}/{i}")
-            for i in range(offset, offset + count)]  # fmt: skip
+    return [
+        make_puzzle(n, horizon, random.Random(f"sudoku/{n}/{horizon}/{split}/{seed}/{i}"), f"{split}/{i}")
+        for i in range(offset, offset + count)
+    ]
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,7 @@ def render(grid: Grid) -> str:
     lines = [head, rule]
     for r, row in enumerate(grid):
         cells = [str(v) if v else "." for v in row]
-        lines.append(f"{r + 1:>2}  " + " | ".join(" ".join(cells[s:s + b]) for s in range(0, n, b)))
+        lines.append(f"{r + 1:>2}  " + " | ".join(" ".join(cells[s : s + b]) for s in range(0, n, b)))
         if (r + 1) % b == 0 and r + 1 < n:
             lines.append(rule)
     return "\n".join(lines)
@@ -212,8 +215,10 @@ class SudokuEpisode(TurnEpisode):
         if self.list_empty:
             parts.append(f"Empty cells (row col): {', '.join(f'{r} {c}' for r, c in empty)}")
         if self.hints:
-            parts.append("Candidates (row col: digits): " + "; ".join(
-                f"{r} {c}: {' '.join(map(str, self.candidates(r, c)))}" for r, c in empty))
+            parts.append(
+                "Candidates (row col: digits): "
+                + "; ".join(f"{r} {c}: {' '.join(map(str, self.candidates(r, c)))}" for r, c in empty)
+            )
         parts.append(f"Turns left: {self.max_turns - self.turns}. Reply with one move: {MOVE_FORMAT}")
         return "\n".join(parts)
 
@@ -234,7 +239,9 @@ class SudokuEpisode(TurnEpisode):
             self.feedback = f"no move found; write exactly '{MOVE_FORMAT}' (e.g. 'set 1 2 {n}')."
         elif not all(1 <= x <= n for x in (move.row, move.col, move.value)):
             self.counts["malformed"] += 1
-            self.feedback = f"'set {move.row} {move.col} {move.value}' is out of range: row, column and value are 1..{n}."
+            self.feedback = (
+                f"'set {move.row} {move.col} {move.value}' is out of range: row, column and value are 1..{n}."
+            )
         elif self.puzzle.givens[move.row - 1][move.col - 1]:
             self.counts["rejected"] += 1
             self.feedback = f"rejected: cell ({move.row}, {move.col}) is a given and cannot be changed."
@@ -258,17 +265,26 @@ class SudokuEpisode(TurnEpisode):
         return 1.0 if self.full and self.keeps_givens() and is_valid_solution(self.board) else 0.0
 
     def summary(self) -> dict[str, Any]:
-        return {"puzzle_id": self.puzzle.puzzle_id, "size": self.puzzle.size, "horizon": self.puzzle.horizon,
-                "turns": self.turns, "max_turns": self.max_turns, "solved": self.reward() == 1.0,
-                "filled": sum(v != 0 for row in self.board for v in row) - sum(v != 0 for row in self.puzzle.givens
-                                                                              for v in row),
-                **self.counts, "board": [row[:] for row in self.board]}
+        return {
+            "puzzle_id": self.puzzle.puzzle_id,
+            "size": self.puzzle.size,
+            "horizon": self.puzzle.horizon,
+            "turns": self.turns,
+            "max_turns": self.max_turns,
+            "solved": self.reward() == 1.0,
+            "filled": sum(v != 0 for row in self.board for v in row)
+            - sum(v != 0 for row in self.puzzle.givens for v in row),
+            **self.counts,
+            "board": [row[:] for row in self.board],
+        }
 
 
 def rules(n: int) -> str:
     """The task statement shown once at the start of an episode."""
     b = BOX[n]
-    return (f"You are solving a {n}x{n} Sudoku. Fill every empty cell (shown as '.') so that each row, each column "
-            f"and each {b}x{b} box contains every digit 1-{n} exactly once. Given digits cannot be changed and a filled "
-            f"cell cannot be overwritten. Each turn, reply with exactly one move in the form '{MOVE_FORMAT}' "
-            f"(row r, column c, value v, all 1-based), for example 'set 1 2 {n}'.")  # fmt: skip
+    return (
+        f"You are solving a {n}x{n} Sudoku. Fill every empty cell (shown as '.') so that each row, each column "
+        f"and each {b}x{b} box contains every digit 1-{n} exactly once. Given digits cannot be changed and a filled "
+        f"cell cannot be overwritten. Each turn, reply with exactly one move in the form '{MOVE_FORMAT}' "
+        f"(row r, column c, value v, all 1-based), for example 'set 1 2 {n}'."
+    )

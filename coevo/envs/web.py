@@ -208,8 +208,9 @@ class WebEnv:
             try:
                 return validate(page, chat_messages)
             except Exception as exc:  # any evaluator error: the episode gets no reward
-                raise TaskEvaluationError(f"{self.task_id}: the task's evaluator failed: "
-                                          f"{type(exc).__name__}: {exc}") from exc
+                raise TaskEvaluationError(
+                    f"{self.task_id}: the task's evaluator failed: {type(exc).__name__}: {exc}"
+                ) from exc
 
         guarded._coevo_guarded = True  # type: ignore[attr-defined]
         task.validate = guarded

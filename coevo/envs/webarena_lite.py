@@ -172,8 +172,9 @@ def check_webarena_config(
         needed.setdefault(SITE_ENV_VARS["homepage"], [])
     missing = [var for var in needed if not env.get(var, "").strip()]
     if missing:
-        lines = [f"  {var} (needed by tasks {needed[var][:8]}{' ...' if len(needed[var]) > 8 else ''})"
-                 for var in missing]
+        lines = [
+            f"  {var} (needed by tasks {needed[var][:8]}{' ...' if len(needed[var]) > 8 else ''})" for var in missing
+        ]
         raise WebArenaConfigError(
             "WebArena-Lite site URL not configured; set the environment variable(s) to your deployment's base URL:\n"
             + "\n".join(lines)

@@ -16,7 +16,7 @@ Backends call these functions with ``(canonical HF name, tensor)`` pairs:
   replica   the ESReplica protocol every backend implements (typing only)
 
 Method: Agentic-ESOpt (arXiv 2608.17310), Salimans et al. 2017, EGGROLL (arXiv 2511.16652); see
-docs/field-notes §1 and §6.
+docs/references.md §1 and §6.
 """
 
 from coevo.es.hashing import weights_hash

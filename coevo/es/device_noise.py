@@ -65,8 +65,10 @@ def device_noise_spec(device: torch.device | str) -> str:
         raise ValueError(f"device noise on {dev} needs a visible CUDA device")
     props = torch.cuda.get_device_properties(dev)
     torch_minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-    return (f"{KEYING}/torch-{torch_minor}-cuda-philox-randn-fp32/{props.name}/sm_{props.major}{props.minor}/"
-            f"{props.multi_processor_count}SM/v1")  # fmt: skip
+    return (
+        f"{KEYING}/torch-{torch_minor}-cuda-philox-randn-fp32/{props.name}/sm_{props.major}{props.minor}/"
+        f"{props.multi_processor_count}SM/v1"
+    )
 
 
 def is_device_spec(spec: str) -> bool:

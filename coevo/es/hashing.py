@@ -23,9 +23,7 @@ def weights_hash(named_params: nn.Module | Iterable[tuple[str, torch.Tensor]]) -
     Raises:
         ValueError: duplicate names.
     """
-    pairs = (
-        list(named_params.named_parameters()) if isinstance(named_params, nn.Module) else list(named_params)
-    )
+    pairs = list(named_params.named_parameters()) if isinstance(named_params, nn.Module) else list(named_params)
     names = [n for n, _ in pairs]
     if len(set(names)) != len(names):
         raise ValueError("named_params has duplicate names")

@@ -89,9 +89,7 @@ class GenerationRecord:
         for fname in ("sigma", "alpha", "weight_decay"):
             v = getattr(self, fname)
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(
-                    f"generation {self.generation}: {fname} must be a finite number >= 0, got {v!r}"
-                )
+                raise ValueError(f"generation {self.generation}: {fname} must be a finite number >= 0, got {v!r}")
         if self.normalization not in METHODS:
             raise ValueError(f"normalization must be one of {METHODS}, got {self.normalization!r}")
         if self.master_dtype not in _MASTER_DTYPES:
@@ -126,8 +124,18 @@ class GenerationRecord:
         if self.skipped:
             return UpdateStats(skipped=True, reason="recorded as skipped", n_elements=params.numel)
         if self.perturbation == "lowrank":
-            return lowrank_update(params, self.seeds, self.signs, self.coeffs, self.alpha, self.sigma, self.rank,
-                                  self.generation, self.divide_by_sigma, self.weight_decay)  # fmt: skip
+            return lowrank_update(
+                params,
+                self.seeds,
+                self.signs,
+                self.coeffs,
+                self.alpha,
+                self.sigma,
+                self.rank,
+                self.generation,
+                self.divide_by_sigma,
+                self.weight_decay,
+            )
         with record_noise(params, self.noise_spec):  # the stream the record was drawn with, or NoiseDeviceError
             return es_update(
                 params,
@@ -235,19 +243,15 @@ def replay(
     first = recs[0]
     for prev, r in itertools.pairwise(recs):
         if r.generation <= prev.generation:
-            raise ValueError(
-                f"records must be in increasing generation order: {prev.generation} then {r.generation}"
-            )
+            raise ValueError(f"records must be in increasing generation order: {prev.generation} then {r.generation}")
     for r in recs:
         if (r.scope, r.master_dtype) != (first.scope, first.master_dtype):
-            raise ValueError(
-                f"generation {r.generation}: scope/master_dtype differ from generation {first.generation}"
-            )
+            raise ValueError(f"generation {r.generation}: scope/master_dtype differ from generation {first.generation}")
         if r.noise_spec != PERTURBATIONS[r.perturbation]:
-            raise ValueError(f"generation {r.generation} used noise {r.noise_spec!r}, this coevo draws "
-                             f"{PERTURBATIONS[r.perturbation]!r} for perturbation {r.perturbation!r}")  # fmt: skip
-    params = ESParams(
-        select_params(named_params, first.scope), _MASTER_DTYPES[first.master_dtype], fused=fused
-    )
+            raise ValueError(
+                f"generation {r.generation} used noise {r.noise_spec!r}, this coevo draws "
+                f"{PERTURBATIONS[r.perturbation]!r} for perturbation {r.perturbation!r}"
+            )
+    params = ESParams(select_params(named_params, first.scope), _MASTER_DTYPES[first.master_dtype], fused=fused)
     apply_records(params, recs, check_hash=check_hash)
     return params

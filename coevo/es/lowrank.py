@@ -48,7 +48,7 @@ Rounding of the working tensor. With a float32 master the master takes ``new`` a
 ``cast(new)`` (as for full rank). Without masters a bf16 / fp16 working tensor takes ``new`` rounded
 *stochastically*: rounding up with probability equal to the fraction of the gap, so a step far below half
 an ulp still moves the weight in expectation (round-to-nearest would drop it: ~90% of bf16 entries never
-change under 1e-5 steps, field notes §1), with no float32 copy of the model. The random bits are
+change under 1e-5 steps, docs/references.md §1), with no float32 copy of the model. The random bits are
 deterministic: for block b of tensor ``name`` they are ``torch.randint(0, 2**d, ..., dtype=int32)`` from a
 CPU generator seeded with ``chunk_seed(round_seed, f"{name}#round", b)``, where ``round_seed`` is derived
 from the generation index and its seeds (:func:`round_seed`); the value is rounded by adding them to the
@@ -283,8 +283,10 @@ class FactorBank:
         None = the centre, scale 0): a long tensor and a float32 tensor of shape ``(len(positions),)``."""
         slots = [0 if p is None else self.slots[p] for p in positions]
         scales = [0.0 if p is None else self.scales[p] for p in positions]
-        return (torch.tensor(slots, dtype=torch.long, device=device),
-                torch.tensor(scales, dtype=torch.float32, device=device))  # fmt: skip
+        return (
+            torch.tensor(slots, dtype=torch.long, device=device),
+            torch.tensor(scales, dtype=torch.float32, device=device),
+        )
 
     def delta(self, name: str, x: torch.Tensor, slots: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         """The rows' perturbation term of a linear layer: ``scale_b (x_b B_{slot_b}) A_{slot_b}^T``.

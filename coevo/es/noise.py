@@ -23,7 +23,7 @@ Properties:
     recorded on vLLM replays on HF and vice versa.
 
 Temporary memory is bounded by one preallocated chunk buffer (``NoiseBuffer``, 16 MiB) that every chunk
-reuses; the reference code allocated a fresh fp32 buffer per chunk (field notes §5).
+reuses; the reference code allocated a fresh fp32 buffer per chunk (docs/references.md §5).
 """
 
 from __future__ import annotations

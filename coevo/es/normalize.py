@@ -1,7 +1,7 @@
 """Fitness shaping: raw member rewards -> update coefficients.
 
 Methods:
-  * ``"zscore"`` (Agentic-ESOpt default, field notes §1 step 4): ``z_i = (R_i - mean R) / (std R + eps)``
+  * ``"zscore"`` (Agentic-ESOpt default, docs/references.md §1 step 4): ``z_i = (R_i - mean R) / (std R + eps)``
     with the population standard deviation (ddof 0). All-equal rewards give exact zeros.
   * ``"centered_rank"`` (Salimans et al. 2017, "Evolution Strategies as a Scalable Alternative to
     Reinforcement Learning", §2.2 fitness shaping): ranks ``0..n-1`` scaled to ``[-0.5, 0.5]`` as
@@ -47,9 +47,7 @@ def centered_ranks(rewards: np.ndarray) -> np.ndarray:
     return ranks / (n - 1) - 0.5
 
 
-def normalize_rewards(
-    rewards: Sequence[float] | np.ndarray, method: str = "zscore", eps: float = 1e-8
-) -> np.ndarray:
+def normalize_rewards(rewards: Sequence[float] | np.ndarray, method: str = "zscore", eps: float = 1e-8) -> np.ndarray:
     """Shape the rewards of one generation (higher is better) into update coefficients.
 
     Args:

@@ -2,7 +2,7 @@
 
 Why masters. A bfloat16 weight has 8 significant bits: near 1.0 its spacing (ulp) is 7.8e-3, so an ES
 step of 1e-4..1e-3 rounds away, and an Agentic-ESOpt-style in-place ``x + s*e - s*e`` does not give ``x``
-back (field notes §1: 37 % of weights changed after 400 cycles). With ``master_dtype=torch.float32`` each
+back (docs/references.md §1: 37 % of weights changed after 400 cycles). With ``master_dtype=torch.float32`` each
 low-precision tensor (bf16/fp16) gets a float32 master copy; then
 
   * updates accumulate in the master (float32 holds 1e-4 relative steps), and the working tensor is
@@ -86,9 +86,7 @@ class ESParams:
         fused = dict(fused or {})
         names = [n for n, _ in pairs]
         if len(set(names)) != len(names):
-            raise ValueError(
-                f"params has duplicate names: {sorted({n for n in names if names.count(n) > 1})}"
-            )
+            raise ValueError(f"params has duplicate names: {sorted({n for n in names if names.count(n) > 1})}")
         unknown = set(fused) - set(names)
         if unknown:
             raise ValueError(f"fused names {sorted(unknown)} are not in params")
@@ -97,20 +95,14 @@ class ESParams:
         self._entries: list[_Entry] = []
         for name, t in pairs:
             if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-                raise ValueError(
-                    f"params[{name!r}] must be a floating-point tensor, got {getattr(t, 'dtype', t)}"
-                )
+                raise ValueError(f"params[{name!r}] must be a floating-point tensor, got {getattr(t, 'dtype', t)}")
             if not t.is_contiguous():
-                raise ValueError(
-                    f"params[{name!r}] must be contiguous (call .contiguous() on the module's weight)"
-                )
+                raise ValueError(f"params[{name!r}] must be contiguous (call .contiguous() on the module's weight)")
             key = (str(t.device), t.data_ptr())
             if t.numel() and key in storages:
                 raise ValueError(f"params[{name!r}] shares storage with another tensor (tied weights?)")
             storages.add(key)
-            parts = (
-                tuple((str(n), tuple(int(d) for d in s)) for n, s in fused[name]) if name in fused else None
-            )
+            parts = tuple((str(n), tuple(int(d) for d in s)) for n, s in fused[name]) if name in fused else None
             master = None
             if master_dtype is not None and t.dtype in _LOW_PRECISION:
                 dev = t.device if master_device is None else torch.device(master_device)

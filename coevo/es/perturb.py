@@ -1,6 +1,6 @@
 """In-place perturbation ``theta + sign * sigma * eps(seed)`` and its restore.
 
-Agentic-ESOpt, field notes §1 step 2: for member i, every selected tensor p becomes
+Agentic-ESOpt, docs/references.md §1 step 2: for member i, every selected tensor p becomes
 ``p + sigma_t * eps_i(p)``; mirrored (antithetic) members use ``sign = -1`` (Salimans et al. 2017).
 
 Arithmetic (identical on every device): per noise chunk, ``d = fl32(sign * sigma * eps)``; the working
@@ -16,7 +16,7 @@ Restore modes:
     noise chunk, but rounding makes the weights drift over cycles (tests/test_es_perturb.py, tiny Qwen2,
     sigma 1e-3, 50 cycles: bf16 RMS 2.3e-4 with 28 % of entries changed; float32 RMS 1.2e-8 with about
     half the entries off by an ulp or so; after 400 cycles bf16 RMS 3.0e-4 with 36 % changed, as in
-    the reference code, field notes §1). Tensors with a master are still restored from the master.
+    the reference code, docs/references.md §1). Tensors with a master are still restored from the master.
 
 Exception safety: progress is tracked per tensor (exact restores) or per chunk (subtraction). If
 perturbing fails part-way (an error, or a KeyboardInterrupt, in the middle of the tensor list or of a

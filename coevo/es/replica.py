@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from coevo.es.update import UpdateStats
     from coevo.types import ESMember
 
+
 @runtime_checkable
 class WeightReplica(Protocol):
     """The weight operations every replica (and a pool of replicas) provides."""

@@ -3,7 +3,7 @@
 Kinds, for the decay phase ``u = t - warmup`` of length ``T = total - 1 - warmup``:
   * ``constant``: ``start``;
   * ``linear``:   ``start + (end - start) * u / T``;
-  * ``cosine``:   ``end + (start - end) * (1 + cos(pi * u / T)) / 2`` (Agentic-ESOpt, field notes §1 step 1;
+  * ``cosine``:   ``end + (start - end) * (1 + cos(pi * u / T)) / 2`` (Agentic-ESOpt, docs/references.md §1 step 1;
     the SGDR annealing of Loshchilov & Hutter 2017, eq. 5).
 Both decays give exactly ``start`` at the first decay step and exactly ``end`` at the last (``t = total-1``).
 When ``T == 0`` (a single decay step) the value is ``start``.
@@ -55,9 +55,7 @@ class Schedule:
         if not isinstance(self.total, int) or self.total < 1:
             raise ValueError(f"total must be an int >= 1, got {self.total!r}")
         if not isinstance(self.warmup, int) or not 0 <= self.warmup < self.total:
-            raise ValueError(
-                f"warmup must be an int with 0 <= warmup < total={self.total}, got {self.warmup!r}"
-            )
+            raise ValueError(f"warmup must be an int with 0 <= warmup < total={self.total}, got {self.warmup!r}")
 
     def __call__(self, t: int) -> float:
         """Value at generation ``t`` (0 <= t < total). Raises ValueError outside that range."""

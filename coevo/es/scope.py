@@ -1,6 +1,6 @@
 """Parameter scopes: which tensors ES perturbs and updates.
 
-Scopes (as in the Agentic-ESOpt reference, field notes §1):
+Scopes (as in the Agentic-ESOpt reference, docs/references.md §1):
   * ``full``: every floating-point tensor;
   * ``all_linear``: 2-D ``*.weight`` tensors of linear layers, i.e. excluding embeddings (names
     containing ``embed``, ``wte``, ``wpe``), the output head (``lm_head``, a top-level ``output``) and

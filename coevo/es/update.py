@@ -1,6 +1,6 @@
 """The ES parameter update ``theta <- theta + alpha / N * sum_i c_i * s_i * eps_i``.
 
-Agentic-ESOpt, field notes §1 step 5 (Salimans et al. 2017, Algorithm 2): ``c_i`` are the shaped rewards
+Agentic-ESOpt, docs/references.md §1 step 5 (Salimans et al. 2017, Algorithm 2): ``c_i`` are the shaped rewards
 (``coevo.es.normalize``), ``s_i`` the member signs (+1, or -1 for mirrored members), ``eps_i`` the
 members' noises, ``N`` the population size. ``1/sigma`` is folded into ``alpha`` unless
 ``divide_by_sigma=True`` (then the step is ``alpha / (N * sigma) * sum ...``, the Monte-Carlo gradient
@@ -20,7 +20,7 @@ divide_by_sigma, weight_decay):
 Temporary memory: three float32 chunk buffers (48 MiB) plus one device chunk.
 
 sigma == 0. At sigma = 0 every member equals the centre, so the "gradient" is noise uncorrelated with
-the reward: the reference code still applied it (a random walk, field notes §1 defects). Here nothing is
+the reward: the reference code still applied it (a random walk, docs/references.md §1 defects). Here nothing is
 applied and ``UpdateStats.skipped`` is True: at a zero-sigma (test-time) generation ES only evaluates, and
 the caller keeps the centre or the best member.
 
@@ -77,9 +77,7 @@ def _finite(value: float, field: str, minimum: float | None = 0.0) -> float:
     return float(value)
 
 
-def fold_members(
-    seeds: Sequence[int], signs: Sequence[int], coeffs: Sequence[float]
-) -> list[tuple[int, float]]:
+def fold_members(seeds: Sequence[int], signs: Sequence[int], coeffs: Sequence[float]) -> list[tuple[int, float]]:
     """Fold members sharing a seed: ``[(seed_j, k_j = sum s_i c_i), ...]`` in order of first appearance.
 
     Raises:

@@ -49,8 +49,10 @@ class AHDConfig(EvolverConfig):
     top_k: int | None = Field(None, ge=0, description="overrides the run's sampling.top_k")
     max_new_tokens: int | None = Field(None, ge=1, description="overrides the run's sampling.max_new_tokens")
     reject_duplicates: bool = Field(
-        True, description="record a sample whose code copies an existing heuristic (up to formatting, comments "
-        "and docstrings) as failure kind `duplicate` without evaluating it")
+        True,
+        description="record a sample whose code copies an existing heuristic (up to formatting, comments "
+        "and docstrings) as failure kind `duplicate` without evaluating it",
+    )
 
     @field_validator("problem")
     @classmethod
@@ -95,13 +97,22 @@ class AHDEvolver(Evolver):
         self.train_size = config.train_size or self.problem.default_size
         c = config
         self.sampler = HeuristicSampler(
-            self.problem, owner=name, run_id=ctx.run_id, store=ctx.store, budget=ctx.budget,
-            sampling=ctx.sampling_params(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-                                         max_new_tokens=c.max_new_tokens),
-            train_size=self.train_size, train_count=c.train_count, train_seed=c.train_seed,
-            limits=SandboxLimits(timeout_s=c.eval_timeout_s, memory_mb=c.eval_memory_mb), workers=c.eval_workers,
-            default_policy=lambda: ctx.policy, reject_duplicates=c.reject_duplicates,
-        )  # fmt: skip
+            self.problem,
+            owner=name,
+            run_id=ctx.run_id,
+            store=ctx.store,
+            budget=ctx.budget,
+            sampling=ctx.sampling_params(
+                temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, max_new_tokens=c.max_new_tokens
+            ),
+            train_size=self.train_size,
+            train_count=c.train_count,
+            train_seed=c.train_seed,
+            limits=SandboxLimits(timeout_s=c.eval_timeout_s, memory_mb=c.eval_memory_mb),
+            workers=c.eval_workers,
+            default_policy=lambda: ctx.policy,
+            reject_duplicates=c.reject_duplicates,
+        )
         self.train_tag = self.sampler.train_tag
         self.population: list[Individual] = []
         self.best: Individual | None = None
@@ -128,10 +139,13 @@ class AHDEvolver(Evolver):
             return False
         self.best = top
         self.ctx.store.put_artifact(
-            self.ctx.run_id, HEURISTIC, f"{self.problem.name}/{self.name}",
+            self.ctx.run_id,
+            HEURISTIC,
+            f"{self.problem.name}/{self.name}",
             {**top.to_dict(), "problem": self.problem.name, "instances": self.train_tag},
-            key=f"{self.ctx.run_id}/{self.name}/best/{top.id}", meta={"evolver": self.name},
-        )  # fmt: skip
+            key=f"{self.ctx.run_id}/{self.name}/best/{top.id}",
+            meta={"evolver": self.name},
+        )
         self.write_best_file()
         return True
 
@@ -157,7 +171,9 @@ class AHDEvolver(Evolver):
         key = (hashlib.sha256(code.encode()).hexdigest(), size)
         if key not in self._test_cache:
             inst = self.problem.generate(size, self.config.test_count, self.config.test_seed)
-            self._test_cache[key] = self.sampler.evaluate([code], inst, timeout_basis=(self.train_size, self.config.train_count))[0]
+            self._test_cache[key] = self.sampler.evaluate(
+                [code], inst, timeout_basis=(self.train_size, self.config.train_count)
+            )[0]
         return self._test_cache[key]
 
     def comparison_rows(self) -> list[list[Any]]:
@@ -170,11 +186,18 @@ class AHDEvolver(Evolver):
             rs = self._test_result(seed, size)
             rb = self._test_result(self.best.code, size) if self.best else None
             ref = rs.metrics.get("reference") or (rb.metrics.get("reference") if rb else None)
-            rows.append([
-                size, self.config.test_count, rs.objective, rs.metrics.get("gap_percent"),
-                rb.objective if rb else None, rb.metrics.get("gap_percent") if rb else None, ref,
-                self._beats(rb.objective if rb and rb.valid else None, rs.objective if rs.valid else None),
-            ])  # fmt: skip
+            rows.append(
+                [
+                    size,
+                    self.config.test_count,
+                    rs.objective,
+                    rs.metrics.get("gap_percent"),
+                    rb.objective if rb else None,
+                    rb.metrics.get("gap_percent") if rb else None,
+                    ref,
+                    self._beats(rb.objective if rb and rb.valid else None, rs.objective if rs.valid else None),
+                ]
+            )
         return rows
 
     def _beats(self, best: float | None, seed: float | None) -> str | None:
@@ -200,19 +223,32 @@ class AHDEvolver(Evolver):
             ),
             "",
             md_table(
-                ["size", "instances", "seed objective", "seed gap %", "best objective", "best gap %", "reference",
-                 "best beats seed"],
+                [
+                    "size",
+                    "instances",
+                    "seed objective",
+                    "seed gap %",
+                    "best objective",
+                    "best gap %",
+                    "reference",
+                    "best beats seed",
+                ],
                 rows,
             ),
         ]
         compared = [r[-1] for r in rows if r[-1] is not None]
         if compared:
-            lines += ["", f"The best heuristic beats the seed heuristic on {compared.count('yes')} of {len(compared)} "
-                          "held-out sizes" + (f" (ties: {compared.count('tie')})." if "tie" in compared else ".")]
+            lines += [
+                "",
+                f"The best heuristic beats the seed heuristic on {compared.count('yes')} of {len(compared)} "
+                "held-out sizes" + (f" (ties: {compared.count('tie')})." if "tie" in compared else "."),
+            ]
         if self.best is not None:
             b = self.best
-            summary = (f"Best heuristic `{b.id}` (training objective {b.objective:.6g}), made by {b.provenance()}: "
-                       f"{{{b.thought}}}.")
+            summary = (
+                f"Best heuristic `{b.id}` (training objective {b.objective:.6g}), made by {b.provenance()}: "
+                f"{{{b.thought}}}."
+            )
             lines += ["", summary + " Code: `best_heuristic.py`."]
         else:
             lines += ["", "No valid heuristic was found."]

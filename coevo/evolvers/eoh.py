@@ -51,8 +51,10 @@ class EoHConfig(AHDConfig):
     parents_m: int = Field(2, ge=1, description="parents of e1/e2")
     init_retries: int = Field(2, ge=0, description="extra 2N-call rounds when the initial population is empty")
     include_seed_heuristic: bool = Field(
-        False, description="add the problem's seed heuristic, evaluated, to the initial population (the best "
-        "heuristic is then never worse than the seed on the training instances)")
+        False,
+        description="add the problem's seed heuristic, evaluated, to the initial population (the best "
+        "heuristic is then never worse than the seed on the training instances)",
+    )
     pool_other_evolvers: bool = Field(True, description="fold in valid heuristics other evolvers recorded")
 
     @field_validator("operators")
@@ -98,8 +100,9 @@ class EoHEvolver(AHDEvolver):
         return len(pooled)
 
     def _jobs(self, operators, n, rng, key_parts, weights=None):
-        return self.sampler.operator_jobs(operators, n, rng, key_parts, population=self.population,
-                                          parents_m=self.config.parents_m, weights=weights)  # fmt: skip
+        return self.sampler.operator_jobs(
+            operators, n, rng, key_parts, population=self.population, parents_m=self.config.parents_m, weights=weights
+        )
 
     def _children(self, trajectories: list[Trajectory]) -> list[Individual]:
         return [Individual.from_trajectory(t) for t in trajectories if t.valid and t.reward is not None]
@@ -139,8 +142,7 @@ class EoHEvolver(AHDEvolver):
         n = cfg.offspring_per_operator or cfg.population_size
         ops = list(cfg.operators)
         jobs = self._jobs(ops, n, rng, (self.name, round_index, f"g{self.generation}"), weights=cfg.operators)
-        trajs = self.sampler.sample(jobs, round_index=round_index, generation=self.generation,
-                                    existing=self.population)  # fmt: skip
+        trajs = self.sampler.sample(jobs, round_index=round_index, generation=self.generation, existing=self.population)
         self._tally(report, trajs)
         self.population = survivors(self.population + self._children(trajs), cfg.population_size)
         self.generation += 1
@@ -163,8 +165,9 @@ class EoHEvolver(AHDEvolver):
             self._generation(round_index, report)
         self.pool_cursor = max(self.pool_cursor, self.sampler.last_id())
         self.publish_best()
-        report.metrics.update(generation=float(self.generation), population=float(len(self.population)),
-                              pooled=float(pooled))  # fmt: skip
+        report.metrics.update(
+            generation=float(self.generation), population=float(len(self.population)), pooled=float(pooled)
+        )
         if self.population:
             report.metrics["best_objective"] = self.population[0].objective
         return report
@@ -172,9 +175,12 @@ class EoHEvolver(AHDEvolver):
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         return {
-            **self._base_state(), "population": [i.to_dict() for i in self.population],
-            "generation": self.generation, "init_attempts": self.init_attempts, "pool_cursor": self.pool_cursor,
-        }  # fmt: skip
+            **self._base_state(),
+            "population": [i.to_dict() for i in self.population],
+            "generation": self.generation,
+            "init_attempts": self.init_attempts,
+            "pool_cursor": self.pool_cursor,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._load_base_state(state)

@@ -1,6 +1,6 @@
 """ESEvolver (``type: es``): Agentic-ESOpt evolution strategies in parameter space, one generation per step.
 
-Per generation t (Agentic-ESOpt, arXiv 2608.17310, field notes §1; Salimans et al. 2017, Algorithm 2):
+Per generation t (Agentic-ESOpt, arXiv 2608.17310, docs/references.md §1; Salimans et al. 2017, Algorithm 2):
 
 1. ``sigma_t`` from the schedule (constant / linear / cosine from ``sigma`` to ``sigma_final`` over
    ``total_generations``, optional warm-up; ``coevo.es.schedule``); alpha is constant.
@@ -66,7 +66,7 @@ POINTER_FILE = "es.json"
 
 
 class ESConfig(EvolverConfig):
-    """Settings of the ES evolver (defaults: the Agentic-ESOpt reference values, field notes §1)."""
+    """Settings of the ES evolver (defaults: the Agentic-ESOpt reference values, docs/references.md §1)."""
 
     population_size: int = Field(8, ge=1, description="N: members per generation (even when antithetic)")
     antithetic: bool = Field(True, description="mirrored pairs (seed, +1) / (seed, -1)")
@@ -83,16 +83,22 @@ class ESConfig(EvolverConfig):
     include: list[str] = Field(default_factory=list, description="glob / re: patterns a name must match")
     exclude: list[str] = Field(default_factory=list, description="glob / re: patterns that drop a name")
     perturbation: Literal["full", "lowrank"] = Field(
-        "full", description="full: eps of every weight, members one after another, in place (Agentic-ESOpt); "
-        "lowrank: EGGROLL rank-r factors, all members in batched rollouts, weights untouched (scope all_linear)")
+        "full",
+        description="full: eps of every weight, members one after another, in place (Agentic-ESOpt); "
+        "lowrank: EGGROLL rank-r factors, all members in batched rollouts, weights untouched (scope all_linear)",
+    )
     rank: int = Field(1, ge=1, description="lowrank: rank r of each member's perturbation A B^T / sqrt(r)")
     restore_mode: Literal["exact", "inference"] = Field(
-        "exact", description="full: how perturbations are undone; 'inference' without masters drifts (no exact replay)")
+        "exact", description="full: how perturbations are undone; 'inference' without masters drifts (no exact replay)"
+    )
     master_weights: bool | None = Field(
-        None, description="float32 masters of bf16/fp16 weights (default: on for full; off for lowrank, whose "
-        "updates round stochastically instead)")
-    rollout: dict[str, Any] = Field(default_factory=lambda: {"type": "target_logprob"},
-                                    description="rollout spec {type: <registered rollout>, ...}")  # fmt: skip
+        None,
+        description="float32 masters of bf16/fp16 weights (default: on for full; off for lowrank, whose "
+        "updates round stochastically instead)",
+    )
+    rollout: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "target_logprob"}, description="rollout spec {type: <registered rollout>, ...}"
+    )
     eval_every: int = Field(5, ge=0, description="held-out evaluation of the centre every k generations (0 = off)")
     checkpoint_every: int = Field(10, ge=1, description="K: weight snapshot every K generations (and at the end)")
     workers: int = Field(0, ge=0, description="0 = in-process; >= 1 = Ray actors evaluating members")
@@ -162,8 +168,9 @@ class ESEvolver(Evolver):
         implementation of :class:`coevo.es.replica.ESReplica` (in-process HF, or a vLLM engine's workers)."""
         if self._replica is None:
             cfg = self.config
-            self._replica = self.ctx.policy.es_replica(cfg.scope_spec(), master_weights=cfg.master_weights,
-                                                       restore_mode=cfg.restore_mode)  # fmt: skip
+            self._replica = self.ctx.policy.es_replica(
+                cfg.scope_spec(), master_weights=cfg.master_weights, restore_mode=cfg.restore_mode
+            )
             if self.weights_hash is None:
                 self.weights_hash = self._replica.weights_hash()
         return self._replica
@@ -180,10 +187,16 @@ class ESEvolver(Evolver):
             policy = self.replica.policy
             if not isinstance(policy, HFPolicy):
                 raise TypeError(f"workers >= 1 needs the hf backend, the run's policy is {type(policy).__name__}")
-            spec = {"model": policy.model_id, "dtype": str(policy.dtype).removeprefix("torch."),
-                    "device": str(policy.device), "batch_size": policy.batch_size, "rollout": cfg.rollout,
-                    "scope": cfg.scope_spec().to_dict(), "master_weights": cfg.master_weights,
-                    "restore_mode": cfg.restore_mode}  # fmt: skip
+            spec = {
+                "model": policy.model_id,
+                "dtype": str(policy.dtype).removeprefix("torch."),
+                "device": str(policy.device),
+                "batch_size": policy.batch_size,
+                "rollout": cfg.rollout,
+                "scope": cfg.scope_spec().to_dict(),
+                "master_weights": cfg.master_weights,
+                "restore_mode": cfg.restore_mode,
+            }
             self._pool = RayReplicaPool(spec, cfg.workers, cfg.worker_num_cpus, cfg.worker_num_gpus)
             if self.generation > 0:
                 snap, records = rebuild_plan(self.ctx.run_dir, self._history(), self.generation)
@@ -218,8 +231,15 @@ class ESEvolver(Evolver):
     def _run_member(self, member: ESMember, generation: int, round_index: int) -> list[Trajectory]:
         """Roll out one member's perturbed policy on the train split (restored after, also on errors)."""
         with self.replica.perturbed(member) as policy:
-            return self.rollout.run(policy, generation=generation, member=member, split="train", evolver=self.name,
-                                    key_prefix=self.key_prefix(generation, member), round_index=round_index)  # fmt: skip
+            return self.rollout.run(
+                policy,
+                generation=generation,
+                member=member,
+                split="train",
+                evolver=self.name,
+                key_prefix=self.key_prefix(generation, member),
+                round_index=round_index,
+            )
 
     def evaluate_members(self, generation: int, members: list[ESMember], round_index: int) -> list[list[Trajectory]]:
         """Trajectories of each member (stored ones reused, the rest rolled out and recorded), in order.
@@ -235,17 +255,38 @@ class ESEvolver(Evolver):
         prefixes = [self.key_prefix(generation, m) for m in members]
         if self.config.perturbation == "lowrank":
             if self.pool is not None:
-                fresh = self.pool.evaluate_population(members, prefixes, rank=self.config.rank, generation=generation,
-                                                      evolver=self.name, round_index=round_index)  # fmt: skip
+                fresh = self.pool.evaluate_population(
+                    members,
+                    prefixes,
+                    rank=self.config.rank,
+                    generation=generation,
+                    evolver=self.name,
+                    round_index=round_index,
+                )
             else:
                 with self.replica.population(members, self.config.rank) as pop:
-                    fresh = self.rollout.run_population(pop, members, generation=generation, key_prefixes=prefixes,
-                                                        split="train", evolver=self.name, round_index=round_index)  # fmt: skip
+                    fresh = self.rollout.run_population(
+                        pop,
+                        members,
+                        generation=generation,
+                        key_prefixes=prefixes,
+                        split="train",
+                        evolver=self.name,
+                        round_index=round_index,
+                    )
             for i in todo:
                 out[i] = self._record(prefixes[i], fresh[i], members[i])
         elif self.pool is not None:
-            jobs = [{"member": asdict(members[i]), "generation": generation, "round_index": round_index,
-                     "key_prefix": prefixes[i], "evolver": self.name} for i in todo]  # fmt: skip
+            jobs = [
+                {
+                    "member": asdict(members[i]),
+                    "generation": generation,
+                    "round_index": round_index,
+                    "key_prefix": prefixes[i],
+                    "evolver": self.name,
+                }
+                for i in todo
+            ]
             for i, ts in zip(todo, self.pool.evaluate(jobs), strict=True):
                 out[i] = self._record(prefixes[i], ts, members[i])
         else:
@@ -260,8 +301,15 @@ class ESEvolver(Evolver):
         if ts is None:
             if self.replica.active:
                 raise RuntimeError("a perturbation is active: the centre cannot be evaluated now")
-            ts = self.rollout.run(self.replica.policy, generation=generation, member=None, key_prefix=prefix,
-                                  split="test", evolver=self.name, round_index=round_index)  # fmt: skip
+            ts = self.rollout.run(
+                self.replica.policy,
+                generation=generation,
+                member=None,
+                key_prefix=prefix,
+                split="test",
+                evolver=self.name,
+                round_index=round_index,
+            )
             ts = self._record(prefix, ts, None)
         return ts, self.rollout.member_reward(ts)
 
@@ -308,9 +356,13 @@ class ESEvolver(Evolver):
         members = self.members(g)
         need = self._budget_needed(g, members)
         if need and self.ctx.budget.allow(need) < need:
-            return StepReport(stop=True, stop_reason=(
-                f"the sample budget left ({self.ctx.budget.remaining()}) cannot cover ES generation {g} "
-                f"({need} samples: {len(members)} members x {self.rollout.n_cases('train') or 1} cases + evaluation)"))
+            return StepReport(
+                stop=True,
+                stop_reason=(
+                    f"the sample budget left ({self.ctx.budget.remaining()}) cannot cover ES generation {g} "
+                    f"({need} samples: {len(members)} members x {self.rollout.n_cases('train') or 1} cases + evaluation)"
+                ),
+            )
         pool = self.pool  # created (and synchronised) before any weight change of this step
         eval_before, eval_after = self._evals_due(g)
         rep = StepReport()
@@ -323,11 +375,21 @@ class ESEvolver(Evolver):
         coeffs = normalize_rewards(rewards, cfg.normalization).tolist()
         sigma = members[0].sigma
         record = GenerationRecord(
-            generation=g, seeds=[m.seed for m in members], signs=[m.sign for m in members], rewards=rewards,
-            coeffs=coeffs, sigma=sigma, alpha=cfg.alpha, normalization=cfg.normalization,
-            scope=cfg.scope_spec().to_dict(), divide_by_sigma=cfg.divide_by_sigma, weight_decay=cfg.weight_decay,
-            skipped=sigma == 0.0, master_dtype="float32" if cfg.master_weights else None,
-            perturbation=cfg.perturbation, rank=cfg.rank if cfg.perturbation == "lowrank" else None,
+            generation=g,
+            seeds=[m.seed for m in members],
+            signs=[m.sign for m in members],
+            rewards=rewards,
+            coeffs=coeffs,
+            sigma=sigma,
+            alpha=cfg.alpha,
+            normalization=cfg.normalization,
+            scope=cfg.scope_spec().to_dict(),
+            divide_by_sigma=cfg.divide_by_sigma,
+            weight_decay=cfg.weight_decay,
+            skipped=sigma == 0.0,
+            master_dtype="float32" if cfg.master_weights else None,
+            perturbation=cfg.perturbation,
+            rank=cfg.rank if cfg.perturbation == "lowrank" else None,
         )
         before = self.replica.weights_hash() if self.weights_hash is None else self.weights_hash
         stats, after = self.replica.apply(record)
@@ -346,24 +408,44 @@ class ESEvolver(Evolver):
         rep.samples += sum(t.llm_calls for t in flat)
         rep.trajectories = len(flat)
         rep.best_reward = max(rewards)
-        rep.metrics.update(generation=float(g), sigma=sigma, alpha=cfg.alpha, mean_reward=sum(rewards) / len(rewards),
-                           max_reward=max(rewards), min_reward=min(rewards), update_norm=stats.update_norm,
-                           changed_fraction=stats.changed_fraction, skipped=float(stats.skipped),
-                           nonfinite_rewards=float(n_bad))  # fmt: skip
+        rep.metrics.update(
+            generation=float(g),
+            sigma=sigma,
+            alpha=cfg.alpha,
+            mean_reward=sum(rewards) / len(rewards),
+            max_reward=max(rewards),
+            min_reward=min(rewards),
+            update_norm=stats.update_norm,
+            changed_fraction=stats.changed_fraction,
+            skipped=float(stats.skipped),
+            nonfinite_rewards=float(n_bad),
+        )
         return rep
 
-    def _write_history(self, record: GenerationRecord, before: str, update: dict, test_reward, round_index: int) -> None:
+    def _write_history(
+        self, record: GenerationRecord, before: str, update: dict, test_reward, round_index: int
+    ) -> None:
         policy = self.replica.policy
-        row = {**record.to_dict(), "model_id": policy.model_id, "dtype": str(getattr(policy, "dtype", "")),
-               "restore_mode": self.config.restore_mode, "antithetic": self.config.antithetic,
-               "weight_hash_before": before, "update": update, "test_reward_before": test_reward,
-               "round": round_index, "workers": self.config.workers}  # fmt: skip
+        row = {
+            **record.to_dict(),
+            "model_id": policy.model_id,
+            "dtype": str(getattr(policy, "dtype", "")),
+            "restore_mode": self.config.restore_mode,
+            "antithetic": self.config.antithetic,
+            "weight_hash_before": before,
+            "update": update,
+            "test_reward_before": test_reward,
+            "round": round_index,
+            "workers": self.config.workers,
+        }
         if not self.ctx.store.add_es_history(self.ctx.run_id, self.name, record.generation, row):
             stored = {r["generation"]: r for r in self.ctx.store.es_history(self.ctx.run_id, self.name)}
             old = stored[record.generation]["weight_hash_after"]
             if old != record.weight_hash_after:
-                raise RuntimeError(f"ES generation {record.generation} re-run after a resume gives weights "
-                                   f"{record.weight_hash_after[:16]}… but the stored history says {old[:16]}…")  # fmt: skip
+                raise RuntimeError(
+                    f"ES generation {record.generation} re-run after a resume gives weights "
+                    f"{record.weight_hash_after[:16]}… but the stored history says {old[:16]}…"
+                )
 
     # ------------------------------------------------------------------ checkpoints
     def snapshot(self) -> str:
@@ -377,10 +459,20 @@ class ESEvolver(Evolver):
         if all(r.get("skipped") or (not any(r.get("coeffs", [])) and not r.get("weight_decay")) for r in rows):
             return self.replica.weights_hash()
         path = snapshot_path(self.ctx.run_dir, self.generation)
-        digest = self.replica.save_snapshot(path, {"generation": self.generation, "model_id": self.replica.policy.model_id,
-                                                   "evolver": self.name, "run_id": self.ctx.run_id})  # fmt: skip
-        self.last_snapshot = {"generation": self.generation, "path": str(path.relative_to(self.ctx.run_dir)),
-                              "weights_hash": digest}  # fmt: skip
+        digest = self.replica.save_snapshot(
+            path,
+            {
+                "generation": self.generation,
+                "model_id": self.replica.policy.model_id,
+                "evolver": self.name,
+                "run_id": self.ctx.run_id,
+            },
+        )
+        self.last_snapshot = {
+            "generation": self.generation,
+            "path": str(path.relative_to(self.ctx.run_dir)),
+            "weights_hash": digest,
+        }
         return digest
 
     def _history(self) -> list[dict[str, Any]]:
@@ -415,8 +507,10 @@ class ESEvolver(Evolver):
 
     def close(self) -> None:
         """Write the final weight snapshot (if not written yet) and stop the Ray actors."""
-        if self._replica is not None and self.generation > 0 and (
-            self.last_snapshot is None or self.last_snapshot["generation"] != self.generation
+        if (
+            self._replica is not None
+            and self.generation > 0
+            and (self.last_snapshot is None or self.last_snapshot["generation"] != self.generation)
         ):
             self.snapshot()
         if self._pool is not None:
@@ -431,14 +525,44 @@ class ESEvolver(Evolver):
         rows = self.ctx.store.es_history(self.ctx.run_id, self.name)
         if not rows:
             return None
-        table = [[r["generation"], r["sigma"], sum(r["rewards"]) / len(r["rewards"]), max(r["rewards"]),
-                  r.get("update", {}).get("update_norm"), r.get("test_reward_before"),
-                  "skipped" if r["skipped"] else ""] for r in rows]  # fmt: skip
+        table = [
+            [
+                r["generation"],
+                r["sigma"],
+                sum(r["rewards"]) / len(r["rewards"]),
+                max(r["rewards"]),
+                r.get("update", {}).get("update_norm"),
+                r.get("test_reward_before"),
+                "skipped" if r["skipped"] else "",
+            ]
+            for r in rows
+        ]
         final = self._cached(self.key_prefix(len(rows), None))
-        tail = f"\n\nHeld-out reward after generation {len(rows) - 1}: {self.rollout.member_reward(final):.4g}" if final else ""
-        head = (f"### ES `{self.name}`\n\nN={self.config.population_size}, antithetic={self.config.antithetic}, "
-                f"scope={self.config.scope}, perturbation={self.config.perturbation}"
-                f"{f' (rank {self.config.rank})' if self.config.perturbation == 'lowrank' else ''}, "
-                f"rollout={self.config.rollout['type']}; weights hash "
-                f"`{(self.weights_hash or '')[:16]}`; replay with `coevo es replay RUN_DIR --check`.\n\n")  # fmt: skip
-        return head + md_table(["gen", "sigma", "mean member reward R", "max member reward R", "‖update‖", "test R (before)", "update"], table) + tail
+        tail = (
+            f"\n\nHeld-out reward after generation {len(rows) - 1}: {self.rollout.member_reward(final):.4g}"
+            if final
+            else ""
+        )
+        head = (
+            f"### ES `{self.name}`\n\nN={self.config.population_size}, antithetic={self.config.antithetic}, "
+            f"scope={self.config.scope}, perturbation={self.config.perturbation}"
+            f"{f' (rank {self.config.rank})' if self.config.perturbation == 'lowrank' else ''}, "
+            f"rollout={self.config.rollout['type']}; weights hash "
+            f"`{(self.weights_hash or '')[:16]}`; replay with `coevo es replay RUN_DIR --check`.\n\n"
+        )
+        return (
+            head
+            + md_table(
+                [
+                    "gen",
+                    "sigma",
+                    "mean member reward R",
+                    "max member reward R",
+                    "‖update‖",
+                    "test R (before)",
+                    "update",
+                ],
+                table,
+            )
+            + tail
+        )

@@ -2,7 +2,7 @@
 
 Each step draws ``batch`` independent ``i1`` samples (a new heuristic from scratch, the EoH initialisation
 prompt of :mod:`coevo.ahd.prompts`) and keeps the best heuristic seen so far. This is the "Sample" baseline
-the Agentic ESOpt AHD experiments compare against (batch 20 there; field-notes §2). Sampling, evaluation and
+the Agentic ESOpt AHD experiments compare against (batch 20 there; docs/references.md §2). Sampling, evaluation and
 recording are the sampler service's (:class:`coevo.ahd.sampler.HeuristicSampler`); the best-heuristic
 artifact and the report are shared with EoH (:mod:`coevo.evolvers.ahd_common`).
 """
@@ -37,18 +37,21 @@ class RandomSamplingEvolver(AHDEvolver):
     def step(self, round_index: int) -> StepReport:
         """Draw ``batch`` i1 samples (cut to the sample budget), record them, update the best."""
         rng = self.ctx.rng(self.name, "step", self.steps_done)
-        jobs = [self.sampler.job("i1", key=self.sampler.key(self.name, round_index, "i1", i), seed=rng.getrandbits(63))
-                for i in range(self.config.batch)]  # fmt: skip
+        jobs = [
+            self.sampler.job("i1", key=self.sampler.key(self.name, round_index, "i1", i), seed=rng.getrandbits(63))
+            for i in range(self.config.batch)
+        ]
         trajs = self.sampler.sample(jobs, round_index=round_index, generation=self.steps_done)
         self.steps_done += 1
         valid = [Individual.from_trajectory(t) for t in trajs if t.valid and t.reward is not None]
         self.publish_best()
         report = StepReport(
-            samples=sum(t.llm_calls for t in trajs), trajectories=len(trajs),
+            samples=sum(t.llm_calls for t in trajs),
+            trajectories=len(trajs),
             reward_unit=f"best sample's {self.sampler.reward_unit}",
             best_reward=max((i.reward for i in valid), default=None),
             metrics={"valid_samples": float(len(valid))},
-        )  # fmt: skip
+        )
         if self.best is not None:
             report.metrics["best_objective"] = self.best.objective
         return report

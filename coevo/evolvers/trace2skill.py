@@ -1,6 +1,6 @@
 """Trace2Skill context evolver (``type: trace2skill``): evolves an Agent Skill from pooled trajectories.
 
-Trace2Skill (arXiv 2603.25158; field notes §3), one step:
+Trace2Skill (arXiv 2603.25158; docs/references.md §3), one step:
 
 1. select pooled trajectories of the run from the store (new since the last step, or this round's): a mix of
    failures and successes (success: valid with reward >= ``success_threshold``);
@@ -65,7 +65,7 @@ from coevo.skills import (
     skill_diff,
     validate_skill,
     write_skill_version,
-)  # fmt: skip
+)
 from coevo.skills import prompts as P
 from coevo.skills.patch import edit_to_dict
 from coevo.skills.spec import NAME_PATTERN
@@ -78,8 +78,10 @@ class GateConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     rollout: dict[str, Any] | None = Field(
-        None, description="overrides of the gated evolver's rollout spec (default: that rollout as is); it reads "
-                          "ctx.shared['skill']; fields that select tasks must not differ")
+        None,
+        description="overrides of the gated evolver's rollout spec (default: that rollout as is); it reads "
+        "ctx.shared['skill']; fields that select tasks must not differ",
+    )
     split: Literal["train", "test"] = Field("test", description="cases the gate scores on")
     min_delta: float = Field(0.0, description="keep iff score(candidate) - score(current) >= min_delta")
 
@@ -149,14 +151,19 @@ class Trace2SkillConfig(EvolverConfig):
             if self.skill in folders:
                 found.setdefault(folders[self.skill], f"{where}.skill_dirs")
         if len(found) > 1:
-            errors.append(f"evolvers.{name}.skill: skill {self.skill!r} comes from two folders: "
-                          + " and ".join(f"{p} ({w})" for p, w in found.items()) + "; attach one")
+            errors.append(
+                f"evolvers.{name}.skill: skill {self.skill!r} comes from two folders: "
+                + " and ".join(f"{p} ({w})" for p, w in found.items())
+                + "; attach one"
+            )
         elif found:
             folder, where = next(iter(found.items()))
             if self.skills_dir is not None and (Path(self.skills_dir) / self.skill).resolve() != folder:
-                errors.append(f"evolvers.{name}.skills_dir: {Path(self.skills_dir) / self.skill} differs from the "
-                              f"folder {folder} that {where} attaches for skill {self.skill!r}; give one of them "
-                              f"(the rollout's skill_dirs is enough)")
+                errors.append(
+                    f"evolvers.{name}.skills_dir: {Path(self.skills_dir) / self.skill} differs from the "
+                    f"folder {folder} that {where} attaches for skill {self.skill!r}; give one of them "
+                    f"(the rollout's skill_dirs is enough)"
+                )
             self._source = folder
         if self.gate is not None and rollouts:
             errors += self._link_gate(name, *rollouts[0][:3])
@@ -166,6 +173,7 @@ class Trace2SkillConfig(EvolverConfig):
         own = dict(self.gate.rollout or {})
         if own.get("type", base["type"]) != base["type"] or not hasattr(rcls, "selection_keys"):
             return []  # another rollout type, or one that declares no task selection: the gate is the user's own
+
         def merged_spec() -> dict[str, Any]:
             return rcls.Config.model_validate({**base, **own}).model_dump()
 
@@ -177,8 +185,11 @@ class Trace2SkillConfig(EvolverConfig):
                 diff = [k for k in diff if merged.get(k) != base.get(k)]
             except (ValidationError, ValueError):
                 pass
-        errors = [f"{where_gate}.{k}: {own[k]!r} differs from {where}.{k} {base.get(k)!r}; the gate scores the "
-                  f"held-out tasks of the rollout it gates (one task selection): drop {k} from the gate" for k in diff]
+        errors = [
+            f"{where_gate}.{k}: {own[k]!r} differs from {where}.{k} {base.get(k)!r}; the gate scores the "
+            f"held-out tasks of the rollout it gates (one task selection): drop {k} from the gate"
+            for k in diff
+        ]
         if errors:
             return errors
         try:
@@ -230,15 +241,18 @@ class Trace2SkillEvolver(Evolver):
         if problems:
             raise ConfigError(f"evolvers.{name}.skill: {source} violates the spec: " + "; ".join(map(str, problems)))
         if config.gate is not None and config.gate.rollout is None:
-            raise ConfigError(f"evolvers.{name}.gate.rollout: required when the run config does not link the gate to "
-                              "the rollout it gates (construct the run with coevo.config.parse_config)")
+            raise ConfigError(
+                f"evolvers.{name}.gate.rollout: required when the run config does not link the gate to "
+                "the rollout it gates (construct the run with coevo.config.parse_config)"
+            )
         if config.gate is not None:  # fail at start-up, not at the first gate
             try:
                 resolve_rollout(str(config.gate.rollout.get("type", ""))).Config.model_validate(config.gate.rollout)
             except ValidationError as exc:
                 where = f"evolvers.{name}.gate.rollout"
-                raise ConfigError("; ".join(f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                                           for e in exc.errors())) from None
+                raise ConfigError(
+                    "; ".join(f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+                ) from None
             except ValueError as exc:
                 raise ConfigError(f"evolvers.{name}.gate.rollout.type: {exc}") from None
         self.source = source
@@ -254,8 +268,12 @@ class Trace2SkillEvolver(Evolver):
         ctx.shared.setdefault("skill", self._published())
 
     def _published(self) -> dict[str, Any]:
-        return {"name": self.config.skill, "version": self.version, "path": str(self.path),
-                "source": str(self.source.resolve())}
+        return {
+            "name": self.config.skill,
+            "version": self.version,
+            "path": str(self.path),
+            "source": str(self.source.resolve()),
+        }
 
     # ------------------------------------------------------------------ LLM calls
     @property
@@ -288,10 +306,12 @@ class Trace2SkillEvolver(Evolver):
             started = time.time()
             completions = self.analyst.generate([call.messages for call in pending], params)
             for call, comp in zip(pending, completions):
-                outcomes[call.key] = (Outcome(failure="llm_error", detail=comp.error) if comp.error
-                                      else call.check(comp.text))  # fmt: skip
+                outcomes[call.key] = (
+                    Outcome(failure="llm_error", detail=comp.error) if comp.error else call.check(comp.text)
+                )
                 found[call.key] = self.ctx.record(
-                    self._trajectory(call, comp, outcomes[call.key], round_index, started, seed))
+                    self._trajectory(call, comp, outcomes[call.key], round_index, started, seed)
+                )
         out = []
         for call in calls:
             t = found[call.key]
@@ -304,23 +324,45 @@ class Trace2SkillEvolver(Evolver):
             out.append((call, outcomes[call.key]))
         return out
 
-    def _trajectory(self, call: _Call, comp: Completion, out: Outcome, round_index: int, started: float,
-                    seed: int) -> Trajectory:
+    def _trajectory(
+        self, call: _Call, comp: Completion, out: Outcome, round_index: int, started: float, seed: int
+    ) -> Trajectory:
         action = None
         if out.failure is None:
             action = P.patch_json(out.value) if isinstance(out.value, Patch) else "\n".join(out.value.lessons)
         return Trajectory(
-            key=call.key, run_id=self.ctx.run_id, evolver=self.name, space="context", round=round_index,
-            generation=self.steps_done, task_id=call.task_id,
-            steps=[Step(observation=P.messages_text(call.messages), model_output=comp.text, action=action,
-                        tool_result="\n".join(out.rejected) or out.detail)],
-            valid=out.failure is None, failure=out.failure, failure_detail=out.detail,
+            key=call.key,
+            run_id=self.ctx.run_id,
+            evolver=self.name,
+            space="context",
+            round=round_index,
+            generation=self.steps_done,
+            task_id=call.task_id,
+            steps=[
+                Step(
+                    observation=P.messages_text(call.messages),
+                    model_output=comp.text,
+                    action=action,
+                    tool_result="\n".join(out.rejected) or out.detail,
+                )
+            ],
+            valid=out.failure is None,
+            failure=out.failure,
+            failure_detail=out.detail,
             context=ContextRef(skill_name=self.config.skill, skill_version=self.version, prompt=call.role),
-            llm_calls=1, prompt_tokens=comp.prompt_tokens, completion_tokens=comp.completion_tokens,
-            started_at=started, duration_s=time.time() - started,
-            meta={"t2s_role": call.role, "seed": seed, "finish_reason": comp.finish_reason,
-                  "rejected": out.rejected, **call.meta},
-        )  # fmt: skip
+            llm_calls=1,
+            prompt_tokens=comp.prompt_tokens,
+            completion_tokens=comp.completion_tokens,
+            started_at=started,
+            duration_s=time.time() - started,
+            meta={
+                "t2s_role": call.role,
+                "seed": seed,
+                "finish_reason": comp.finish_reason,
+                "rejected": out.rejected,
+                **call.meta,
+            },
+        )
 
     def _dest(self, tag: str) -> Path:
         assert self._tmp is not None
@@ -342,10 +384,12 @@ class Trace2SkillEvolver(Evolver):
         res = apply_patch(base, Patch(edits=edits), dest=self._dest("check"))
         reasons += [f"{getattr(r.op, 'op', 'edit')}: {r.reason}" for r in res.rejected]
         if not res.applied:
-            return Outcome(failure="infeasible", detail="no applicable edit: " + "; ".join(reasons or ["no edits"]),
-                           rejected=reasons)
-        return Outcome(Patch(reasoning=patch.reasoning, edits=res.applied, changelog=patch.changelog),
-                       rejected=reasons)
+            return Outcome(
+                failure="infeasible",
+                detail="no applicable edit: " + "; ".join(reasons or ["no edits"]),
+                rejected=reasons,
+            )
+        return Outcome(Patch(reasoning=patch.reasoning, edits=res.applied, changelog=patch.changelog), rejected=reasons)
 
     def _check_analysis(self, text: str, hidden: list[str]) -> Outcome:
         try:
@@ -355,8 +399,9 @@ class Trace2SkillEvolver(Evolver):
         analysis.dropped = [s for s in analysis.lessons if P.mentions(s, hidden)]
         analysis.lessons = [s for s in analysis.lessons if s not in analysis.dropped]
         if not analysis.lessons:
-            return Outcome(failure="infeasible", detail="every lesson quotes a hidden reference value",
-                           rejected=analysis.dropped)
+            return Outcome(
+                failure="infeasible", detail="every lesson quotes a hidden reference value", rejected=analysis.dropped
+            )
         return Outcome(analysis, rejected=[f"lesson dropped (quotes a hidden value): {s}" for s in analysis.dropped])
 
     # ------------------------------------------------------------------ the step
@@ -364,11 +409,14 @@ class Trace2SkillEvolver(Evolver):
         c = self.config
         unknown = set(c.evolvers or ()) - set(self.ctx.evolvers)
         if self.ctx.evolvers and unknown:
-            raise ValueError(f"evolvers.{self.name}.evolvers: unknown {sorted(unknown)}; the run has "
-                             f"{sorted(self.ctx.evolvers)}")
-        pool = [t for t in self.ctx.store.query(run_id=self.ctx.run_id, with_steps=False)
-                if t.evolver != self.name and "t2s_role" not in t.meta
-                and (c.evolvers is None or t.evolver in c.evolvers)]  # fmt: skip
+            raise ValueError(
+                f"evolvers.{self.name}.evolvers: unknown {sorted(unknown)}; the run has {sorted(self.ctx.evolvers)}"
+            )
+        pool = [
+            t
+            for t in self.ctx.store.query(run_id=self.ctx.run_id, with_steps=False)
+            if t.evolver != self.name and "t2s_role" not in t.meta and (c.evolvers is None or t.evolver in c.evolvers)
+        ]
         cursor = max([self.cursor, *(t.id for t in pool)])
         fresh = [t for t in pool if (t.round == round_index if c.window == "round" else t.id > self.cursor)]
         fails = [t for t in fresh if P.outcome_of(t, c.success_threshold) == "failure"]
@@ -385,9 +433,22 @@ class Trace2SkillEvolver(Evolver):
         """One Trace2Skill step (module docstring); returns metrics analysed, patches_valid, edits_applied,
         edits_rejected, version, new_version and, with a gate, gate_current / gate_candidate."""
         self._made = []
-        m = dict.fromkeys(("analysed", "lessons", "lessons_dropped", "patches_valid", "patches_invalid",
-                           "edits_applied", "edits_rejected", "merge_calls", "merge_fallbacks", "fix_calls",
-                           "new_version"), 0.0)  # fmt: skip
+        m = dict.fromkeys(
+            (
+                "analysed",
+                "lessons",
+                "lessons_dropped",
+                "patches_valid",
+                "patches_invalid",
+                "edits_applied",
+                "edits_rejected",
+                "merge_calls",
+                "merge_fallbacks",
+                "fix_calls",
+                "new_version",
+            ),
+            0.0,
+        )
         selected, cursor = self._select(round_index)
         best = None
         with tempfile.TemporaryDirectory(prefix="coevo-t2s-") as tmp:
@@ -406,8 +467,9 @@ class Trace2SkillEvolver(Evolver):
         self.cursor = cursor
         self.steps_done += 1
         m["version"] = float(self.version)
-        return StepReport(samples=sum(t.llm_calls for t in self._made), trajectories=len(self._made),
-                          best_reward=best, metrics=m)
+        return StepReport(
+            samples=sum(t.llm_calls for t in self._made), trajectories=len(self._made), best_reward=best, metrics=m
+        )
 
     def _evolve(self, selected: list[Trajectory], round_index: int, m: dict[str, float]):
         """Steps 2-5: analyse, propose, merge, apply (+ fix). Returns (candidate dir | None, source ids,
@@ -420,23 +482,38 @@ class Trace2SkillEvolver(Evolver):
         for t in selected:
             outcome = P.outcome_of(t, c.success_threshold)
             text = P.render_trajectory(t, outcome, max_steps=c.max_steps_shown, max_chars=c.max_step_chars)
-            msgs = [{**msg, "content": P.redact(msg["content"], hidden_of[t.id])}
-                    for msg in P.analyst_messages(text, outcome, skill)]
-            calls.append(_Call(self.ctx.traj_key(self.name, round_index, "analyst", t.id), "analyst", msgs,
-                               lambda out, h=hidden_of[t.id]: self._check_analysis(out, h), t.task_id,
-                               {"source_id": t.id, "source_key": t.key, "outcome": outcome}))
+            msgs = [
+                {**msg, "content": P.redact(msg["content"], hidden_of[t.id])}
+                for msg in P.analyst_messages(text, outcome, skill)
+            ]
+            calls.append(
+                _Call(
+                    self.ctx.traj_key(self.name, round_index, "analyst", t.id),
+                    "analyst",
+                    msgs,
+                    lambda out, h=hidden_of[t.id]: self._check_analysis(out, h),
+                    t.task_id,
+                    {"source_id": t.id, "source_key": t.key, "outcome": outcome},
+                )
+            )
         analyses = [(call.meta, o.value) for call, o in self._run_calls(calls, round_index) if o.failure is None]
         m["analysed"] = float(len(analyses))
         m["lessons"] = float(sum(len(a.lessons) for _, a in analyses))
         m["lessons_dropped"] = float(sum(len(a.dropped) for _, a in analyses))
         calls = []
         for i in range(0, len(analyses), c.lessons_per_patch):
-            batch = analyses[i:i + c.lessons_per_patch]
+            batch = analyses[i : i + c.lessons_per_patch]
             lessons = [(meta["outcome"], s) for meta, a in batch for s in a.lessons]
-            calls.append(_Call(self.ctx.traj_key(self.name, round_index, "patch", i // c.lessons_per_patch),
-                               "patch", P.patch_messages(skill, lessons),
-                               lambda out: self._check_patch(out, frozen, hidden), f"patch:{c.skill}",
-                               {"source_ids": [meta["source_id"] for meta, _ in batch]}))
+            calls.append(
+                _Call(
+                    self.ctx.traj_key(self.name, round_index, "patch", i // c.lessons_per_patch),
+                    "patch",
+                    P.patch_messages(skill, lessons),
+                    lambda out: self._check_patch(out, frozen, hidden),
+                    f"patch:{c.skill}",
+                    {"source_ids": [meta["source_id"] for meta, _ in batch]},
+                )
+            )
         proposals = self._run_calls(calls, round_index)
         valid = [(call, o) for call, o in proposals if o.failure is None]
         m["patches_valid"], m["patches_invalid"] = float(len(valid)), float(len(proposals) - len(valid))
@@ -444,17 +521,26 @@ class Trace2SkillEvolver(Evolver):
         if not valid:
             return None, [], ""
         sources = sorted({i for call, _ in valid for i in call.meta["source_ids"]})
-        merged = merge_patches([o.value for _, o in valid], merger=self._merger(round_index, skill, hidden, m),
-                               batch_size=c.batch_size, max_depth=c.max_depth).patch
+        merged = merge_patches(
+            [o.value for _, o in valid],
+            merger=self._merger(round_index, skill, hidden, m),
+            batch_size=c.batch_size,
+            max_depth=c.max_depth,
+        ).patch
         return self._apply(merged, round_index, hidden, m), sources, merged.changelog
 
     def _merger(self, round_index: int, skill: str, hidden: list[str], m: dict[str, float]):
         counter = itertools.count()
 
         def merge(batch: list[Patch]) -> Patch:
-            call = _Call(self.ctx.traj_key(self.name, round_index, "merge", next(counter)), "merge",
-                         P.merge_messages(skill, batch), lambda out: self._check_patch(out, self.path, hidden),
-                         f"merge:{self.config.skill}", {"n_patches": len(batch)})
+            call = _Call(
+                self.ctx.traj_key(self.name, round_index, "merge", next(counter)),
+                "merge",
+                P.merge_messages(skill, batch),
+                lambda out: self._check_patch(out, self.path, hidden),
+                f"merge:{self.config.skill}",
+                {"n_patches": len(batch)},
+            )
             done = self._run_calls([call], round_index)
             m["merge_calls"] += len(done)
             if done and done[0][1].failure is None:
@@ -475,10 +561,14 @@ class Trace2SkillEvolver(Evolver):
             if not violations:
                 break
             listed = [f"{v.field}: {v.message}" for v in violations]
-            call = _Call(self.ctx.traj_key(self.name, round_index, "fix", r), "fix",
-                         P.fix_messages(P.skill_text(new_dir, self.config.max_skill_chars), listed),
-                         lambda out, d=new_dir: self._check_patch(out, d, hidden), f"fix:{self.config.skill}",
-                         {"violations": listed})
+            call = _Call(
+                self.ctx.traj_key(self.name, round_index, "fix", r),
+                "fix",
+                P.fix_messages(P.skill_text(new_dir, self.config.max_skill_chars), listed),
+                lambda out, d=new_dir: self._check_patch(out, d, hidden),
+                f"fix:{self.config.skill}",
+                {"violations": listed},
+            )
             done = self._run_calls([call], round_index)
             if not done:
                 break  # sample budget reached
@@ -513,32 +603,63 @@ class Trace2SkillEvolver(Evolver):
         previous = self.ctx.shared.get("skill")
         self.ctx.shared["skill"] = {**self._published(), "version": version, "path": str(path)}
         try:
-            trajs = rollout.run(self.ctx.policy, generation=self.steps_done, member=None, split=split,
-                                key_prefix=self.ctx.traj_key(self.name, "gate", label), evolver=self.name,
-                                round_index=round_index)  # fmt: skip
+            trajs = rollout.run(
+                self.ctx.policy,
+                generation=self.steps_done,
+                member=None,
+                split=split,
+                key_prefix=self.ctx.traj_key(self.name, "gate", label),
+                evolver=self.name,
+                round_index=round_index,
+            )
         finally:
             self.ctx.shared["skill"] = previous
-        stored = [self.ctx.record(Trajectory.from_dict({**t.to_dict(), "meta": {**t.meta, "t2s_role": "gate"}}))
-                  for t in trajs]  # fmt: skip
+        stored = [
+            self.ctx.record(Trajectory.from_dict({**t.to_dict(), "meta": {**t.meta, "t2s_role": "gate"}}))
+            for t in trajs
+        ]
         self._made += stored
         score = rollout.member_reward(stored)
         self.ctx.store.put_artifact(
-            self.ctx.run_id, GATE_KIND, name, {"score": score, "version": version, "split": split,
-                                               "trajectory_ids": [t.id for t in stored]},
-            key=f"{self.ctx.run_id}/{self.name}/gate/{label}", meta={"label": label})  # fmt: skip
+            self.ctx.run_id,
+            GATE_KIND,
+            name,
+            {"score": score, "version": version, "split": split, "trajectory_ids": [t.id for t in stored]},
+            key=f"{self.ctx.run_id}/{self.name}/gate/{label}",
+            meta={"label": label},
+        )
         return score
 
-    def _store_version(self, candidate: Path, sources: list[int], changelog: str, round_index: int,
-                       m: dict[str, float], scores: tuple[float | None, float | None] | None) -> None:
+    def _store_version(
+        self,
+        candidate: Path,
+        sources: list[int],
+        changelog: str,
+        round_index: int,
+        m: dict[str, float],
+        scores: tuple[float | None, float | None] | None,
+    ) -> None:
         """Step 7: store, materialize and publish the candidate as the next version."""
-        meta = {"evolver": self.name, "round": round_index, "changelog": changelog,
-                "edits": int(m["edits_applied"]), "rejected": int(m["edits_rejected"]),
-                "gate_current": scores[0] if scores else None, "gate_candidate": scores[1] if scores else None,
-                "call_ids": [t.id for t in self._made if t.meta.get("t2s_role") != "gate"]}  # fmt: skip
-        art = write_skill_version(self.ctx.store, self.ctx.run_id, candidate, meta,
-                                  diff=skill_diff(self.path, candidate), trajectory_ids=sources,
-                                  parent_version=self.version or None,
-                                  key=f"{self.ctx.run_id}/{self.name}/skill/{round_index}")  # fmt: skip
+        meta = {
+            "evolver": self.name,
+            "round": round_index,
+            "changelog": changelog,
+            "edits": int(m["edits_applied"]),
+            "rejected": int(m["edits_rejected"]),
+            "gate_current": scores[0] if scores else None,
+            "gate_candidate": scores[1] if scores else None,
+            "call_ids": [t.id for t in self._made if t.meta.get("t2s_role") != "gate"],
+        }
+        art = write_skill_version(
+            self.ctx.store,
+            self.ctx.run_id,
+            candidate,
+            meta,
+            diff=skill_diff(self.path, candidate),
+            trajectory_ids=sources,
+            parent_version=self.version or None,
+            key=f"{self.ctx.run_id}/{self.name}/skill/{round_index}",
+        )
         self.version = art.version
         self.path = materialize(art, self.root / f"v{art.version}", overwrite=True)
         self.ctx.shared["skill"] = self._published()
@@ -546,8 +667,7 @@ class Trace2SkillEvolver(Evolver):
 
     # ------------------------------------------------------------------ state and report
     def state_dict(self) -> dict[str, Any]:
-        return {"cursor": self.cursor, "version": self.version, "path": str(self.path),
-                "steps_done": self.steps_done}
+        return {"cursor": self.cursor, "version": self.version, "path": str(self.path), "steps_done": self.steps_done}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.cursor = state.get("cursor", 0)
@@ -557,17 +677,32 @@ class Trace2SkillEvolver(Evolver):
 
     def report_markdown(self) -> str:
         """Skill versions (edits, rejected, gate score, causing trajectories) and the latest diff (cut)."""
-        arts = [a for a in self.ctx.store.list_artifacts(SKILL_ARTIFACT_KIND, self.config.skill, self.ctx.run_id)
-                if a.meta.get("evolver") == self.name]  # fmt: skip
-        gates = {a.meta.get("label"): a.content["score"] for a in self.ctx.store.list_artifacts(
-            GATE_KIND, f"{self.config.skill}/{self.name}", self.ctx.run_id)}  # fmt: skip
+        arts = [
+            a
+            for a in self.ctx.store.list_artifacts(SKILL_ARTIFACT_KIND, self.config.skill, self.ctx.run_id)
+            if a.meta.get("evolver") == self.name
+        ]
+        gates = {
+            a.meta.get("label"): a.content["score"]
+            for a in self.ctx.store.list_artifacts(GATE_KIND, f"{self.config.skill}/{self.name}", self.ctx.run_id)
+        }
         rows = [[0, None, None, gates.get("v0"), None, f"copied from `{self.source}`"]]
-        rows += [[a.version, a.meta.get("edits"), a.meta.get("rejected"), a.meta.get("gate_candidate"),
-                  len(a.content.get("trajectory_ids") or []), a.meta.get("changelog", "").replace("\n", " ")[:120]]
-                 for a in arts]  # fmt: skip
-        lines = [f"Skill `{self.config.skill}`: current version {self.version} (`{self.path}`).", "",
-                 md_table(["version", "edits", "rejected", "gate score", "caused by N trajectories", "changelog"],
-                          rows)]  # fmt: skip
+        rows += [
+            [
+                a.version,
+                a.meta.get("edits"),
+                a.meta.get("rejected"),
+                a.meta.get("gate_candidate"),
+                len(a.content.get("trajectory_ids") or []),
+                a.meta.get("changelog", "").replace("\n", " ")[:120],
+            ]
+            for a in arts
+        ]
+        lines = [
+            f"Skill `{self.config.skill}`: current version {self.version} (`{self.path}`).",
+            "",
+            md_table(["version", "edits", "rejected", "gate score", "caused by N trajectories", "changelog"], rows),
+        ]
         if arts:
             diff = arts[-1].content.get("diff", "").splitlines()
             cut = f"\n... ({len(diff) - 60} more lines)" if len(diff) > 60 else ""

@@ -108,11 +108,25 @@ def _generation_table(train: list[Trajectory]) -> list[str]:
         members = _by(ts, lambda t: t.member.index if t.member else -1)
         member_rates = [success_rate(m).value for m in members.values()]
         member_rates = [r for r in member_rates if r is not None]
-        rows.append([ev, gen, min(t.round for t in ts), _versions(ts), str(success_rate(ts)), len(members),
-                     max(member_rates) if member_rates else None, min(member_rates) if member_rates else None])
-    return ["### Train success per ES generation", "",
-            md_table(["evolver", "generation", "round", "skill", "success", "members", "best member", "worst member"],
-                     rows)]  # fmt: skip
+        rows.append(
+            [
+                ev,
+                gen,
+                min(t.round for t in ts),
+                _versions(ts),
+                str(success_rate(ts)),
+                len(members),
+                max(member_rates) if member_rates else None,
+                min(member_rates) if member_rates else None,
+            ]
+        )
+    return [
+        "### Train success per ES generation",
+        "",
+        md_table(
+            ["evolver", "generation", "round", "skill", "success", "members", "best member", "worst member"], rows
+        ),
+    ]
 
 
 def _updates_applied(store: TrajectoryStore, run_id: str, evolver: str, generation: int) -> str:
@@ -125,16 +139,32 @@ def _updates_applied(store: TrajectoryStore, run_id: str, evolver: str, generati
 
 def _heldout_table(test: list[Trajectory], store: TrajectoryStore, run_id: str) -> list[str]:
     groups = _by(test, lambda t: (t.evolver, t.generation))
-    rows = [[ev, gen, _updates_applied(store, run_id, ev, gen), min(t.round for t in ts), _versions(ts),
-             str(success_rate(ts))] for (ev, gen), ts in groups.items()]
-    out = ["### Held-out success of the centre", "",
-           md_table(["evolver", "after ES generations", "weight updates applied", "round", "skill", "success"],
-                    rows)]
+    rows = [
+        [
+            ev,
+            gen,
+            _updates_applied(store, run_id, ev, gen),
+            min(t.round for t in ts),
+            _versions(ts),
+            str(success_rate(ts)),
+        ]
+        for (ev, gen), ts in groups.items()
+    ]
+    out = [
+        "### Held-out success of the centre",
+        "",
+        md_table(["evolver", "after ES generations", "weight updates applied", "round", "skill", "success"], rows),
+    ]
     if len(groups) >= 2:
         (first_key, first), (last_key, last) = _ends(groups)
-        out += ["", (f"Held-out before → after: {success_rate(first)} (generation {first_key[1]}, skill "
-                     f"{_versions(first)}) → {success_rate(last)} (generation {last_key[1]}, skill "
-                     f"{_versions(last)}).")]
+        out += [
+            "",
+            (
+                f"Held-out before → after: {success_rate(first)} (generation {first_key[1]}, skill "
+                f"{_versions(first)}) → {success_rate(last)} (generation {last_key[1]}, skill "
+                f"{_versions(last)})."
+            ),
+        ]
     return out
 
 
@@ -157,8 +187,11 @@ def _skill_version_table(web: list[Trajectory]) -> list[str]:
     for (name, version), ts in _by(with_skill, lambda t: (t.context.skill_name, t.context.skill_version)).items():
         kinds = {k: [t for t in ts if _kind(t) == k] for k in ("train", "test", "gate")}
         rows.append([name, f"v{version}"] + [str(success_rate(kinds[k])) for k in ("train", "test", "gate")])
-    return ["### Success per skill version", "",
-            md_table(["skill", "version", "train (ES members)", "held-out (centre)", "gate (Trace2Skill)"], rows)]
+    return [
+        "### Success per skill version",
+        "",
+        md_table(["skill", "version", "train (ES members)", "held-out (centre)", "gate (Trace2Skill)"], rows),
+    ]
 
 
 def skill_diff_markdown(store: TrajectoryStore, run_id: str, max_diff_lines: int = 80) -> list[str]:
@@ -168,20 +201,47 @@ def skill_diff_markdown(store: TrajectoryStore, run_id: str, max_diff_lines: int
     if not arts:
         return []
     out = ["### Skill versions", ""]
-    out.append(md_table(["skill", "version", "parent", "round", "trajectories analysed", "changelog"], [
-        [a.name, a.version, a.parent_version if a.parent_version is not None else 0, a.meta.get("round"),
-         len(a.content.get("trajectory_ids") or []), " ".join(str(a.meta.get("changelog") or "").split())[:160]]
-        for a in arts]))  # fmt: skip
+    out.append(
+        md_table(
+            ["skill", "version", "parent", "round", "trajectories analysed", "changelog"],
+            [
+                [
+                    a.name,
+                    a.version,
+                    a.parent_version if a.parent_version is not None else 0,
+                    a.meta.get("round"),
+                    len(a.content.get("trajectory_ids") or []),
+                    " ".join(str(a.meta.get("changelog") or "").split())[:160],
+                ]
+                for a in arts
+            ],
+        )
+    )
     for a in arts:
         diff = str(a.content.get("diff") or "").splitlines()
         cut = [f"... ({len(diff) - max_diff_lines} more lines)"] if len(diff) > max_diff_lines else []
-        out += ["", f"Diff of `{a.name}` v{a.version} (from v{a.parent_version or 0}):", "", "```diff",
-                *diff[:max_diff_lines], *cut, "```"]
+        out += [
+            "",
+            f"Diff of `{a.name}` v{a.version} (from v{a.parent_version or 0}):",
+            "",
+            "```diff",
+            *diff[:max_diff_lines],
+            *cut,
+            "```",
+        ]
     return out
 
 
-def _bars(plt, path: Path, labels: list[str], series: list[tuple[str, list[float | None]]], ylabel: str, title: str,
-          figsize: tuple[float, float], rotation: int) -> Path:
+def _bars(
+    plt,
+    path: Path,
+    labels: list[str],
+    series: list[tuple[str, list[float | None]]],
+    ylabel: str,
+    title: str,
+    figsize: tuple[float, float],
+    rotation: int,
+) -> Path:
     """A grouped bar chart (one group per label, one bar per series; None plotted as 0) saved to ``path``."""
     fig, ax = plt.subplots(figsize=figsize)
     width = 0.8 / len(series)
@@ -202,8 +262,14 @@ def _bars(plt, path: Path, labels: list[str], series: list[tuple[str, list[float
     return path
 
 
-def _plot(plots_dir: Path, train: list[Trajectory], test: list[Trajectory], web: list[Trajectory],
-          first: list[Trajectory], last: list[Trajectory]) -> list[Path]:
+def _plot(
+    plots_dir: Path,
+    train: list[Trajectory],
+    test: list[Trajectory],
+    web: list[Trajectory],
+    first: list[Trajectory],
+    last: list[Trajectory],
+) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -230,25 +296,52 @@ def _plot(plots_dir: Path, train: list[Trajectory], test: list[Trajectory], web:
     fig.savefig(written[-1], dpi=120)
     plt.close(fig)
 
-    versions = _by([t for t in web if t.context.skill_version is not None],
-                   lambda t: (t.context.skill_name, t.context.skill_version))  # fmt: skip
+    versions = _by(
+        [t for t in web if t.context.skill_version is not None],
+        lambda t: (t.context.skill_name, t.context.skill_version),
+    )
     if versions:
-        series = [(kind, [_pct(success_rate(t for t in ts if _kind(t) == kind)) for ts in versions.values()])
-                  for kind in ("train", "test", "gate")]  # fmt: skip
-        written.append(_bars(plt, plots_dir / PLOT_NAMES[1], [f"{n}\nv{v}" for n, v in versions], series,
-                             "success rate (%)", "Success per skill version", (6, 3.6), rotation=0))  # fmt: skip
+        series = [
+            (kind, [_pct(success_rate(t for t in ts if _kind(t) == kind)) for ts in versions.values()])
+            for kind in ("train", "test", "gate")
+        ]
+        written.append(
+            _bars(
+                plt,
+                plots_dir / PLOT_NAMES[1],
+                [f"{n}\nv{v}" for n, v in versions],
+                series,
+                "success rate (%)",
+                "Success per skill version",
+                (6, 3.6),
+                rotation=0,
+            )
+        )
 
     tasks = sorted({_task(t) for t in first + last})
     if tasks:
-        series = [(label, [_pct(success_rate(t for t in group if _task(t) == task)) for task in tasks])
-                  for label, group in (("first generation", first), ("last generation", last))]  # fmt: skip
-        written.append(_bars(plt, plots_dir / PLOT_NAMES[2], tasks, series, "train success rate (%)",
-                             "Per task: first vs last ES generation", (max(6, 0.9 * len(tasks)), 3.6), rotation=30))  # fmt: skip
+        series = [
+            (label, [_pct(success_rate(t for t in group if _task(t) == task)) for task in tasks])
+            for label, group in (("first generation", first), ("last generation", last))
+        ]
+        written.append(
+            _bars(
+                plt,
+                plots_dir / PLOT_NAMES[2],
+                tasks,
+                series,
+                "train success rate (%)",
+                "Per task: first vs last ES generation",
+                (max(6, 0.9 * len(tasks)), 3.6),
+                rotation=30,
+            )
+        )
     return written
 
 
-def web_report(run_dir: Path | str, store: TrajectoryStore, run_id: str, *, plots: bool = True,
-               max_diff_lines: int = 80) -> str | None:
+def web_report(
+    run_dir: Path | str, store: TrajectoryStore, run_id: str, *, plots: bool = True, max_diff_lines: int = 80
+) -> str | None:
     """The web-agent report section (Markdown, headed ``## Web agent``), or ``None`` when the run has no web
     trajectories.
 
@@ -267,22 +360,39 @@ def web_report(run_dir: Path | str, store: TrajectoryStore, run_id: str, *, plot
     first = [t for t in train if gens and t.generation == gens[0]]
     last = [t for t in train if gens and t.generation == gens[-1]]
     benchmarks = sorted({str(t.meta.get("benchmark")) for t in web})
-    lines = ["## Web agent", "",
-             (f"Benchmark: {', '.join(benchmarks)}; {len(train)} train episodes (ES members), {len(test)} held-out "
-              f"episodes (centre), {len(web) - len(train) - len(test)} gate episodes; overall train success "
-              f"{success_rate(train)}, held-out {success_rate(test)}."), ""]  # fmt: skip
+    lines = [
+        "## Web agent",
+        "",
+        (
+            f"Benchmark: {', '.join(benchmarks)}; {len(train)} train episodes (ES members), {len(test)} held-out "
+            f"episodes (centre), {len(web) - len(train) - len(test)} gate episodes; overall train success "
+            f"{success_rate(train)}, held-out {success_rate(test)}."
+        ),
+        "",
+    ]
     if train:
         lines += [*_generation_table(train), ""]
         if len(gens) >= 2:
-            lines += [*_task_table(f"Train success per task: generation {gens[0]} vs {gens[-1]}", first, last,
-                                   (f"generation {gens[0]}", f"generation {gens[-1]}")), ""]  # fmt: skip
+            lines += [
+                *_task_table(
+                    f"Train success per task: generation {gens[0]} vs {gens[-1]}",
+                    first,
+                    last,
+                    (f"generation {gens[0]}", f"generation {gens[-1]}"),
+                ),
+                "",
+            ]
     if test:
         lines += [*_heldout_table(test, store, run_id), ""]
         evals = _by(test, lambda t: (t.evolver, t.generation))
         if len(evals) >= 2:
             (k0, t0), (k1, t1) = _ends(evals)
-            lines += [*_task_table("Held-out success per task: before vs after", t0, t1,
-                                   (f"generation {k0[1]}", f"generation {k1[1]}")), ""]  # fmt: skip
+            lines += [
+                *_task_table(
+                    "Held-out success per task: before vs after", t0, t1, (f"generation {k0[1]}", f"generation {k1[1]}")
+                ),
+                "",
+            ]
     lines += _skill_version_table(web)
     diff = skill_diff_markdown(store, run_id, max_diff_lines)
     if diff:

@@ -21,6 +21,7 @@ from coevo.tables import fmt, md_table
 if TYPE_CHECKING:
     from coevo.store import TrajectoryStore
 
+
 def step_records(store: TrajectoryStore, run_id: str) -> list[dict[str, Any]]:
     """The loop's per-step records of a run, in order."""
     arts = store.list_artifacts(kind=LOOP_STEP, run_id=run_id)
@@ -155,14 +156,37 @@ def write_report(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool
             ]
         )
     lines += ["## Evolvers", ""]
-    lines += [("Rewards of the evolver's trajectories (one per LLM sample or episode; higher is better), in the "
-               "unit named in the last column."), ""]
-    lines += [md_table(["evolver", "space", "trajectories", "LLM samples", "valid", "mean trajectory reward",
-                        "best trajectory reward", "trajectory reward unit"], rows)]
+    lines += [
+        (
+            "Rewards of the evolver's trajectories (one per LLM sample or episode; higher is better), in the "
+            "unit named in the last column."
+        ),
+        "",
+    ]
+    lines += [
+        md_table(
+            [
+                "evolver",
+                "space",
+                "trajectories",
+                "LLM samples",
+                "valid",
+                "mean trajectory reward",
+                "best trajectory reward",
+                "trajectory reward unit",
+            ],
+            rows,
+        )
+    ]
     lines += ["", "## Steps", ""]
-    lines += [("`best reward` is what each step reports, in the unit of its `reward unit` column: parameter-space "
-               "(ES) steps report the best ES member reward R_i of the generation, context-space steps the best "
-               "reward of their samples."), ""]
+    lines += [
+        (
+            "`best reward` is what each step reports, in the unit of its `reward unit` column: parameter-space "
+            "(ES) steps report the best ES member reward R_i of the generation, context-space steps the best "
+            "reward of their samples."
+        ),
+        "",
+    ]
     step_rows = [
         [
             s["round"],
@@ -180,8 +204,18 @@ def write_report(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool
     ]
     lines += [
         md_table(
-            ["round", "evolver", "space", "samples", "trajectories", "best reward", "reward unit", "samples total",
-             "wall s", "metrics"],
+            [
+                "round",
+                "evolver",
+                "space",
+                "samples",
+                "trajectories",
+                "best reward",
+                "reward unit",
+                "samples total",
+                "wall s",
+                "metrics",
+            ],
             step_rows,
         )
     ]

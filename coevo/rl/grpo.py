@@ -1,7 +1,7 @@
 """Agentic GRPO baseline with TRL: multi-turn episodes, one terminal reward per trajectory, group-relative advantages.
 
 GRPO (Shao et al. 2024, "DeepSeekMath", arXiv 2402.03300) in its agentic form, as the Agentic ESOpt paper's RL
-baseline (field notes §6): each optimizer step draws ``prompts_per_step`` tasks, plays ``num_generations`` (G)
+baseline (docs/references.md §6): each optimizer step draws ``prompts_per_step`` tasks, plays ``num_generations`` (G)
 episodes per task with the current policy, scores each **trajectory** with the environment's terminal reward
 ``r``, and gives every generated token of every turn of trajectory ``j`` the advantage
 ``A_j = (r_j - mean(r_group)) / (std(r_group) + eps)``; environment tokens get no loss.
@@ -55,8 +55,10 @@ class GRPOSettings(BaseModel):
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="weight (and training) dtype")
     device: str = Field("cpu", description="cpu or cuda")
     batch_size: int = Field(8, ge=1, description="episodes per generate batch")
-    rollout: dict[str, Any] = Field(description="the environment: a sudoku or react_math rollout spec (its train "
-                                                "pool, held-out split and decoding are used)")
+    rollout: dict[str, Any] = Field(
+        description="the environment: a sudoku or react_math rollout spec (its train "
+        "pool, held-out split and decoding are used)"
+    )
     steps: int = Field(10, ge=1, description="optimizer steps")
     prompts_per_step: int = Field(4, ge=1, description="distinct tasks per step (groups)")
     num_generations: int = Field(4, ge=2, description="G: episodes per task (group size)")
@@ -80,8 +82,10 @@ class GRPOSettings(BaseModel):
             raise ValueError(f"rollout type {v.get('type')!r} has no task pool; GRPO supports sudoku and react_math")
         v = rcls.Config.model_validate(v).model_dump()
         if v.get("context", "history") != "history":
-            raise ValueError("GRPO needs rollout.context 'history': TRL trains a multi-turn trajectory as one token "
-                             "sequence, so each reply is conditioned on the episode so far (see coevo.rl.grpo)")
+            raise ValueError(
+                "GRPO needs rollout.context 'history': TRL trains a multi-turn trajectory as one token "
+                "sequence, so each reply is conditioned on the episode so far (see coevo.rl.grpo)"
+            )
         return v
 
     def episodes(self) -> int:
@@ -138,8 +142,12 @@ class GRPOBaseline:
         rows = []
         for case in self.pool:
             ep = self.rollout.episode(case)
-            rows.append({"prompt": ([{"role": "system", "content": ep.system}] if ep.system else [])
-                         + [{"role": "user", "content": ep.observation()}]})  # fmt: skip
+            rows.append(
+                {
+                    "prompt": ([{"role": "system", "content": ep.system}] if ep.system else [])
+                    + [{"role": "user", "content": ep.observation()}]
+                }
+            )
         return Dataset.from_list(rows)
 
     def rollout_func(self, prompts: list[list[dict[str, str]]], trainer) -> dict[str, Any]:
@@ -150,14 +158,24 @@ class GRPOBaseline:
         episodes = [self.rollout.episode(self.pool[self._by_prompt[p[-1]["content"]]]) for p in prompts]
         t0 = time.time()
         model = trainer.accelerator.unwrap_model(trainer.model)
-        trajs = run_token_episodes(model, self.tokenizer, episodes,
-                                   lambda turn: self.rollout.sampling("train", step, turn),
-                                   stop_ids=self.stop_ids, batch_size=self.settings.batch_size)  # fmt: skip
+        trajs = run_token_episodes(
+            model,
+            self.tokenizer,
+            episodes,
+            lambda turn: self.rollout.sampling("train", step, turn),
+            stop_ids=self.stop_ids,
+            batch_size=self.settings.batch_size,
+        )
         rewards = [ep.reward() for ep in episodes]
         self.train_rewards.extend(rewards)
         self._record_train(step, episodes, trajs, rewards, time.time() - t0)
-        return {"prompt_ids": [t.prompt_ids for t in trajs], "completion_ids": [t.completion_ids for t in trajs],
-                "env_mask": [t.env_mask for t in trajs], "logprobs": None, "env_reward": rewards}  # fmt: skip
+        return {
+            "prompt_ids": [t.prompt_ids for t in trajs],
+            "completion_ids": [t.completion_ids for t in trajs],
+            "env_mask": [t.env_mask for t in trajs],
+            "logprobs": None,
+            "env_reward": rewards,
+        }
 
     @staticmethod
     def reward_func(prompts, completions, env_reward: Sequence[float], **kwargs) -> list[float]:
@@ -170,19 +188,44 @@ class GRPOBaseline:
         s = self.settings
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         cfg = GRPOConfig(
-            output_dir=str(self.out_dir), max_steps=s.steps, learning_rate=s.learning_rate, optim=s.optim,
-            weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm, lr_scheduler_type="constant",
-            per_device_train_batch_size=s.num_generations, gradient_accumulation_steps=s.prompts_per_step,
-            steps_per_generation=s.prompts_per_step, num_generations=s.num_generations, num_iterations=1,
-            beta=s.beta, epsilon=s.epsilon, loss_type=s.loss_type, scale_rewards=s.scale_rewards,
-            seed=s.seed, data_seed=s.seed, use_cpu=s.device == "cpu", bf16=s.dtype == "bfloat16",
-            fp16=False, gradient_checkpointing=s.gradient_checkpointing, report_to=[], logging_steps=1,
-            save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False,
+            output_dir=str(self.out_dir),
+            max_steps=s.steps,
+            learning_rate=s.learning_rate,
+            optim=s.optim,
+            weight_decay=s.weight_decay,
+            max_grad_norm=s.max_grad_norm,
+            lr_scheduler_type="constant",
+            per_device_train_batch_size=s.num_generations,
+            gradient_accumulation_steps=s.prompts_per_step,
+            steps_per_generation=s.prompts_per_step,
+            num_generations=s.num_generations,
+            num_iterations=1,
+            beta=s.beta,
+            epsilon=s.epsilon,
+            loss_type=s.loss_type,
+            scale_rewards=s.scale_rewards,
+            seed=s.seed,
+            data_seed=s.seed,
+            use_cpu=s.device == "cpu",
+            bf16=s.dtype == "bfloat16",
+            fp16=False,
+            gradient_checkpointing=s.gradient_checkpointing,
+            report_to=[],
+            logging_steps=1,
+            save_strategy="no",
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            remove_unused_columns=False,
             log_completions=False,
-        )  # fmt: skip
-        self.trainer = GRPOTrainer(model=self.policy.model, reward_funcs=[self.reward_func], args=cfg,
-                                   train_dataset=self.dataset(), processing_class=self.tokenizer,
-                                   rollout_func=self.rollout_func)  # fmt: skip
+        )
+        self.trainer = GRPOTrainer(
+            model=self.policy.model,
+            reward_funcs=[self.reward_func],
+            args=cfg,
+            train_dataset=self.dataset(),
+            processing_class=self.tokenizer,
+            rollout_func=self.rollout_func,
+        )
         if s.eval_every:
             self.trainer.add_callback(eval_callback(self, s.eval_every))
         return self.trainer
@@ -194,8 +237,14 @@ class GRPOBaseline:
         was_training = model.training
         model.eval()
         try:
-            ts = self.rollout.run(self.policy, generation=step, member=None, key_prefix=f"{self.run_id}/grpo/eval/s{step:05d}",
-                                  split="test", evolver="grpo")  # fmt: skip
+            ts = self.rollout.run(
+                self.policy,
+                generation=step,
+                member=None,
+                key_prefix=f"{self.run_id}/grpo/eval/s{step:05d}",
+                split="test",
+                evolver="grpo",
+            )
         finally:
             model.train(was_training)
         for t in ts:
@@ -213,16 +262,30 @@ class GRPOBaseline:
         g = self.settings.num_generations
         rows = []
         for j, (ep, tr, r) in enumerate(zip(episodes, trajs, rewards)):
-            rows.append(Trajectory(
-                key=f"{self.run_id}/grpo/s{step:05d}/{j}", run_id=self.run_id, evolver="grpo", space="parameter",
-                generation=step, task_id=self.rollout.task_id(ep),
-                steps=turns_to_steps(tr.turns), reward=r, llm_calls=len(tr.turns),
-                prompt_tokens=sum(t.prompt_tokens for t in tr.turns),
-                completion_tokens=sum(t.completion_tokens for t in tr.turns), duration_s=dt / max(1, len(episodes)),
-                meta={"split": "train", "group": j // g, "context": "history", "sequence_tokens":
-                      len(tr.prompt_ids) + len(tr.completion_ids), "generated_tokens": sum(tr.env_mask),
-                      **ep.summary()},
-            ))  # fmt: skip
+            rows.append(
+                Trajectory(
+                    key=f"{self.run_id}/grpo/s{step:05d}/{j}",
+                    run_id=self.run_id,
+                    evolver="grpo",
+                    space="parameter",
+                    generation=step,
+                    task_id=self.rollout.task_id(ep),
+                    steps=turns_to_steps(tr.turns),
+                    reward=r,
+                    llm_calls=len(tr.turns),
+                    prompt_tokens=sum(t.prompt_tokens for t in tr.turns),
+                    completion_tokens=sum(t.completion_tokens for t in tr.turns),
+                    duration_s=dt / max(1, len(episodes)),
+                    meta={
+                        "split": "train",
+                        "group": j // g,
+                        "context": "history",
+                        "sequence_tokens": len(tr.prompt_ids) + len(tr.completion_ids),
+                        "generated_tokens": sum(tr.env_mask),
+                        **ep.summary(),
+                    },
+                )
+            )
         self.store.add_trajectories(rows)
 
     def run(self) -> dict[str, Any]:
@@ -238,10 +301,18 @@ class GRPOBaseline:
         if not self.evaluations or self.evaluations[-1]["step"] != s.steps:
             self.evaluate(s.steps)
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-        return {"method": "grpo", "run_id": self.run_id, "steps": s.steps, "episodes": len(self.train_rewards),
-                "train_reward": sum(self.train_rewards) / max(1, len(self.train_rewards)),
-                "evaluations": self.evaluations, "final_test_reward": self.evaluations[-1]["test_reward"],
-                "losses": losses, "train_s": train_s, "wall_s": time.time() - t0}  # fmt: skip
+        return {
+            "method": "grpo",
+            "run_id": self.run_id,
+            "steps": s.steps,
+            "episodes": len(self.train_rewards),
+            "train_reward": sum(self.train_rewards) / max(1, len(self.train_rewards)),
+            "evaluations": self.evaluations,
+            "final_test_reward": self.evaluations[-1]["test_reward"],
+            "losses": losses,
+            "train_s": train_s,
+            "wall_s": time.time() - t0,
+        }
 
 
 def eval_callback(baseline: GRPOBaseline, every: int):

@@ -58,13 +58,14 @@ class ChatTokens:
         self.stop_ids = {int(i) for i in stop_ids}
         base = [{"role": "user", "content": "u"}, {"role": "assistant", "content": self._A}]
         closed = tokenizer.apply_chat_template(base, tokenize=False)
-        opened = tokenizer.apply_chat_template([*base, {"role": "user", "content": self._U}], tokenize=False,
-                                               add_generation_prompt=True)  # fmt: skip
+        opened = tokenizer.apply_chat_template(
+            [*base, {"role": "user", "content": self._U}], tokenize=False, add_generation_prompt=True
+        )
         if not opened.startswith(closed):
             raise ValueError("chat template is not prefix-stable: cannot insert observations between replies")
         #: template text after an assistant reply's content (e.g. "<|im_end|>\n")
-        self.close = closed[closed.rindex(self._A) + len(self._A):]
-        head, _, tail = opened[len(closed):].partition(self._U)
+        self.close = closed[closed.rindex(self._A) + len(self._A) :]
+        head, _, tail = opened[len(closed) :].partition(self._U)
         self.user_head, self.user_tail = head, tail  # around the user message content, tail ends with the gen prompt
 
     def encode(self, text: str) -> list[int]:
@@ -86,8 +87,9 @@ class ChatTokens:
 
 
 @torch.no_grad()
-def generate_ids(model, seqs: list[list[int]], params: SamplingParams, *, pad_id: int, stop_ids: Sequence[int],
-                 batch_size: int = 8) -> list[list[int]]:
+def generate_ids(
+    model, seqs: list[list[int]], params: SamplingParams, *, pad_id: int, stop_ids: Sequence[int], batch_size: int = 8
+) -> list[list[int]]:
     """Sample one continuation per id sequence (left-padded batches of ``batch_size``); each ends at and includes
     its first stop token, or has ``params.max_new_tokens`` tokens. ``params.seed`` forks and seeds the torch RNG.
     ``params.stop`` strings are not applied (a reply runs to a stop token or the length limit; the environments
@@ -99,10 +101,15 @@ def generate_ids(model, seqs: list[list[int]], params: SamplingParams, *, pad_id
     from transformers import GenerationConfig
 
     sample = params.temperature > 0
-    gen_cfg = GenerationConfig(max_new_tokens=params.max_new_tokens, do_sample=sample,
-                               temperature=params.temperature if sample else None,
-                               top_p=params.top_p if sample else None, top_k=params.top_k if sample else None,
-                               eos_token_id=list(stop_ids), pad_token_id=pad_id)  # fmt: skip
+    gen_cfg = GenerationConfig(
+        max_new_tokens=params.max_new_tokens,
+        do_sample=sample,
+        temperature=params.temperature if sample else None,
+        top_p=params.top_p if sample else None,
+        top_k=params.top_k if sample else None,
+        eos_token_id=list(stop_ids),
+        pad_token_id=pad_id,
+    )
     device = next(model.parameters()).device
     stops = set(stop_ids)
     out: list[list[int]] = []
@@ -111,13 +118,13 @@ def generate_ids(model, seqs: list[list[int]], params: SamplingParams, *, pad_id
         if params.seed is not None:
             torch.manual_seed(params.seed)
         for start in range(0, len(seqs), batch_size):
-            chunk = seqs[start:start + batch_size]
+            chunk = seqs[start : start + batch_size]
             width = max(len(s) for s in chunk)
             ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
             mask = torch.zeros((len(chunk), width), dtype=torch.long)
             for i, s in enumerate(chunk):
-                ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-                mask[i, width - len(s):] = 1
+                ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+                mask[i, width - len(s) :] = 1
             gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gen_cfg)
             for row in gen[:, width:].tolist():  # (B, new tokens)
                 end = next((i for i, t in enumerate(row) if t in stops), None)
@@ -125,8 +132,15 @@ def generate_ids(model, seqs: list[list[int]], params: SamplingParams, *, pad_id
     return out
 
 
-def run_token_episodes(model, tokenizer, episodes: Sequence[TurnEpisode], sampling: Callable[[int], SamplingParams],
-                       *, stop_ids: Sequence[int], batch_size: int = 8) -> list[TokenTrajectory]:
+def run_token_episodes(
+    model,
+    tokenizer,
+    episodes: Sequence[TurnEpisode],
+    sampling: Callable[[int], SamplingParams],
+    *,
+    stop_ids: Sequence[int],
+    batch_size: int = 8,
+) -> list[TokenTrajectory]:
     """Play ``episodes`` to their end with ``model``, all unfinished episodes' turns in one batched generation per
     turn; returns one :class:`TokenTrajectory` per episode (module docstring). ``sampling(turn)`` gives the
     decoding of turn ``turn``."""
@@ -135,7 +149,8 @@ def run_token_episodes(model, tokenizer, episodes: Sequence[TurnEpisode], sampli
     trajs = []
     for ep in episodes:
         conv = ([{"role": "system", "content": ep.system}] if ep.system else []) + [
-            {"role": "user", "content": ep.observation()}]
+            {"role": "user", "content": ep.observation()}
+        ]
         trajs.append(TokenTrajectory(prompt_ids=chat.prompt_ids(conv)))
     observations = [ep.observation() for ep in episodes]
     turn = 0
@@ -144,15 +159,29 @@ def run_token_episodes(model, tokenizer, episodes: Sequence[TurnEpisode], sampli
         if not active:
             return trajs
         params = sampling(turn)
-        replies = generate_ids(model, [trajs[i].prompt_ids + trajs[i].completion_ids for i in active], params,
-                               pad_id=pad_id, stop_ids=stop_ids, batch_size=batch_size)  # fmt: skip
+        replies = generate_ids(
+            model,
+            [trajs[i].prompt_ids + trajs[i].completion_ids for i in active],
+            params,
+            pad_id=pad_id,
+            stop_ids=stop_ids,
+            batch_size=batch_size,
+        )
         for i, reply in zip(active, replies):
             tr, ep = trajs[i], episodes[i]
             text = tokenizer.decode(reply, skip_special_tokens=True)
             n_prompt = len(tr.prompt_ids) + len(tr.completion_ids)
             action, feedback = ep.step(text)
-            tr.turns.append(Turn(observation=observations[i], output=text, action=action, feedback=feedback,
-                                 prompt_tokens=n_prompt, completion_tokens=len(reply)))  # fmt: skip
+            tr.turns.append(
+                Turn(
+                    observation=observations[i],
+                    output=text,
+                    action=action,
+                    feedback=feedback,
+                    prompt_tokens=n_prompt,
+                    completion_tokens=len(reply),
+                )
+            )
             tr.completion_ids += reply
             tr.env_mask += [1] * len(reply)
             if not ep.done:

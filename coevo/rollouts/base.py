@@ -2,7 +2,7 @@
 
 A rollout runs the policy on a batch of task cases and returns one :class:`~coevo.types.Trajectory` per
 case (or per episode); :meth:`Rollout.member_reward` reduces a member's trajectories to the scalar R_i that
-ES normalises (Agentic ESOpt, field-notes §1 step 3: the mean task reward over the member's batch).
+ES normalises (Agentic ESOpt, docs/references.md §1 step 3: the mean task reward over the member's batch).
 
 Rollouts do not write to the store: the caller records what they return. They build deterministic keys with
 the ``key_prefix`` they are given, and a caller that resumes may skip cases whose key is already stored.
@@ -93,23 +93,43 @@ class Rollout(ABC):
         without any weight pass (for agents that drive the policy themselves, e.g. web episodes).
         """
         return [
-            self.run(population.member_policy(m), generation=generation, member=m, key_prefix=kp, split=split,
-                     evolver=evolver, round_index=round_index)
+            self.run(
+                population.member_policy(m),
+                generation=generation,
+                member=m,
+                key_prefix=kp,
+                split=split,
+                evolver=evolver,
+                round_index=round_index,
+            )
             for m, kp in zip(members, key_prefixes, strict=True)
-        ]  # fmt: skip
+        ]
 
     def case_trajectory(
-        self, *, key_prefix: str, split: Split, index: int, generation: int, member: ESMember | None, evolver: str,
-        round_index: int, **fields: Any,
+        self,
+        *,
+        key_prefix: str,
+        split: Split,
+        index: int,
+        generation: int,
+        member: ESMember | None,
+        evolver: str,
+        round_index: int,
+        **fields: Any,
     ) -> Trajectory:
         """A parameter-space trajectory for case ``index`` of ``split`` with this rollout's provenance filled in
         (key ``{key_prefix}/{split}/{index}``, run id, evolver, round, generation, member); ``fields`` are the
         remaining :class:`~coevo.types.Trajectory` fields."""
         return Trajectory(
-            key=f"{key_prefix}/{split}/{index}", run_id=self.ctx.run_id if self.ctx is not None else "",
-            evolver=evolver, space="parameter", round=round_index, generation=generation,
-            member=member if isinstance(member, ESMember) else None, **fields,
-        )  # fmt: skip
+            key=f"{key_prefix}/{split}/{index}",
+            run_id=self.ctx.run_id if self.ctx is not None else "",
+            evolver=evolver,
+            space="parameter",
+            round=round_index,
+            generation=generation,
+            member=member if isinstance(member, ESMember) else None,
+            **fields,
+        )
 
     def member_reward(self, trajectories: list[Trajectory]) -> float:
         """R_i for one member: the mean reward over its trajectories (invalid ones count as 0.0)."""
@@ -122,7 +142,7 @@ class Rollout(ABC):
 
         The ES evolver calls this (not :meth:`member_reward` directly) so that rollouts whose reward of a
         failed member depends on the rest of the population can define it, e.g. the AHD sampling rule
-        "invalid child -> min(valid) - std(valid)" (field-notes §2). Default: ``member_reward`` per member.
+        "invalid child -> min(valid) - std(valid)" (docs/references.md §2). Default: ``member_reward`` per member.
         """
         return [self.member_reward(ts) for ts in members]
 

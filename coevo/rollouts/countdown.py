@@ -163,8 +163,9 @@ class CountdownRollout(Rollout):
 
     def _sampling(self, generation: int) -> SamplingParams:
         cfg = self.config
-        return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0,
-                              seed=cfg.seed + generation)  # fmt: skip
+        return SamplingParams(
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0, seed=cfg.seed + generation
+        )
 
     def _needs(self, split: Split) -> tuple[bool, bool]:
         """(generate completions, score the answer's log-probability) for a call on ``split``."""
@@ -177,15 +178,28 @@ class CountdownRollout(Rollout):
         t0 = time.time()
         outs = policy.generate(convs, self._sampling(generation)) if gen else [None] * len(cases)
         scored = target_logprobs(policy, convs, [str(c["answer"]) for c in cases]) if dense else []
-        return self._trajectories(cases, outs, scored, time.time() - t0, generation=generation, member=member,
-                                  key_prefix=key_prefix, split=split, evolver=evolver, round_index=round_index)  # fmt: skip
+        return self._trajectories(
+            cases,
+            outs,
+            scored,
+            time.time() - t0,
+            generation=generation,
+            member=member,
+            key_prefix=key_prefix,
+            split=split,
+            evolver=evolver,
+            round_index=round_index,
+        )
 
-    def run_population(self, population, members, *, generation, key_prefixes, split: Split = "train", evolver="es",
-                       round_index=0):  # fmt: skip
+    def run_population(
+        self, population, members, *, generation, key_prefixes, split: Split = "train", evolver="es", round_index=0
+    ):
         """Every member's cases as rows of one batched generation (and one batched scoring pass)."""
         requests = [self._request(split, generation, m) for m in members]
         rows = [(m, conv) for m, (_, convs) in zip(members, requests, strict=True) for conv in convs]
-        answers = [str(c["answer"]) for cases, _ in requests for c in cases] if self.config.reward == "answer_logprob" else []
+        answers = (
+            [str(c["answer"]) for cases, _ in requests for c in cases] if self.config.reward == "answer_logprob" else []
+        )
         gen, dense = self._needs(split)
         t0 = time.time()
         outs = population.generate(rows, self._sampling(generation)) if gen else [None] * len(rows)
@@ -194,9 +208,20 @@ class CountdownRollout(Rollout):
         result, start = [], 0
         for m, kp, (cases, _) in zip(members, key_prefixes, requests, strict=True):
             stop = start + len(cases)
-            result.append(self._trajectories(cases, outs[start:stop], scored[start:stop] if dense else [], dt,
-                                             generation=generation, member=m, key_prefix=kp, split=split,
-                                             evolver=evolver, round_index=round_index))  # fmt: skip
+            result.append(
+                self._trajectories(
+                    cases,
+                    outs[start:stop],
+                    scored[start:stop] if dense else [],
+                    dt,
+                    generation=generation,
+                    member=m,
+                    key_prefix=kp,
+                    split=split,
+                    evolver=evolver,
+                    round_index=round_index,
+                )
+            )
             start = stop
         return result
 
@@ -213,14 +238,31 @@ class CountdownRollout(Rollout):
                 out = Completion(text="", prompt_tokens=0, completion_tokens=0)
             trajs.append(
                 self.case_trajectory(
-                    key_prefix=key_prefix, split=split, index=i, generation=generation, member=member,
-                    evolver=evolver, round_index=round_index,
+                    key_prefix=key_prefix,
+                    split=split,
+                    index=i,
+                    generation=generation,
+                    member=member,
+                    evolver=evolver,
+                    round_index=round_index,
                     task_id=f"{cfg.task}:{split}:{generation if split == 'train' else 0}:{i}",
-                    steps=[Step(observation=case["prompt"], model_output=out.text, action=extract_answer(out.text),
-                                tool_result=feedback, reward=reward)],
-                    reward=reward, valid=out.error is None, failure="llm_error" if out.error else None,
-                    failure_detail=out.error, llm_calls=1, prompt_tokens=out.prompt_tokens,
-                    completion_tokens=out.completion_tokens, duration_s=dt / max(1, len(cases)),
+                    steps=[
+                        Step(
+                            observation=case["prompt"],
+                            model_output=out.text,
+                            action=extract_answer(out.text),
+                            tool_result=feedback,
+                            reward=reward,
+                        )
+                    ],
+                    reward=reward,
+                    valid=out.error is None,
+                    failure="llm_error" if out.error else None,
+                    failure_detail=out.error,
+                    llm_calls=1,
+                    prompt_tokens=out.prompt_tokens,
+                    completion_tokens=out.completion_tokens,
+                    duration_s=dt / max(1, len(cases)),
                     meta={"split": split, "case": case, "exact": exact},
                 )
             )

@@ -1,6 +1,6 @@
 """ES rollout for automatic heuristic design: population members write heuristics under perturbed weights.
 
-Agentic ESOpt's AHD setting (field-notes §2): at test time, the chosen EoH operators (e.g. M1, M2) generate
+Agentic ESOpt's AHD setting (docs/references.md §2): at test time, the chosen EoH operators (e.g. M1, M2) generate
 their children under perturbed weights, one ES member per seed; the same children enter the EoH population
 (pooled samples: the EoH evolver folds them in at its next step), and ES adapts the model's weights from
 their rewards. Children are prompted, sampled, evaluated and recorded by the searched evolver's sampler
@@ -47,8 +47,20 @@ from coevo.rollouts.base import Rollout, RolloutConfig, Split, register_rollout
 from coevo.types import Trajectory
 
 #: how far an invalid child got (see ``reward: rank`` in the module docstring); a valid new child is stage 5
-_STAGE = {"llm_error": 0, "parse": 0, "sandbox": 0, "other": 0, "syntax": 1, "import": 2, "runtime": 2,
-          "timeout": 2, "memory": 2, "return_type": 3, "infeasible": 3, "duplicate": 4}  # fmt: skip
+_STAGE = {
+    "llm_error": 0,
+    "parse": 0,
+    "sandbox": 0,
+    "other": 0,
+    "syntax": 1,
+    "import": 2,
+    "runtime": 2,
+    "timeout": 2,
+    "memory": 2,
+    "return_type": 3,
+    "infeasible": 3,
+    "duplicate": 4,
+}
 
 
 class EoHChildrenConfig(RolloutConfig):
@@ -60,8 +72,10 @@ class EoHChildrenConfig(RolloutConfig):
     children_per_operator: int = Field(1, ge=1, description="children per operator and member")
     invalid: Literal["paper", "zero"] | float = Field("paper", description="reward rule for invalid children")
     reward: Literal["paper", "rank"] = Field(
-        "paper", description="paper: the paper's member rewards; rank: ranks of (stage reached, paper reward) over "
-        "the generation's children, so invalid children still separate members (see the module docstring)")
+        "paper",
+        description="paper: the paper's member rewards; rank: ranks of (stage reached, paper reward) over "
+        "the generation's children, so invalid children still separate members (see the module docstring)",
+    )
 
 
 @register_rollout("eoh_children")
@@ -101,14 +115,27 @@ class EoHChildrenRollout(Rollout):
         if parented and search.parents_m is None:
             raise ValueError(f"rollout.operators: {cfg.operators} need an eoh evolver, not {self.config.evolver!r}")
         if parented and search.population:
-            jobs = sampler.operator_jobs(cfg.operators, cfg.children_per_operator, self.ctx.rng(local, "children"),
-                                         (local,), population=search.population, parents_m=search.parents_m)  # fmt: skip
+            jobs = sampler.operator_jobs(
+                cfg.operators,
+                cfg.children_per_operator,
+                self.ctx.rng(local, "children"),
+                (local,),
+                population=search.population,
+                parents_m=search.parents_m,
+            )
         else:  # nothing to modify yet (or i1 only): fresh samples
             rng = self.ctx.rng(local, "i1")
             n = cfg.children_per_operator * len(cfg.operators)
             jobs = [sampler.job("i1", key=f"{key_prefix}/i1/{j}", seed=rng.getrandbits(63)) for j in range(n)]
-        return sampler.sample(jobs, policy=policy, round_index=round_index, generation=generation, evolver=evolver,
-                              member=member, existing=search.population)  # fmt: skip
+        return sampler.sample(
+            jobs,
+            policy=policy,
+            round_index=round_index,
+            generation=generation,
+            evolver=evolver,
+            member=member,
+            existing=search.population,
+        )
 
     # ------------------------------------------------------------------ rewards
     def _child_reward(self, t: Trajectory) -> float | None:

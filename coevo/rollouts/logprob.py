@@ -34,7 +34,9 @@ def target_logprobs(policy, conversations, targets: list[str]) -> list[tuple[flo
     forward pass (``policy.logprob``); the per-token reward is their ratio. ``policy`` may also be a low-rank
     ``Population`` with ``(member, conversation)`` rows as ``conversations``."""
     totals = policy.logprob(conversations, targets).tolist()
-    return [(v, max(1, len(policy.tokenizer(t, add_special_tokens=False)["input_ids"]))) for v, t in zip(totals, targets)]
+    return [
+        (v, max(1, len(policy.tokenizer(t, add_special_tokens=False)["input_ids"]))) for v, t in zip(totals, targets)
+    ]
 
 
 @register_rollout("target_logprob")
@@ -46,13 +48,23 @@ class TargetLogProbRollout(Rollout):
     def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
         prompts = self._prompts(split)
         t0 = time.time()
-        scored = target_logprobs(policy, [[{"role": "user", "content": p}] for p in prompts],
-                                 [self.config.target] * len(prompts))  # fmt: skip
-        return self._trajectories(scored, time.time() - t0, generation=generation, member=member,
-                                  key_prefix=key_prefix, split=split, evolver=evolver, round_index=round_index)  # fmt: skip
+        scored = target_logprobs(
+            policy, [[{"role": "user", "content": p}] for p in prompts], [self.config.target] * len(prompts)
+        )
+        return self._trajectories(
+            scored,
+            time.time() - t0,
+            generation=generation,
+            member=member,
+            key_prefix=key_prefix,
+            split=split,
+            evolver=evolver,
+            round_index=round_index,
+        )
 
-    def run_population(self, population, members, *, generation, key_prefixes, split: Split = "train", evolver="es",
-                       round_index=0):  # fmt: skip
+    def run_population(
+        self, population, members, *, generation, key_prefixes, split: Split = "train", evolver="es", round_index=0
+    ):
         """All members' prompts as rows of one batched forward pass (``population.logprob``)."""
         prompts = self._prompts(split)
         rows = [(m, [{"role": "user", "content": p}]) for m in members for p in prompts]
@@ -60,9 +72,19 @@ class TargetLogProbRollout(Rollout):
         scored = target_logprobs(population, rows, [self.config.target] * len(rows))
         dt = (time.time() - t0) / len(members)
         n = len(prompts)
-        return [self._trajectories(scored[i * n : (i + 1) * n], dt, generation=generation, member=m, key_prefix=kp,
-                                   split=split, evolver=evolver, round_index=round_index)
-                for i, (m, kp) in enumerate(zip(members, key_prefixes, strict=True))]  # fmt: skip
+        return [
+            self._trajectories(
+                scored[i * n : (i + 1) * n],
+                dt,
+                generation=generation,
+                member=m,
+                key_prefix=kp,
+                split=split,
+                evolver=evolver,
+                round_index=round_index,
+            )
+            for i, (m, kp) in enumerate(zip(members, key_prefixes, strict=True))
+        ]
 
     def _prompts(self, split: Split) -> list[str]:
         return self.config.prompts if split == "train" else self.config.test_prompts
@@ -74,10 +96,20 @@ class TargetLogProbRollout(Rollout):
             r = v / n_tok
             out.append(
                 self.case_trajectory(
-                    key_prefix=key_prefix, split=split, index=i, generation=generation, member=member,
-                    evolver=evolver, round_index=round_index, task_id=f"{split}:{i}",
-                    steps=[Step(observation=p, model_output=self.config.target, reward=r)], reward=r, llm_calls=1,
-                    prompt_tokens=0, completion_tokens=n_tok, duration_s=dt / len(prompts),
+                    key_prefix=key_prefix,
+                    split=split,
+                    index=i,
+                    generation=generation,
+                    member=member,
+                    evolver=evolver,
+                    round_index=round_index,
+                    task_id=f"{split}:{i}",
+                    steps=[Step(observation=p, model_output=self.config.target, reward=r)],
+                    reward=r,
+                    llm_calls=1,
+                    prompt_tokens=0,
+                    completion_tokens=n_tok,
+                    duration_s=dt / len(prompts),
                     meta={"split": split, "logprob": v},
                 )
             )

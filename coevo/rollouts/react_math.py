@@ -39,8 +39,10 @@ class ReactMathConfig(RolloutConfig):
     temperature: float = Field(0.7, ge=0)
     top_p: float = Field(0.8, gt=0, le=1)
     top_k: int = Field(20, ge=0)
-    stop: list[str] = Field(default_factory=lambda: ["Observation:"],
-                            description="a reply is cut here (the model must not write the tool's output)")
+    stop: list[str] = Field(
+        default_factory=lambda: ["Observation:"],
+        description="a reply is cut here (the model must not write the tool's output)",
+    )
     tool_timeout_s: float = Field(10.0, gt=0, description="wall-clock limit of one tool call (s)")
     tool_memory_mb: int = Field(1024, ge=64, description="address-space limit of one tool call (MiB)")
     tool_output_chars: int = Field(2000, ge=1, description="characters of tool output shown to the agent")
@@ -99,28 +101,47 @@ class ReactMathRollout(Rollout):
     def sampling(self, split: Split, generation: int, turn: int) -> SamplingParams:
         cfg = self.config
         salt = 7_919 if split == "test" else 0
-        return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                              top_k=cfg.top_k, stop=tuple(cfg.stop),
-                              seed=(cfg.seed * 1_000_003 + generation * 1_009 + turn + salt) % 2**31)  # fmt: skip
+        return SamplingParams(
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            stop=tuple(cfg.stop),
+            seed=(cfg.seed * 1_000_003 + generation * 1_009 + turn + salt) % 2**31,
+        )
 
     def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
         episodes = self.episodes(split, generation)
         t0 = time.time()
-        all_turns = drive(episodes, lambda convs, turn: policy.generate(convs, self.sampling(split, generation, turn)),
-                          "history")  # fmt: skip
+        all_turns = drive(
+            episodes, lambda convs, turn: policy.generate(convs, self.sampling(split, generation, turn)), "history"
+        )
         dt = time.time() - t0
         trajs = []
         for i, (ep, turns) in enumerate(zip(episodes, all_turns)):
             errors = [t.error for t in turns if t.error]
-            trajs.append(self.case_trajectory(
-                key_prefix=key_prefix, split=split, index=i, generation=generation, member=member, evolver=evolver,
-                round_index=round_index, task_id=self.task_id(ep), steps=turns_to_steps(turns),
-                reward=ep.reward(), valid=not errors, failure="llm_error" if errors else None,
-                failure_detail=errors[0] if errors else None, llm_calls=len(turns),
-                prompt_tokens=sum(t.prompt_tokens for t in turns),
-                completion_tokens=sum(t.completion_tokens for t in turns), duration_s=dt / max(1, len(episodes)),
-                meta={"split": split, "question": ep.problem.question, **ep.summary()},
-            ))  # fmt: skip
+            trajs.append(
+                self.case_trajectory(
+                    key_prefix=key_prefix,
+                    split=split,
+                    index=i,
+                    generation=generation,
+                    member=member,
+                    evolver=evolver,
+                    round_index=round_index,
+                    task_id=self.task_id(ep),
+                    steps=turns_to_steps(turns),
+                    reward=ep.reward(),
+                    valid=not errors,
+                    failure="llm_error" if errors else None,
+                    failure_detail=errors[0] if errors else None,
+                    llm_calls=len(turns),
+                    prompt_tokens=sum(t.prompt_tokens for t in turns),
+                    completion_tokens=sum(t.completion_tokens for t in turns),
+                    duration_s=dt / max(1, len(episodes)),
+                    meta={"split": split, "question": ep.problem.question, **ep.summary()},
+                )
+            )
         return trajs
 
     def metrics(self, trajectories: list[Trajectory], k: int | None = None) -> dict[str, float]:
@@ -133,4 +154,8 @@ class ReactMathRollout(Rollout):
 
     def n_cases(self, split: Split = "train") -> int:
         cfg = self.config
-        return min(cfg.problems_per_member, cfg.train_pool) if split == "train" else cfg.test_problems * cfg.samples_per_problem
+        return (
+            min(cfg.problems_per_member, cfg.train_pool)
+            if split == "train"
+            else cfg.test_problems * cfg.samples_per_problem
+        )

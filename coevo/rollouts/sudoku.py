@@ -5,7 +5,7 @@ episodes go to the policy in **one** batched ``generate`` call (:func:`coevo.env
 member's cost is (turns of its longest episode) batched calls rather than (episodes x turns) calls. A
 population-batched backend can later merge the members' calls the same way.
 
-Cases (Agentic ESOpt, field notes §6): a pool of ``train_pool`` train puzzles and ``test_puzzles`` held-out
+Cases (Agentic ESOpt, docs/references.md §6): a pool of ``train_pool`` train puzzles and ``test_puzzles`` held-out
 puzzles per (grid size, H*), from disjoint seed streams; generation ``g`` draws ``puzzles_per_member`` train
 puzzles from the pool (seeded by ``g``; every member of a generation sees the same puzzles and the same
 sampling seed, i.e. common random numbers); the held-out split plays every test puzzle ``test_repeats``
@@ -40,7 +40,8 @@ class SudokuConfig(RolloutConfig):
     test_repeats: int = Field(1, ge=1, description="episodes per held-out puzzle (the reference: 3)")
     seed: int = Field(0, description="seed of the puzzle generator and of the sampling")
     context: Literal["board", "history"] = Field(
-        "board", description="board: system + current board each turn (the reference); history: the whole chat")
+        "board", description="board: system + current board each turn (the reference); history: the whole chat"
+    )
     list_empty: bool = Field(True, description="the observation lists the empty cells' coordinates")
     hints: bool = Field(False, description="the observation lists each empty cell's candidate digits (assisted)")
     max_new_tokens: int = Field(64, ge=1, description="tokens per turn (the reference: 64)")
@@ -94,29 +95,48 @@ class SudokuRollout(Rollout):
         """Decoding of one turn; the seed depends on (seed, split, generation, turn), not on the member."""
         cfg = self.config
         salt = 7_919 if split == "test" else 0
-        return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
-                              top_k=cfg.top_k, seed=(cfg.seed * 1_000_003 + generation * 1_009 + turn + salt) % 2**31)  # fmt: skip
+        return SamplingParams(
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            seed=(cfg.seed * 1_000_003 + generation * 1_009 + turn + salt) % 2**31,
+        )
 
     def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
         cfg = self.config
         episodes = self.episodes(split, generation)
         t0 = time.time()
-        all_turns = drive(episodes, lambda convs, turn: policy.generate(convs, self.sampling(split, generation, turn)),
-                          cfg.context)  # fmt: skip
+        all_turns = drive(
+            episodes, lambda convs, turn: policy.generate(convs, self.sampling(split, generation, turn)), cfg.context
+        )
         dt = time.time() - t0
         trajs = []
         for i, (ep, turns) in enumerate(zip(episodes, all_turns)):
             errors = [t.error for t in turns if t.error]
             reward = ep.reward()
-            trajs.append(self.case_trajectory(
-                key_prefix=key_prefix, split=split, index=i, generation=generation, member=member, evolver=evolver,
-                round_index=round_index, task_id=self.task_id(ep),
-                steps=turns_to_steps(turns), reward=reward, valid=not errors, failure="llm_error" if errors else None,
-                failure_detail=errors[0] if errors else None, llm_calls=len(turns),
-                prompt_tokens=sum(t.prompt_tokens for t in turns),
-                completion_tokens=sum(t.completion_tokens for t in turns), duration_s=dt / max(1, len(episodes)),
-                meta={"split": split, "context": cfg.context, **ep.summary()},
-            ))  # fmt: skip
+            trajs.append(
+                self.case_trajectory(
+                    key_prefix=key_prefix,
+                    split=split,
+                    index=i,
+                    generation=generation,
+                    member=member,
+                    evolver=evolver,
+                    round_index=round_index,
+                    task_id=self.task_id(ep),
+                    steps=turns_to_steps(turns),
+                    reward=reward,
+                    valid=not errors,
+                    failure="llm_error" if errors else None,
+                    failure_detail=errors[0] if errors else None,
+                    llm_calls=len(turns),
+                    prompt_tokens=sum(t.prompt_tokens for t in turns),
+                    completion_tokens=sum(t.completion_tokens for t in turns),
+                    duration_s=dt / max(1, len(episodes)),
+                    meta={"split": split, "context": cfg.context, **ep.summary()},
+                )
+            )
         return trajs
 
     def n_cases(self, split: Split = "train") -> int:

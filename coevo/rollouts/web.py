@@ -1,6 +1,6 @@
 """The ``web`` rollout: an ES population member (or the centre) runs the web agent on browser episodes.
 
-Agentic ESOpt (arXiv 2608.17310, field notes §1 step 3) scores member i by the mean task reward over a batch
+Agentic ESOpt (arXiv 2608.17310, docs/references.md §1 step 3) scores member i by the mean task reward over a batch
 of cases; here a case is one web episode ``(task, seed)``: MiniWoB++ (Shi et al. 2017, offline),
 WebArena-Lite (Liu et al. 2024, the user's deployment; the paper's setting: G=8, 8 tasks per generation) or
 any site (``benchmark: openended``: a start URL, a goal and a reward rule, :mod:`coevo.envs.openended`).
@@ -90,18 +90,23 @@ class WebRolloutConfig(RolloutConfig):
 
     type: str = "web"
     benchmark: Literal["miniwob", "webarena_lite", "openended"] = Field(
-        "miniwob", description="which BrowserGym benchmark; openended = any site (see `openended`)")
+        "miniwob", description="which BrowserGym benchmark; openended = any site (see `openended`)"
+    )
     taskset: str = Field("miniwob_smoke", description="miniwob: a name in coevo.envs.miniwob.MINIWOB_TASKSETS")
     tasks: list[str] | None = Field(None, description="miniwob: keep only these tasks of the task set")
     task_ids: list[int] | None = Field(None, description="webarena_lite: WebArena task ids (default: all 165)")
     sites: list[str] | None = Field(None, description="webarena_lite: keep tasks whose sites are all listed")
     test_task_ids: list[int] | None = Field(
-        None, description="webarena_lite: held-out task ids (default: test_episodes tasks drawn from the selection)")
+        None, description="webarena_lite: held-out task ids (default: test_episodes tasks drawn from the selection)"
+    )
     judge_tasks: Literal["require", "skip"] = Field(
-        "require", description="webarena_lite: tasks with an LLM-judged evaluator need OPENAI_API_KEY (require) "
-                               "or are left out with a warning (skip)")
+        "require",
+        description="webarena_lite: tasks with an LLM-judged evaluator need OPENAI_API_KEY (require) "
+        "or are left out with a warning (skip)",
+    )
     openended: OpenEndedSpec | None = Field(
-        None, description="openended: {start_url, goal, reward: {answer_contains|url_contains|page_contains|judge}}")
+        None, description="openended: {start_url, goal, reward: {answer_contains|url_contains|page_contains|judge}}"
+    )
     episodes_per_member: int = Field(4, ge=1, description="train episodes per member and generation")
     test_episodes: int = Field(8, ge=1, description="held-out episodes (fixed)")
     same_episodes_for_all_members: bool = Field(True, description="every member of a generation gets the same episodes")
@@ -110,21 +115,28 @@ class WebRolloutConfig(RolloutConfig):
     n_envs: int = Field(2, ge=1, description="browser environments run side by side (one batched model call)")
     sampling: WebSampling = Field(default_factory=WebSampling, description="decoding overrides")
     actions: list[str] | None = Field(
-        None, description=f"browser actions offered to the agent (subset of {list(WEB_ACTION_NAMES)}; None = all)")
+        None, description=f"browser actions offered to the agent (subset of {list(WEB_ACTION_NAMES)}; None = all)"
+    )
     max_obs_chars: int = Field(4000, ge=200, description="accessibility-tree clip per prompt (characters)")
     history_len: int = Field(4, ge=0, description="previous actions shown per prompt")
     max_skill_chars: int | None = Field(
-        None, ge=200, description="catalog mode: cut a loaded skill at this many characters, with a note (None = whole)")
+        None, ge=200, description="catalog mode: cut a loaded skill at this many characters, with a note (None = whole)"
+    )
     timeout_ms: int | None = Field(None, gt=0, description="Playwright timeout per browser action (ms)")
     use_skills: bool = Field(False, description="run the agent under the current skill (ctx.shared['skill'])")
     skill_mode: Literal["preload", "catalog"] = Field(
-        "preload", description="preload: current skill's body in the system prompt; catalog: names only")
+        "preload", description="preload: current skill's body in the system prompt; catalog: names only"
+    )
     skill_dirs: list[str] | None = Field(
-        None, description=f"initial skill folders or folders of skill folders (version 0; default "
-                          f"{list(DEFAULT_SKILL_DIRS)})")
+        None,
+        description=f"initial skill folders or folders of skill folders (version 0; default "
+        f"{list(DEFAULT_SKILL_DIRS)})",
+    )
     skill_name: str | None = Field(
-        None, description="the evolving skill recorded in ContextRef (default: the published one, else the last "
-                          "initial folder's skill)")
+        None,
+        description="the evolving skill recorded in ContextRef (default: the published one, else the last "
+        "initial folder's skill)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> WebRolloutConfig:
@@ -134,7 +146,9 @@ class WebRolloutConfig(RolloutConfig):
                 raise ValueError(f"actions: unknown {unknown}; allowed: {list(WEB_ACTION_NAMES)}")
         self._check_skills()
         if (self.benchmark == "openended") != (self.openended is not None):
-            raise ValueError("openended: give `openended: {start_url, goal, reward}` exactly when benchmark is openended")
+            raise ValueError(
+                "openended: give `openended: {start_url, goal, reward}` exactly when benchmark is openended"
+            )
         if self.benchmark != "webarena_lite":
             for name in ("task_ids", "sites", "test_task_ids"):
                 if getattr(self, name) is not None:
@@ -145,7 +159,9 @@ class WebRolloutConfig(RolloutConfig):
             from coevo.envs.miniwob import MINIWOB_TASKSETS
 
             if self.taskset not in MINIWOB_TASKSETS:
-                raise ValueError(f"taskset: unknown MiniWoB++ task set {self.taskset!r}; known: {sorted(MINIWOB_TASKSETS)}")
+                raise ValueError(
+                    f"taskset: unknown MiniWoB++ task set {self.taskset!r}; known: {sorted(MINIWOB_TASKSETS)}"
+                )
             known = MINIWOB_TASKSETS[self.taskset].tasks
             bad = [t for t in self.tasks or () if t not in known]
             if bad or self.tasks == []:
@@ -161,9 +177,11 @@ class WebRolloutConfig(RolloutConfig):
             if self.skill_mode != "preload":
                 given.append("skill_mode")
             if given:
-                raise ValueError(f"{', '.join(given)}: set but use_skills is false (the agent would ignore "
-                                 f"{'them' if len(given) > 1 else 'it'}); set use_skills: true or drop "
-                                 f"{'them' if len(given) > 1 else 'it'}")
+                raise ValueError(
+                    f"{', '.join(given)}: set but use_skills is false (the agent would ignore "
+                    f"{'them' if len(given) > 1 else 'it'}); set use_skills: true or drop "
+                    f"{'them' if len(given) > 1 else 'it'}"
+                )
             return
         if self.skill_dirs == []:
             raise ValueError("skill_dirs: empty list; give skill folders or drop skill_dirs for the defaults")
@@ -210,11 +228,15 @@ class WebRolloutConfig(RolloutConfig):
         problems: list[str] = []
         judged = [t.task_id for t in pool if t.needs_judge]
         if judged and not os.environ.get(JUDGE_KEY_ENV, "").strip():
-            what = (f"{len(judged)} of the {len(pool)} selected WebArena-Lite tasks use an LLM-judged evaluator "
-                    f"({JUDGE_KEY_ENV} is not set): {judged[:12]}{' ...' if len(judged) > 12 else ''}")
+            what = (
+                f"{len(judged)} of the {len(pool)} selected WebArena-Lite tasks use an LLM-judged evaluator "
+                f"({JUDGE_KEY_ENV} is not set): {judged[:12]}{' ...' if len(judged) > 12 else ''}"
+            )
             if self.judge_tasks == "require":
-                problems.append(f"judge_tasks: {what}; set {JUDGE_KEY_ENV}, or set judge_tasks: skip to leave them "
-                                "out, or choose task_ids without them")
+                problems.append(
+                    f"judge_tasks: {what}; set {JUDGE_KEY_ENV}, or set judge_tasks: skip to leave them "
+                    "out, or choose task_ids without them"
+                )
             else:
                 _warn_once(f"rollout (web, webarena_lite): {what}; leaving them out (judge_tasks: skip)")
                 pool = [t for t in pool if not t.needs_judge]
@@ -257,8 +279,21 @@ class WebRollout(Rollout):
 
     Config = WebRolloutConfig
     #: fields that choose the tasks, the held-out split and the skills: a skill gate over this rollout keeps them
-    selection_keys = ("benchmark", "taskset", "tasks", "task_ids", "sites", "test_task_ids", "judge_tasks",
-                      "openended", "test_episodes", "seed", "use_skills", "skill_dirs", "skill_name")
+    selection_keys = (
+        "benchmark",
+        "taskset",
+        "tasks",
+        "task_ids",
+        "sites",
+        "test_task_ids",
+        "judge_tasks",
+        "openended",
+        "test_episodes",
+        "seed",
+        "use_skills",
+        "skill_dirs",
+        "skill_name",
+    )
 
     def __init__(self, config: WebRolloutConfig, ctx: RunContext | None):
         super().__init__(config, ctx)
@@ -305,8 +340,10 @@ class WebRollout(Rollout):
         n_tasks = len(self.tasks)
         if split == "test":
             total = n_tasks * len(self.heldout_seeds)
-            return [(self.tasks[i % n_tasks], self.heldout_seeds[(i // n_tasks) % len(self.heldout_seeds)])
-                    for i in range(min(cfg.test_episodes, total))]  # fmt: skip
+            return [
+                (self.tasks[i % n_tasks], self.heldout_seeds[(i // n_tasks) % len(self.heldout_seeds)])
+                for i in range(min(cfg.test_episodes, total))
+            ]
         rng = random.Random(self._draw_key(generation, member))
         used: dict[str, set[int]] = {t: set() for t in self.tasks}
         out: list[tuple[str, int]] = []
@@ -372,8 +409,10 @@ class WebRollout(Rollout):
             source = published.get("source")
             mine = dirs.get(published["name"])
             if source and mine is not None and Path(source).resolve() != mine:
-                raise ValueError(f"skill {published['name']!r}: the skill evolver evolves {source} but this rollout's "
-                                 f"skill_dirs names {mine}; give one folder (the rollout's skill_dirs is enough)")
+                raise ValueError(
+                    f"skill {published['name']!r}: the skill evolver evolves {source} but this rollout's "
+                    f"skill_dirs names {mine}; give one folder (the rollout's skill_dirs is enough)"
+                )
             dirs[published["name"]] = Path(published["path"])
         name = cfg.skill_name or (published["name"] if published else list(dirs)[-1])
         version = int(published["version"]) if published and published["name"] == name else 0
@@ -423,18 +462,32 @@ class WebRollout(Rollout):
         cfg = self.config
         episodes = self.episodes(split, generation, member)
         library, skill_text, context, skill_meta = self.skill_context()
-        agent = WebAgent(policy, sampling=self.sampling_params(split, generation), max_steps=cfg.max_steps,
-                         skills=library, skill_catalog=skill_text, max_obs_chars=cfg.max_obs_chars,
-                         history_len=cfg.history_len, max_skill_chars=cfg.max_skill_chars)  # fmt: skip
+        agent = WebAgent(
+            policy,
+            sampling=self.sampling_params(split, generation),
+            max_steps=cfg.max_steps,
+            skills=library,
+            skill_catalog=skill_text,
+            max_obs_chars=cfg.max_obs_chars,
+            history_len=cfg.history_len,
+            max_skill_chars=cfg.max_skill_chars,
+        )
         run_id = self.ctx.run_id if self.ctx is not None else ""
         space = None
         if self.ctx is not None and evolver in self.ctx.evolvers:
             space = self.ctx.evolvers[evolver].space
-        prov = Provenance(run_id=run_id, evolver=evolver, round=round_index, generation=generation,
-                          space=space or ("parameter" if member is not None else "context"), context=context)
+        prov = Provenance(
+            run_id=run_id,
+            evolver=evolver,
+            round=round_index,
+            generation=generation,
+            space=space or ("parameter" if member is not None else "context"),
+            context=context,
+        )
         keys = [f"{key_prefix}/{split}/{i}" for i in range(len(episodes))]
-        trajs = agent.run_batch(self.envs(min(cfg.n_envs, len(episodes))), episodes, member=member, keys=keys,
-                                provenance=prov)  # fmt: skip
+        trajs = agent.run_batch(
+            self.envs(min(cfg.n_envs, len(episodes))), episodes, member=member, keys=keys, provenance=prov
+        )
         for t in trajs:
             raw = t.reward
             if t.valid:

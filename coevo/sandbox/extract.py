@@ -2,7 +2,7 @@
 
 The reference AHD frameworks take ``import.*return`` with a greedy regex (trailing prose is kept), append
 the output name after ``return``, crash on NUL bytes, and mark every answer without a code fence or without
-``def`` invalid (field-notes §2, "Known failure kinds"). Here:
+``def`` invalid (docs/references.md §2, "Known failure kinds"). Here:
 
 1. The text is cleaned: CRLF/CR -> LF, NUL and other control characters, zero-width characters and BOMs
    removed, no-break spaces -> spaces, closed ``<think>...</think>`` sections dropped.
@@ -35,11 +35,12 @@ _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _FENCE_OPEN = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([^\s`]*)")
 _UNIT_START = re.compile(
     r"^(?:@|(?:async[ \t]+)?def[ \t]|class[ \t]|import[ \t]|from[ \t]+[\w.]+[ \t]+import[ \t]|try[ \t]*:"
-    r"|[A-Za-z_]\w*[ \t]*(?::[^=\n]+)?=(?!=))")
+    r"|[A-Za-z_]\w*[ \t]*(?::[^=\n]+)?=(?!=))"
+)
 _BLOCK_OPENER = re.compile(
-    r"^[ \t]*(?:class|def|async|if|elif|else|for|while|with|try|except|finally|match|case)\b.*:[ \t]*(?:#.*)?$")
-_KEEP = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign,
-         ast.AnnAssign)
+    r"^[ \t]*(?:class|def|async|if|elif|else|for|while|with|try|except|finally|match|case)\b.*:[ \t]*(?:#.*)?$"
+)
+_KEEP = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
 _MAX_EXTEND = 60
 
 
@@ -97,21 +98,25 @@ def extract_code(text: str, function_name: str) -> Extraction:
                 errors.append(err)
             continue
         first, last = start + kept[0], start + kept[-1]
-        return Extraction(code, _thought(lines[:first], lines[last + 1:]), None)
+        return Extraction(code, _thought(lines[:first], lines[last + 1 :]), None)
     indented = _indented_region(lines, def_re)
     if indented is not None:
-        kept, code, err = _extract_region(textwrap.dedent("\n".join(lines[indented[0]:indented[1]])).split("\n"),
-                                          function_name)
+        kept, code, err = _extract_region(
+            textwrap.dedent("\n".join(lines[indented[0] : indented[1]])).split("\n"), function_name
+        )
         if code is not None:
             first, last = indented[0] + kept[0], indented[0] + kept[-1]
-            return Extraction(code, _thought(lines[:first], lines[last + 1:]), None)
+            return Extraction(code, _thought(lines[:first], lines[last + 1 :]), None)
         if err:
             errors.append(err)
     thought = _thought(lines, [])
     if errors:
         return Extraction(None, thought, "syntax", errors[0])
-    what = "no code in the answer" if not any(x.strip() for x in lines) else \
-        f"no top-level definition of {function_name!r} found"
+    what = (
+        "no code in the answer"
+        if not any(x.strip() for x in lines)
+        else f"no top-level definition of {function_name!r} found"
+    )
     return Extraction(None, thought, "parse", what)
 
 
@@ -197,7 +202,7 @@ def _units_of_parsed(tree: ast.Module, lines: list[str]) -> list[tuple[int, int,
     units = []
     for node in tree.body:
         start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))]) - 1
-        units.append((start, node.end_lineno, "\n".join(lines[start:node.end_lineno])))
+        units.append((start, node.end_lineno, "\n".join(lines[start : node.end_lineno])))
     return units
 
 
@@ -254,8 +259,11 @@ def _extract_region(lines: list[str], name: str) -> tuple[list[int], str | None,
             defined = defined or _defines(unit_tree, name)
     if not defined:
         def_re = re.compile(rf"^(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(")
-        bad = [f"def {name}: {msg}" for s, msg in failed.items() if def_re.match(lines[s])
-               or (lines[s].startswith("@") and any(def_re.match(x) for x in lines[s:s + 5]))]
+        bad = [
+            f"def {name}: {msg}"
+            for s, msg in failed.items()
+            if def_re.match(lines[s]) or (lines[s].startswith("@") and any(def_re.match(x) for x in lines[s : s + 5]))
+        ]
         return [], None, (bad[0] if bad else None)
     pieces, kept_lines, prev_end = [], [], None
     for start, end, src in kept_units:
@@ -283,7 +291,7 @@ def _thought(before: list[str], after: list[str]) -> str | None:
             for i in range(start, len(chunk)):
                 depth += {"{": 1, "}": -1}.get(chunk[i], 0)
                 if depth == 0:
-                    inner = chunk[start + 1:i].strip()
+                    inner = chunk[start + 1 : i].strip()
                     if inner:
                         return inner
                     break

@@ -25,8 +25,13 @@ from coevo.resources import package_parent
 
 #: Thread-count variables pinned to 1: BLAS/OpenMP pools started per process cost start-up time and
 #: oversubscribe the cores when many evaluations run in parallel.
-THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
-               "VECLIB_MAXIMUM_THREADS")
+THREAD_VARS = (
+    "OPENBLAS_NUM_THREADS",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+)
 
 #: Environment variable carrying a per-run token; without bubblewrap it finds processes that left the
 #: process group (``setsid``) so they can be killed too.
@@ -53,8 +58,21 @@ def bwrap_status(bwrap: str = "bwrap") -> tuple[bool, str]:
     path = shutil.which(bwrap)
     if path is None:
         return False, f"{bwrap!r} not found on PATH"
-    cmd = [path, "--unshare-all", "--die-with-parent", "--cap-drop", "ALL", "--ro-bind", "/", "/",
-           "--dev", "/dev", "--proc", "/proc", "true"]
+    cmd = [
+        path,
+        "--unshare-all",
+        "--die-with-parent",
+        "--cap-drop",
+        "ALL",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "true",
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -71,8 +89,9 @@ def child_pythonpath(extra: Iterable[str | os.PathLike] = ()) -> list[str]:
     """
     sites = set(site.getsitepackages()) | {p for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
     stdlib = {os.path.dirname(os.__file__)}
-    added_by_pth = [p for p in sys.path if p and os.path.isabs(p) and p not in stdlib and
-                    any(p.startswith(s) for s in sites)]
+    added_by_pth = [
+        p for p in sys.path if p and os.path.isabs(p) and p not in stdlib and any(p.startswith(s) for s in sites)
+    ]
     out: list[str] = []
     for entry in [str(project_root()), *map(str, extra), *sorted(sites), *added_by_pth]:
         entry = os.path.abspath(entry)
@@ -130,8 +149,16 @@ def exposed_paths(site_dirs: Iterable[str], extra: Iterable[str] = ()) -> list[s
     project checkout and folders found through it (e.g. ``.pth`` entries pointing into it) are left out."""
     project = str(project_root())
     real_dirs = [p for p in SYSTEM_LINKS if os.path.isdir(p) and not os.path.islink(p)]  # no merged /usr
-    want = [*SYSTEM_DIRS, *real_dirs, sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable)),
-            *site_dirs, "/etc/ld.so.cache", *extra]
+    want = [
+        *SYSTEM_DIRS,
+        *real_dirs,
+        sys.base_prefix,
+        sys.prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+        *site_dirs,
+        "/etc/ld.so.cache",
+        *extra,
+    ]
     out: list[str] = []
     for path in want:
         path = os.path.abspath(path)
@@ -143,8 +170,9 @@ def exposed_paths(site_dirs: Iterable[str], extra: Iterable[str] = ()) -> list[s
     return out
 
 
-def bwrap_command(bwrap: str, ro_paths: Iterable[str], network: bool, tmp_mb: int,
-                  as_root: bool | None = None) -> list[str]:
+def bwrap_command(
+    bwrap: str, ro_paths: Iterable[str], network: bool, tmp_mb: int, as_root: bool | None = None
+) -> list[str]:
     """The bubblewrap prefix of a worker command (the interpreter command follows it).
 
     The sandbox's root is an empty read-only tmpfs holding only ``ro_paths`` (read-only binds at the same
@@ -157,8 +185,15 @@ def bwrap_command(bwrap: str, ro_paths: Iterable[str], network: bool, tmp_mb: in
     otherwise a user namespace maps the caller to uid/gid 65534 and all capabilities are dropped.
     """
     as_root = (os.geteuid() == 0) if as_root is None else as_root
-    cmd = [bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
-           *([] if network else ["--unshare-net"]), "--die-with-parent"]
+    cmd = [
+        bwrap,
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        *([] if network else ["--unshare-net"]),
+        "--die-with-parent",
+    ]
     if as_root:
         cmd += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
@@ -181,13 +216,25 @@ def bwrap_command(bwrap: str, ro_paths: Iterable[str], network: bool, tmp_mb: in
         cmd += ["--perms", "0755", "--dir", parent]  # bwrap would create them 0700: unreadable as nobody
     for path in paths:
         cmd += ["--ro-bind", path, path]
-    cmd += ["--ro-bind", str(worker_script()), WORKER_IN_SANDBOX,
-            "--dev", "/dev", "--proc", "/proc", "--remount-ro", "/", "--chdir", "/tmp"]
+    cmd += [
+        "--ro-bind",
+        str(worker_script()),
+        WORKER_IN_SANDBOX,
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--remount-ro",
+        "/",
+        "--chdir",
+        "/tmp",
+    ]
     return cmd
 
 
-def interpreter_command(python: str, result_fd: int, site_import: bool = False, mode: str = "serve",
-                        script: str | None = None) -> list[str]:
+def interpreter_command(
+    python: str, result_fd: int, site_import: bool = False, mode: str = "serve", script: str | None = None
+) -> list[str]:
     """``python -s -P [-S] worker.py MODE FD``: no user site, no script folder on ``sys.path``, and by
     default no ``site`` import (the import path comes from :func:`child_pythonpath` instead), which cuts
     interpreter start-up roughly in half. ``script`` overrides the worker's path (inside bwrap:

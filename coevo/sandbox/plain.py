@@ -28,8 +28,15 @@ from coevo.sandbox.runner import build_request, interpret
 from coevo.types import EvalResult
 
 
-def evaluate_plain(code: str, function_name: str, target: str, payload: dict[str, Any],
-                   timeout_s: float = 30.0, python: str | None = None, lean_start: bool = False) -> EvalResult:
+def evaluate_plain(
+    code: str,
+    function_name: str,
+    target: str,
+    payload: dict[str, Any],
+    timeout_s: float = 30.0,
+    python: str | None = None,
+    lean_start: bool = False,
+) -> EvalResult:
     """Evaluate one candidate in a plain subprocess (``python worker.py FD``, inherited environment).
 
     Args: as :meth:`coevo.sandbox.runner.Sandbox.run`; ``timeout_s`` wall-clock limit (s); ``python``
@@ -50,22 +57,30 @@ def evaluate_plain(code: str, function_name: str, target: str, payload: dict[str
         timed_out = False
         if lean_start:
             cmd = interpreter_command(python or sys.executable, fd, mode="local")
-            env = {**os.environ, **{var: "1" for var in THREAD_VARS},
-                   "PYTHONPATH": os.pathsep.join(child_pythonpath())}
+            env = {**os.environ, **{var: "1" for var in THREAD_VARS}, "PYTHONPATH": os.pathsep.join(child_pythonpath())}
         else:  # the inherited environment, with this checkout importable (targets import coevo)
             cmd = [python or sys.executable, str(worker_script()), "local", str(fd)]
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-                [str(project_root()), *filter(None, [os.environ.get("PYTHONPATH")])])}
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join([str(project_root()), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            }
         try:
-            done = subprocess.run(cmd, input=request, capture_output=True, timeout=timeout_s, pass_fds=(fd,),
-                                  env=env, check=False)
+            done = subprocess.run(
+                cmd, input=request, capture_output=True, timeout=timeout_s, pass_fds=(fd,), env=env, check=False
+            )
             rc, stdout, stderr = done.returncode, done.stdout, done.stderr
         except subprocess.TimeoutExpired as exc:
             timed_out, rc, stdout, stderr = True, -9, exc.stdout or b"", exc.stderr or b""
         os.lseek(fd, 0, os.SEEK_SET)
         result = result_file.read()
-    out = ProcessOutcome(returncode=rc, timed_out=timed_out, stdout=stdout, stderr=stderr, result=result,
-                         wall_s=time.perf_counter() - start)
+    out = ProcessOutcome(
+        returncode=rc,
+        timed_out=timed_out,
+        stdout=stdout,
+        stderr=stderr,
+        result=result,
+        wall_s=time.perf_counter() - start,
+    )
     evaluation, _ = interpret(out, stderr.decode("utf-8", errors="replace"), None, isolated=False)
     return evaluation
 

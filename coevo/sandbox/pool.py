@@ -32,8 +32,9 @@ class Evaluator(Protocol):
     def run(self, code: str, function_name: str, target: str, payload: dict[str, Any]) -> EvalResult: ...
 
 
-def evaluate_many(sandbox: Evaluator, jobs: Iterable[Job | Mapping[str, Any]],
-                  max_workers: int | None = None) -> list[EvalResult]:
+def evaluate_many(
+    sandbox: Evaluator, jobs: Iterable[Job | Mapping[str, Any]], max_workers: int | None = None
+) -> list[EvalResult]:
     """Evaluate ``jobs`` concurrently with ``sandbox``; ``result[i]`` belongs to ``jobs[i]``.
 
     Args:

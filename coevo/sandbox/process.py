@@ -106,9 +106,18 @@ def _kill_group(pgid: int) -> None:
         return
 
 
-def run_process(cmd: list[str], *, env: dict[str, str], cwd: str, stdin_data: bytes, result_fd_slot: int,
-                timeout_s: float, output_cap: int, result_cap: int,
-                marker: tuple[str, str] | None = None) -> ProcessOutcome:
+def run_process(
+    cmd: list[str],
+    *,
+    env: dict[str, str],
+    cwd: str,
+    stdin_data: bytes,
+    result_fd_slot: int,
+    timeout_s: float,
+    output_cap: int,
+    result_cap: int,
+    marker: tuple[str, str] | None = None,
+) -> ProcessOutcome:
     """Run ``cmd`` (its element ``result_fd_slot`` is replaced by the write end of the result pipe).
 
     Args:
@@ -128,8 +137,16 @@ def run_process(cmd: list[str], *, env: dict[str, str], cwd: str, stdin_data: by
     argv[result_fd_slot] = str(result_w)
     start = time.perf_counter()
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                pass_fds=(result_w,), env=env, cwd=cwd, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(result_w,),
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
     except BaseException:
         os.close(result_r)
         os.close(result_w)
@@ -181,11 +198,11 @@ def run_process(cmd: list[str], *, env: dict[str, str], cwd: str, stdin_data: by
                 exited = True
             elif fd == fd_in:
                 try:
-                    pending = pending[os.write(fd_in, pending):]
+                    pending = pending[os.write(fd_in, pending) :]
                 except BlockingIOError:
                     continue
                 except BrokenPipeError:
-                    pending = pending[len(pending):]
+                    pending = pending[len(pending) :]
                 if not pending:
                     poller.unregister(fd_in)
                     proc.stdin.close()
@@ -206,6 +223,13 @@ def run_process(cmd: list[str], *, env: dict[str, str], cwd: str, stdin_data: by
     proc.stdout.close()
     proc.stderr.close()
     os.close(result_r)
-    return ProcessOutcome(returncode=proc.returncode, timed_out=timed_out, stdout=buffers[fd_out].getvalue(),
-                          stderr=buffers[fd_err].getvalue(), result=bytes(result), result_overflow=overflow,
-                          killed_outside_group=killed_outside, wall_s=time.perf_counter() - start)
+    return ProcessOutcome(
+        returncode=proc.returncode,
+        timed_out=timed_out,
+        stdout=buffers[fd_out].getvalue(),
+        stderr=buffers[fd_err].getvalue(),
+        result=bytes(result),
+        result_overflow=overflow,
+        killed_outside_group=killed_outside,
+        wall_s=time.perf_counter() - start,
+    )

@@ -83,13 +83,16 @@ class SandboxLimits:
     max_result_mb: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_s", "memory_mb", "max_procs", "max_file_mb", "max_output_kb",
-                     "max_result_mb"):
+        for name in ("timeout_s", "cpu_s", "memory_mb", "max_procs", "max_file_mb", "max_output_kb", "max_result_mb"):
             value = getattr(self, name)
             if value is None and name == "cpu_s":
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
-                    or not math.isfinite(value):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not value > 0
+                or not math.isfinite(value)
+            ):
                 raise ValueError(f"SandboxLimits.{name} must be a finite number > 0, got {value!r}")
         if not isinstance(self.network, bool):
             raise TypeError(f"SandboxLimits.network must be a bool, got {self.network!r}")
@@ -134,9 +137,17 @@ class Sandbox:
             code rather than folders).
     """
 
-    def __init__(self, limits: SandboxLimits | None = None, *, use_bwrap: bool | None = None,
-                 python_path: Iterable[str | os.PathLike] = (), ro_paths: Iterable[str | os.PathLike] = (),
-                 python: str | None = None, hash_seed: int = 0, site_import: bool = False):
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        *,
+        use_bwrap: bool | None = None,
+        python_path: Iterable[str | os.PathLike] = (),
+        ro_paths: Iterable[str | os.PathLike] = (),
+        python: str | None = None,
+        hash_seed: int = 0,
+        site_import: bool = False,
+    ):
         if limits is not None and not isinstance(limits, SandboxLimits):
             raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}")
         if use_bwrap not in (None, True, False):
@@ -162,8 +173,9 @@ class Sandbox:
         """``"bwrap"`` or ``"rlimits"`` (no network / filesystem isolation)."""
         return "bwrap" if self.bwrap else "rlimits"
 
-    def run(self, code: str, function_name: str, target: str, payload: dict[str, Any], *,
-            timeout_s: float | None = None) -> EvalResult:
+    def run(
+        self, code: str, function_name: str, target: str, payload: dict[str, Any], *, timeout_s: float | None = None
+    ) -> EvalResult:
         """Evaluate ``code``: load it in a sandboxed process, then call ``target(fn, payload)`` here.
 
         Args:
@@ -189,8 +201,9 @@ class Sandbox:
         """
         return self.execute(code, function_name, target, payload, timeout_s=timeout_s).result
 
-    def run_response(self, text: str, function_name: str, target: str,
-                     payload: dict[str, Any]) -> tuple[EvalResult, Extraction]:
+    def run_response(
+        self, text: str, function_name: str, target: str, payload: dict[str, Any]
+    ) -> tuple[EvalResult, Extraction]:
         """Extract the code from an LLM response, then :meth:`run` it; an extraction failure becomes an
         invalid EvalResult with error_kind ``parse`` or ``syntax`` (no process is started)."""
         extraction = extract_code(text, function_name)
@@ -204,25 +217,44 @@ class Sandbox:
         limits = self.limits
         marker = uuid.uuid4().hex
         as_root = os.geteuid() == 0
-        init = {"op": "init", "code": code, "function_name": function_name,
-                "limits": {"memory_mb": int(limits.memory_mb), "cpu_s": limits.effective_cpu_s,
-                           "max_procs": int(limits.max_procs), "max_file_mb": int(limits.max_file_mb)},
-                "drop": [isolation.SANDBOX_UID, isolation.SANDBOX_GID] if self.bwrap and as_root else None}
+        init = {
+            "op": "init",
+            "code": code,
+            "function_name": function_name,
+            "limits": {
+                "memory_mb": int(limits.memory_mb),
+                "cpu_s": limits.effective_cpu_s,
+                "max_procs": int(limits.max_procs),
+                "max_file_mb": int(limits.max_file_mb),
+            },
+            "drop": [isolation.SANDBOX_UID, isolation.SANDBOX_GID] if self.bwrap and as_root else None,
+        }
         if self.bwrap:
             env = isolation.child_env("/tmp", self.candidate_path, self.hash_seed, None)
-            cmd = isolation.interpreter_command(self.python, -1, self.site_import, "serve",
-                                                isolation.WORKER_IN_SANDBOX)
+            cmd = isolation.interpreter_command(self.python, -1, self.site_import, "serve", isolation.WORKER_IN_SANDBOX)
             exposed = isolation.exposed_paths(self.candidate_path, self.ro_paths)
-            prefix = isolation.bwrap_command(self.bwrap, exposed, limits.network,
-                                             tmp_mb=max(16, 4 * limits.max_file_mb), as_root=as_root)
+            prefix = isolation.bwrap_command(
+                self.bwrap, exposed, limits.network, tmp_mb=max(16, 4 * limits.max_file_mb), as_root=as_root
+            )
             argv, cwd, mark = prefix + cmd, "/", None
         else:
             env = isolation.child_env(tmpdir, self.candidate_path, self.hash_seed, marker)
             argv = isolation.interpreter_command(self.python, -1, self.site_import, "serve")
             cwd, mark = tmpdir, (isolation.MARKER_VAR, marker)
-        return Launch(argv=argv, env=env, cwd=cwd, reply_slot=len(argv) - 1, init=init, timeout_s=timeout_s,
-                      cpu_s=limits.effective_cpu_s, memory_mb=limits.memory_mb, isolated=self.bwrap is not None,
-                      marker=mark, max_reply_mb=limits.max_result_mb, output_cap=limits.max_output_kb * 1024)
+        return Launch(
+            argv=argv,
+            env=env,
+            cwd=cwd,
+            reply_slot=len(argv) - 1,
+            init=init,
+            timeout_s=timeout_s,
+            cpu_s=limits.effective_cpu_s,
+            memory_mb=limits.memory_mb,
+            isolated=self.bwrap is not None,
+            marker=mark,
+            max_reply_mb=limits.max_result_mb,
+            output_cap=limits.max_output_kb * 1024,
+        )
 
     def start(self, launch: Launch, deadline: float, out: CappedBuffer, err: CappedBuffer) -> CandidateProcess:
         """Start a worker and load the code; raise CandidateFailure with the load failure (syntax, import,
@@ -240,8 +272,16 @@ class Sandbox:
             raise CandidateFailure(kind, str(header.get("error"))[:2000])
         return proc
 
-    def execute(self, code: str, function_name: str, target: str, payload: dict[str, Any], *,
-                timeout_s: float | None = None, restart: bool = False) -> SandboxRun:
+    def execute(
+        self,
+        code: str,
+        function_name: str,
+        target: str,
+        payload: dict[str, Any],
+        *,
+        timeout_s: float | None = None,
+        restart: bool = False,
+    ) -> SandboxRun:
         """Like :meth:`run`, also returning the captured output and exit status. ``restart``: after a
         call times out or the process dies, the next call starts a fresh process (per-instance accounting)."""
         build_request(code, function_name, target, payload, self.limits)
@@ -256,8 +296,16 @@ class Sandbox:
         try:
             target_fn = resolve_target(target, self.python_path)
         except Exception as exc:  # noqa: BLE001 - a configuration error, reported as the sandbox's
-            return SandboxRun(EvalResult(valid=False, error_kind="sandbox", error=f"target {target!r}: "
-                                         f"{type(exc).__name__}: {exc}"[:2000]), "", "", 0, self.isolation, None)
+            return SandboxRun(
+                EvalResult(
+                    valid=False, error_kind="sandbox", error=f"target {target!r}: {type(exc).__name__}: {exc}"[:2000]
+                ),
+                "",
+                "",
+                0,
+                self.isolation,
+                None,
+            )
         tmpdir = None if self.bwrap else tempfile.mkdtemp(prefix="coevo-sbx-")
         remote = None
         returncode = 0
@@ -274,8 +322,9 @@ class Sandbox:
                 except CandidateFailure as exc:
                     result = EvalResult(valid=False, error_kind=exc.error_kind, error=str(exc)[:2000])
                 except Exception as exc:  # noqa: BLE001 - InvalidReturn / InfeasibleSolution / what the answers caused
-                    result = EvalResult(valid=False, error_kind=failure_kind(exc),
-                                        error=f"{type(exc).__name__}: {exc}"[:2000])
+                    result = EvalResult(
+                        valid=False, error_kind=failure_kind(exc), error=f"{type(exc).__name__}: {exc}"[:2000]
+                    )
                 finally:
                     remote.close()
                     returncode = remote.proc.returncode if remote.proc and remote.proc.returncode is not None else 0
@@ -287,8 +336,14 @@ class Sandbox:
         result.duration_s = time.perf_counter() - start
         if not result.valid:
             result.feedback = stderr[-800:]
-        return SandboxRun(result=result, stdout=stdout, stderr=stderr, returncode=returncode,
-                          isolation=self.isolation, worker_s=result.duration_s)
+        return SandboxRun(
+            result=result,
+            stdout=stdout,
+            stderr=stderr,
+            returncode=returncode,
+            isolation=self.isolation,
+            worker_s=result.duration_s,
+        )
 
 
 _TARGET_LOCK = threading.Lock()
@@ -318,8 +373,9 @@ def resolve_target(target: str, python_path: Iterable[str] = ()) -> Callable[[An
 
 def _metrics_result(metrics: Any) -> EvalResult:
     if not isinstance(metrics, dict):
-        return EvalResult(valid=False, error_kind="return_type",
-                          error=f"target returned {type(metrics).__name__}, expected dict")
+        return EvalResult(
+            valid=False, error_kind="return_type", error=f"target returned {type(metrics).__name__}, expected dict"
+        )
     from coevo.sandbox.worker import jsonable
 
     try:
@@ -328,8 +384,9 @@ def _metrics_result(metrics: Any) -> EvalResult:
         return EvalResult(valid=False, error_kind="return_type", error=f"metrics {exc}")
 
 
-def build_request(code: str, function_name: str, target: str, payload: dict[str, Any],
-                  limits: SandboxLimits | None) -> bytes:
+def build_request(
+    code: str, function_name: str, target: str, payload: dict[str, Any], limits: SandboxLimits | None
+) -> bytes:
     """Validate the arguments of an evaluation and encode the worker's JSON request (UTF-8 bytes).
 
     Raises:
@@ -344,17 +401,29 @@ def build_request(code: str, function_name: str, target: str, payload: dict[str,
         raise ValueError(f"target must look like 'package.module:function', got {target!r}")
     if not isinstance(payload, dict):
         raise TypeError(f"payload must be a dict, got {type(payload).__name__}")
-    request = {"code": code, "function_name": function_name, "target": target, "payload": payload,
-               "limits": None if limits is None else {
-                   "memory_mb": int(limits.memory_mb), "cpu_s": limits.effective_cpu_s,
-                   "max_procs": int(limits.max_procs), "max_file_mb": int(limits.max_file_mb)}}
+    request = {
+        "code": code,
+        "function_name": function_name,
+        "target": target,
+        "payload": payload,
+        "limits": None
+        if limits is None
+        else {
+            "memory_mb": int(limits.memory_mb),
+            "cpu_s": limits.effective_cpu_s,
+            "max_procs": int(limits.max_procs),
+            "max_file_mb": int(limits.max_file_mb),
+        },
+    }
     try:
         return json.dumps(request).encode("utf-8", errors="surrogatepass")
     except (TypeError, ValueError) as exc:
         raise ValueError(f"payload must be JSON-serialisable: {exc}") from exc
 
 
-def interpret(out: ProcessOutcome, stderr: str, limits: SandboxLimits | None, isolated: bool) -> tuple[EvalResult, float | None]:
+def interpret(
+    out: ProcessOutcome, stderr: str, limits: SandboxLimits | None, isolated: bool
+) -> tuple[EvalResult, float | None]:
     """Map a :class:`~coevo.sandbox.process.ProcessOutcome` to an EvalResult and the worker's own time."""
     tail = stderr[-800:]
     if out.result:
@@ -367,15 +436,20 @@ def interpret(out: ProcessOutcome, stderr: str, limits: SandboxLimits | None, is
             if msg["ok"] and isinstance(msg.get("metrics"), dict):
                 return EvalResult(valid=True, metrics=msg["metrics"], duration_s=out.wall_s), worker_s
             kind = msg.get("error_kind") or "sandbox"
-            return EvalResult(valid=False, error_kind=kind, error=str(msg.get("error"))[:2000], feedback=tail,
-                              duration_s=out.wall_s), worker_s
+            return EvalResult(
+                valid=False, error_kind=kind, error=str(msg.get("error"))[:2000], feedback=tail, duration_s=out.wall_s
+            ), worker_s
     if out.timed_out:
         detail = f"wall-clock limit of {limits.timeout_s:g} s reached" if limits else "wall-clock limit reached"
-        return EvalResult(valid=False, error_kind="timeout", error=detail, feedback=tail,
-                          duration_s=out.wall_s), None
+        return EvalResult(valid=False, error_kind="timeout", error=detail, feedback=tail, duration_s=out.wall_s), None
     if out.result_overflow:
-        return EvalResult(valid=False, error_kind="sandbox", error="result larger than max_result_mb",
-                          feedback=tail, duration_s=out.wall_s), None
+        return EvalResult(
+            valid=False,
+            error_kind="sandbox",
+            error="result larger than max_result_mb",
+            feedback=tail,
+            duration_s=out.wall_s,
+        ), None
     rc = out.returncode
     sig = -rc if rc < 0 else (rc - 128 if isolated and rc > 128 else None)
     if sig == signal.SIGXCPU:
@@ -383,8 +457,11 @@ def interpret(out: ProcessOutcome, stderr: str, limits: SandboxLimits | None, is
     elif any(s in stderr for s in _MEMORY_SIGNS):
         kind, detail = "memory", f"out of memory (limit {limits.memory_mb if limits else '?'} MiB)"
     else:
-        how = f"signal {signal.Signals(sig).name}" if sig and sig in signal.Signals._value2member_map_ \
+        how = (
+            f"signal {signal.Signals(sig).name}"
+            if sig and sig in signal.Signals._value2member_map_
             else f"exit code {rc}"
+        )
         last = next((x for x in reversed(stderr.splitlines()) if x.strip()), "")
         kind, detail = "sandbox", f"worker ended with {how} without a result" + (f": {last[:300]}" if last else "")
         if out.result:
@@ -398,5 +475,8 @@ def _warn_no_isolation(reason: str) -> None:
         if _warned_no_bwrap:
             return
         _warned_no_bwrap = True
-    log.warning("sandbox without bubblewrap (%s): network and filesystem isolation are OFF; only rlimits, "
-                "setsid, process-group kill and the wall-clock timeout apply", reason)
+    log.warning(
+        "sandbox without bubblewrap (%s): network and filesystem isolation are OFF; only rlimits, "
+        "setsid, process-group kill and the wall-clock timeout apply",
+        reason,
+    )

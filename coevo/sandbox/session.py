@@ -93,10 +93,17 @@ class CandidateProcess:
         argv = list(launch.argv)
         argv[launch.reply_slot] = str(reply_w)
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                         pass_fds=(reply_w, *launch.popen_kwargs.pop("pass_fds", ())),
-                                         env=launch.env, cwd=launch.cwd, start_new_session=True,
-                                         **launch.popen_kwargs)
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(reply_w, *launch.popen_kwargs.pop("pass_fds", ())),
+                env=launch.env,
+                cwd=launch.cwd,
+                start_new_session=True,
+                **launch.popen_kwargs,
+            )
         except BaseException:
             os.close(reply_r)
             os.close(reply_w)
@@ -104,8 +111,11 @@ class CandidateProcess:
         os.close(reply_w)
         self.reply_fd = reply_r
         self.pidfd = os.pidfd_open(self.proc.pid)
-        self.fd_in, self.fd_out, self.fd_err = (self.proc.stdin.fileno(), self.proc.stdout.fileno(),
-                                                self.proc.stderr.fileno())
+        self.fd_in, self.fd_out, self.fd_err = (
+            self.proc.stdin.fileno(),
+            self.proc.stdout.fileno(),
+            self.proc.stderr.fileno(),
+        )
         for fd in (self.fd_in, self.fd_out, self.fd_err, self.reply_fd):
             os.set_blocking(fd, False)
         self.poller = select.poll()
@@ -151,14 +161,19 @@ class CandidateProcess:
             return CandidateFailure("timeout", f"CPU limit of {self.launch.cpu_s} s reached")
         if any(s in stderr for s in _MEMORY_SIGNS):
             return CandidateFailure("memory", f"out of memory (limit {self.launch.memory_mb} MiB)")
-        how = f"signal {signal.Signals(sig).name}" if sig and sig in signal.Signals._value2member_map_ \
+        how = (
+            f"signal {signal.Signals(sig).name}"
+            if sig and sig in signal.Signals._value2member_map_
             else f"exit code {rc}"
+        )
         last = next((x for x in reversed(stderr.splitlines()) if x.strip()), "")
-        return CandidateFailure("sandbox", f"worker ended with {how} without a result"
-                                + (f": {last[:300]}" if last else ""))
+        return CandidateFailure(
+            "sandbox", f"worker ended with {how} without a result" + (f": {last[:300]}" if last else "")
+        )
 
-    def exchange(self, data: bytes, deadline: float | None = None, expect_reply: bool = True,
-                 timeout_detail: str | None = None) -> tuple[dict[str, Any], list[np.ndarray]] | None:
+    def exchange(
+        self, data: bytes, deadline: float | None = None, expect_reply: bool = True, timeout_detail: str | None = None
+    ) -> tuple[dict[str, Any], list[np.ndarray]] | None:
         """Send ``data`` (after anything queued) and, with ``expect_reply``, return the next reply frame.
 
         Raises:
@@ -303,8 +318,10 @@ class RemoteFunction:
         if isinstance(value, dict):
             return {str(k): self._encode(v, blobs, prelude) for k, v in value.items()}
         if isinstance(value, (list, tuple, set, frozenset)):
-            return [self._encode(v, blobs, prelude) for v in (sorted(value) if isinstance(value, (set, frozenset))
-                                                                else value)]
+            return [
+                self._encode(v, blobs, prelude)
+                for v in (sorted(value) if isinstance(value, (set, frozenset)) else value)
+            ]
         raise TypeError(f"cannot send a {type(value).__name__} to the candidate")
 
     def _constant(self, value: np.ndarray, arr: np.ndarray, prelude: list[bytes]) -> int:
@@ -315,8 +332,7 @@ class RemoteFunction:
             return hit[1]
         cid = self._next_const
         self._next_const += 1
-        prelude.append(encode_frame({"op": "const", "id": cid, "value": {"__nd__": 0}},
-                                    [np.ascontiguousarray(arr)]))
+        prelude.append(encode_frame({"op": "const", "id": cid, "value": {"__nd__": 0}}, [np.ascontiguousarray(arr)]))
         self._consts[key] = (value, cid)
         while len(self._consts) > CONST_SLOTS:
             old = next(iter(self._consts))

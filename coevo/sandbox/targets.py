@@ -48,8 +48,9 @@ def call_cases(fn: Any, payload: dict[str, Any]) -> dict[str, Any]:
         if expect == "number":
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         else:
-            ok = expect is None or (isinstance(value, _TYPES[expect]) and
-                                    not (expect == "int" and isinstance(value, bool)))
+            ok = expect is None or (
+                isinstance(value, _TYPES[expect]) and not (expect == "int" and isinstance(value, bool))
+            )
         if not ok:
             raise InvalidReturn(f"expected {expect}, got {type(value).__name__} {value!r:.80}")
         if "allowed" in payload and value not in payload["allowed"]:
@@ -70,7 +71,7 @@ def greedy_route(fn: Any, payload: dict[str, Any]) -> dict[str, Any]:
     For each instance (uniform points, Euclidean distances), a closed route is built from node 0 by calling
     ``fn(current_node, destination_node, unvisited_nodes: np.ndarray[int64] (k,), distance_matrix:
     np.ndarray[float64] (n, n)) -> int`` until every node is visited (the interface of the EoH TSP
-    constructive task, field-notes §2). Each call gets fresh copies of the inputs, so a candidate mutating
+    constructive task, docs/references.md §2). Each call gets fresh copies of the inputs, so a candidate mutating
     them cannot affect the length, which is computed here from this target's own matrix.
 
     Args:

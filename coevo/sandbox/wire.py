@@ -82,8 +82,7 @@ class FrameReader:
         if len(self.buf) < 4 + size:
             return None
         try:
-            header = json.loads(bytes(self.buf[4:4 + size]).decode("utf-8"),
-                                parse_constant=_CONSTANTS.__getitem__)
+            header = json.loads(bytes(self.buf[4 : 4 + size]).decode("utf-8"), parse_constant=_CONSTANTS.__getitem__)
         except (ValueError, RecursionError, KeyError) as exc:
             raise MalformedFrame(f"reply header is not valid JSON: {str(exc)[:100]}") from None
         if not isinstance(header, dict):
@@ -94,9 +93,13 @@ class FrameReader:
         layout = []
         total = 4 + size
         for spec in specs:
-            if not isinstance(spec, dict) or spec.get("dtype") not in _DTYPES or not isinstance(spec.get("shape"), list) \
-                    or len(spec["shape"]) > 8 \
-                    or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s for s in spec["shape"]):
+            if (
+                not isinstance(spec, dict)
+                or spec.get("dtype") not in _DTYPES
+                or not isinstance(spec.get("shape"), list)
+                or len(spec["shape"]) > 8
+                or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s for s in spec["shape"])
+            ):
                 raise MalformedFrame(f"bad array spec in reply: {str(spec)[:100]}")
             dtype = _DTYPES[spec["dtype"]]
             nbytes = math.prod(spec["shape"]) * dtype.itemsize
@@ -108,7 +111,7 @@ class FrameReader:
             return None
         arrays = []
         for dtype, shape, start, nbytes in layout:
-            arr = np.frombuffer(bytes(self.buf[start:start + nbytes]), dtype=dtype).reshape(shape)
+            arr = np.frombuffer(bytes(self.buf[start : start + nbytes]), dtype=dtype).reshape(shape)
             arrays.append(arr)  # frombuffer on bytes: read-only
         del self.buf[:total]
         return header, arrays

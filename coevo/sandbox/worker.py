@@ -241,7 +241,7 @@ def write_frame(fd: int, header: dict, blobs: list) -> None:
     parts = [_LEN.pack(len(head)), head, *(a.tobytes() for a in blobs)]
     view = memoryview(b"".join(parts))
     while view:
-        view = view[_write(fd, view):]
+        view = view[_write(fd, view) :]
 
 
 def _decode_args(tree, arrays, consts):
@@ -339,8 +339,11 @@ def evaluate_local(request: dict) -> dict:
     except BaseException as exc:  # noqa: BLE001 - classified, never re-raised
         return {"ok": False, "error_kind": classify(exc), "error": describe(exc)}
     if not isinstance(metrics, dict):
-        return {"ok": False, "error_kind": "return_type",
-                "error": f"target returned {type(metrics).__name__}, expected dict"}
+        return {
+            "ok": False,
+            "error_kind": "return_type",
+            "error": f"target returned {type(metrics).__name__}, expected dict",
+        }
     try:
         return {"ok": True, "metrics": jsonable(metrics)}
     except TypeError as exc:
@@ -360,7 +363,7 @@ def local(result_fd: int) -> None:
         data = _dumps({"ok": False, "error_kind": classify(exc), "error": "reporting: " + describe(exc)}).encode()
     view = memoryview(data)
     while view:
-        view = view[_write(result_fd, view):]
+        view = view[_write(result_fd, view) :]
     _close(result_fd)
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -1,7 +1,7 @@
 """Agent Skills: the folder format and its validator, a library with progressive disclosure for agents,
 Trace2Skill patches (parse, apply, merge) and skill versions in the trajectory store.
 
-See field notes §3 and the module docstrings: :mod:`~coevo.skills.spec`, :mod:`~coevo.skills.validate`,
+See docs/references.md §3 and the module docstrings: :mod:`~coevo.skills.spec`, :mod:`~coevo.skills.validate`,
 :mod:`~coevo.skills.library`, :mod:`~coevo.skills.patch`, :mod:`~coevo.skills.apply`,
 :mod:`~coevo.skills.merge`, :mod:`~coevo.skills.versions`.
 """
@@ -19,9 +19,33 @@ from coevo.skills.versions import SKILL_ARTIFACT_KIND, materialize, write_skill_
 SHIPPED_SKILLS_DIR = shipped_dir("skills")
 
 __all__ = [
-    "PATCH_FORMAT_HELP", "SHIPPED_SKILLS_DIR", "SKILL_ARTIFACT_KIND", "ApplyResult", "Conflict", "Edit",
-    "EditRejected", "MergeResult", "Patch", "Rejection", "Skill", "SkillAccessError", "SkillCall",
-    "SkillDocument", "SkillFormatError", "SkillLibrary", "Violation", "apply_and_validate", "apply_patch",
-    "load_skill", "materialize", "merge_patches", "parse_patch", "parse_skill_call", "programmatic_merge",
-    "skill_diff", "validate_skill", "write_skill", "write_skill_version",
+    "PATCH_FORMAT_HELP",
+    "SHIPPED_SKILLS_DIR",
+    "SKILL_ARTIFACT_KIND",
+    "ApplyResult",
+    "Conflict",
+    "Edit",
+    "EditRejected",
+    "MergeResult",
+    "Patch",
+    "Rejection",
+    "Skill",
+    "SkillAccessError",
+    "SkillCall",
+    "SkillDocument",
+    "SkillFormatError",
+    "SkillLibrary",
+    "Violation",
+    "apply_and_validate",
+    "apply_patch",
+    "load_skill",
+    "materialize",
+    "merge_patches",
+    "parse_patch",
+    "parse_skill_call",
+    "programmatic_merge",
+    "skill_diff",
+    "validate_skill",
+    "write_skill",
+    "write_skill_version",
 ]

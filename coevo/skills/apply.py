@@ -83,8 +83,9 @@ def _one_section(lines: list[str], offset: int, ref: str) -> Section:
     if not found:
         raise EditRejected(f"section {ref!r} not found")
     if len(found) > 1:
-        raise EditRejected(f"section {ref!r} is ambiguous ({len(found)} headings match); "
-                           "give the level, e.g. '## Title'")
+        raise EditRejected(
+            f"section {ref!r} is ambiguous ({len(found)} headings match); give the level, e.g. '## Title'"
+        )
     return found[0]
 
 
@@ -124,7 +125,7 @@ def _replace_in_section(lines: list[str], offset: int, edit: ReplaceInSection) -
     a, b = offset + sec.heading.line, offset + sec.end
     segment = "".join(lines[a:b])
     start, old = _find_unique(segment, edit.old, "old text")
-    new_segment = segment[:start] + edit.new + segment[start + len(old):]
+    new_segment = segment[:start] + edit.new + segment[start + len(old) :]
     return lines[:a] + new_segment.splitlines(keepends=True) + lines[b:]
 
 
@@ -144,7 +145,7 @@ def _add_section(lines: list[str], offset: int, edit: AddSection) -> list[str]:
 
 def _delete_section(lines: list[str], offset: int, edit: DeleteSection) -> list[str]:
     sec = _one_section(lines, offset, edit.section)
-    return lines[:offset + sec.heading.line] + lines[offset + sec.end:]
+    return lines[: offset + sec.heading.line] + lines[offset + sec.end :]
 
 
 _TEXT_OPS: dict[type, Callable[[list[str], int, Any], list[str]]] = {
@@ -237,9 +238,12 @@ def diff_file_maps(old: dict[str, str | None], new: dict[str, str | None]) -> st
         if (rel in old and a is None) or (rel in new and b is None):
             parts.append(f"Binary file {rel} differs\n")
             continue
-        for line in difflib.unified_diff((a or "").splitlines(keepends=True), (b or "").splitlines(keepends=True),
-                                         fromfile=f"a/{rel}" if rel in old else "/dev/null",
-                                         tofile=f"b/{rel}" if rel in new else "/dev/null"):
+        for line in difflib.unified_diff(
+            (a or "").splitlines(keepends=True),
+            (b or "").splitlines(keepends=True),
+            fromfile=f"a/{rel}" if rel in old else "/dev/null",
+            tofile=f"b/{rel}" if rel in new else "/dev/null",
+        ):
             parts.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
     return "".join(parts)
 
@@ -262,8 +266,9 @@ def _copy_skill(src: Path, dest: Path | None) -> Path:
     return dest
 
 
-def apply_patch(skill_dir: Path | str, patch: Patch | str | dict[str, Any],
-                dest: Path | str | None = None) -> ApplyResult:
+def apply_patch(
+    skill_dir: Path | str, patch: Patch | str | dict[str, Any], dest: Path | str | None = None
+) -> ApplyResult:
     """Apply a patch to a copy of ``skill_dir``.
 
     Args:
@@ -293,12 +298,17 @@ def apply_patch(skill_dir: Path | str, patch: Patch | str | dict[str, Any],
             rejected.append(Rejection(edit, f"file system error: {exc}"))
         else:
             applied.append(edit)
-    return ApplyResult(skill_dir=new_dir, applied=applied, rejected=rejected, diff=skill_diff(src, new_dir),
-                       changelog=patch.changelog)
+    return ApplyResult(
+        skill_dir=new_dir, applied=applied, rejected=rejected, diff=skill_diff(src, new_dir), changelog=patch.changelog
+    )
 
 
-def apply_and_validate(skill_dir: Path | str, patch: Patch | str | dict[str, Any], dest: Path | str | None = None,
-                       tokenizer: Tokenizer | None = None) -> tuple[Path, ApplyResult, list[Violation]]:
+def apply_and_validate(
+    skill_dir: Path | str,
+    patch: Patch | str | dict[str, Any],
+    dest: Path | str | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> tuple[Path, ApplyResult, list[Violation]]:
     """Apply ``patch`` to a copy of ``skill_dir`` and validate the result against the spec.
 
     Fix rounds (Trace2Skill allows up to 3) are the evolver's job: feed the violations back to the model and

@@ -52,11 +52,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser("skills", help="Agent Skills tools", description="Agent Skills tools.")
     sub = parser.add_subparsers(dest="skills_command", required=True)
     validate = sub.add_parser(
-        "validate", help="check skill folders against the Agent Skills specification",
+        "validate",
+        help="check skill folders against the Agent Skills specification",
         description="Check skill folders against the Agent Skills specification. Each DIR is a skill folder "
-                    "(holding SKILL.md) or a folder of skill folders, in which every non-hidden subfolder must "
-                    "hold SKILL.md (one without, e.g. with skill.md, is a violation). Exit status 1 on any "
-                    "violation.")
+        "(holding SKILL.md) or a folder of skill folders, in which every non-hidden subfolder must "
+        "hold SKILL.md (one without, e.g. with skill.md, is a violation). Exit status 1 on any "
+        "violation.",
+    )
     validate.add_argument("dirs", nargs="+", metavar="DIR", help="a skill folder or a folder of skills")
     validate.set_defaults(func=_cmd_validate)
     return parser

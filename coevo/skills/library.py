@@ -28,8 +28,10 @@ LOAD_SKILL = "load_skill"
 READ_SKILL_FILE = "read_skill_file"
 #: Number of string arguments each skill action takes.
 SKILL_ACTIONS = {LOAD_SKILL: 1, READ_SKILL_FILE: 2}
-_EXAMPLES = {LOAD_SKILL: 'load_skill("skill-name")',
-             READ_SKILL_FILE: 'read_skill_file("skill-name", "references/file.md")'}
+_EXAMPLES = {
+    LOAD_SKILL: 'load_skill("skill-name")',
+    READ_SKILL_FILE: 'read_skill_file("skill-name", "references/file.md")',
+}
 
 SKILL_ACTIONS_HELP = (
     "Skills hold instructions for kinds of tasks. Only their names and descriptions are listed here. "
@@ -121,8 +123,9 @@ class SkillLibrary:
                 self.load_errors[str(d)] = str(exc)
                 continue
             if skill.name in self.skills:
-                raise ValueError(f"skill name {skill.name!r} is defined twice: {self.skills[skill.name].path} "
-                                 f"and {skill.path}")
+                raise ValueError(
+                    f"skill name {skill.name!r} is defined twice: {self.skills[skill.name].path} and {skill.path}"
+                )
             self.skills[skill.name] = skill
 
     def names(self) -> list[str]:

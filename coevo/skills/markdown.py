@@ -59,8 +59,9 @@ def headings(text: str) -> list[Heading]:
     for i, tok in enumerate(tokens):
         if tok.type == "heading_open" and tok.map is not None:
             inline = tokens[i + 1]
-            out.append(Heading(level=int(tok.tag[1]), title=inline.content.strip(), line=tok.map[0],
-                               end_line=tok.map[1]))
+            out.append(
+                Heading(level=int(tok.tag[1]), title=inline.content.strip(), line=tok.map[0], end_line=tok.map[1])
+            )
     return out
 
 
@@ -71,7 +72,7 @@ def sections(text: str) -> list[Section]:
     out = []
     for i, h in enumerate(hs):
         own_end = hs[i + 1].line if i + 1 < len(hs) else n_lines
-        end = next((g.line for g in hs[i + 1:] if g.level <= h.level), n_lines)
+        end = next((g.line for g in hs[i + 1 :] if g.level <= h.level), n_lines)
         out.append(Section(heading=h, own_end=own_end, end=end))
     return out
 
@@ -95,8 +96,11 @@ def normalize_title(title: str) -> str:
 def find_sections(text: str, ref: str) -> list[Section]:
     """Sections whose heading matches ``ref`` (``"## Title"`` matches level and title, ``"Title"`` any level)."""
     level, title = split_heading_ref(ref)
-    return [s for s in sections(text)
-            if normalize_title(s.heading.title) == title and (level is None or s.heading.level == level)]
+    return [
+        s
+        for s in sections(text)
+        if normalize_title(s.heading.title) == title and (level is None or s.heading.level == level)
+    ]
 
 
 _LINK_TARGET_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")

@@ -106,12 +106,19 @@ def programmatic_merge(patches: list[Patch], conflicts: list[Conflict] | None = 
             touched.setdefault(edit.file, (idx, edit))
             if isinstance(edit, DeleteFile):
                 deleted[edit.file] = (idx, edit)
-    return Patch(reasoning=_join_unique([p.reasoning for p in patches]), edits=kept,
-                 changelog=_join_unique([p.changelog for p in patches]))
+    return Patch(
+        reasoning=_join_unique([p.reasoning for p in patches]),
+        edits=kept,
+        changelog=_join_unique([p.changelog for p in patches]),
+    )
 
 
-def merge_patches(patches: Sequence[Patch], merger: Merger | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
-                  max_depth: int = DEFAULT_MAX_DEPTH) -> MergeResult:
+def merge_patches(
+    patches: Sequence[Patch],
+    merger: Merger | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+) -> MergeResult:
     """Merge patches hierarchically into one.
 
     Args:
@@ -133,8 +140,10 @@ def merge_patches(patches: Sequence[Patch], merger: Merger | None = None, batch_
         raise ValueError(f"max_depth must be >= 1, got {max_depth}")
     conflicts: list[Conflict] = []
     if merger is None:
+
         def merger(batch: list[Patch]) -> Patch:
             return programmatic_merge(batch, conflicts)
+
     level: list[Patch] = list(patches)
     if not level:
         return MergeResult(patch=Patch())
@@ -144,7 +153,7 @@ def merge_patches(patches: Sequence[Patch], merger: Merger | None = None, batch_
         size = len(level) if levels == max_depth else batch_size
         nxt = []
         for i in range(0, len(level), size):
-            batch = level[i:i + size]
+            batch = level[i : i + size]
             if len(batch) == 1:
                 nxt.append(batch[0])
                 continue

@@ -36,8 +36,11 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, Va
 from coevo.skills.markdown import split_heading_ref
 from coevo.skills.spec import SKILL_FILE
 
-_FILE = Field(default=SKILL_FILE, validation_alias=AliasChoices("file", "path", "target_file"),
-              description="file relative to the skill folder")
+_FILE = Field(
+    default=SKILL_FILE,
+    validation_alias=AliasChoices("file", "path", "target_file"),
+    description="file relative to the skill folder",
+)
 _NONEMPTY = Field(min_length=1)
 
 
@@ -115,12 +118,26 @@ class DeleteFile(_EditBase):
 
 
 Edit = Annotated[
-    InsertAfter | InsertBefore | AppendToSection | ReplaceInSection | AddSection | DeleteSection | CreateFile
+    InsertAfter
+    | InsertBefore
+    | AppendToSection
+    | ReplaceInSection
+    | AddSection
+    | DeleteSection
+    | CreateFile
     | DeleteFile,
     Field(discriminator="op"),
 ]
-EDIT_OPS = ("insert_after", "insert_before", "append_to_section", "replace_in_section", "add_section",
-            "delete_section", "create", "delete_file")
+EDIT_OPS = (
+    "insert_after",
+    "insert_before",
+    "append_to_section",
+    "replace_in_section",
+    "add_section",
+    "delete_section",
+    "create",
+    "delete_file",
+)
 _EDIT_ADAPTER: TypeAdapter[Edit] = TypeAdapter(Edit)
 
 
@@ -162,6 +179,7 @@ def parse_edit(raw: Any) -> Edit:
     try:
         return _EDIT_ADAPTER.validate_python(raw)
     except ValidationError as exc:
+
         def loc(e: Any) -> str:  # drop the discriminator tag pydantic puts first
             parts = [str(x) for x in e["loc"]]
             return ".".join(parts[1:] if parts[:1] == [raw["op"]] else parts) or "edit"
@@ -248,9 +266,11 @@ def parse_patch(text: str | dict[str, Any]) -> tuple[Patch, list[Rejection]]:
             continue
         edits.append(edit)
     reasoning, changelog = data.get("reasoning", ""), data.get("changelog", "")
-    patch = Patch(reasoning=reasoning if isinstance(reasoning, str) else json.dumps(reasoning),
-                  edits=edits,
-                  changelog=changelog if isinstance(changelog, str) else json.dumps(changelog))
+    patch = Patch(
+        reasoning=reasoning if isinstance(reasoning, str) else json.dumps(reasoning),
+        edits=edits,
+        changelog=changelog if isinstance(changelog, str) else json.dumps(changelog),
+    )
     return patch, rejections
 
 

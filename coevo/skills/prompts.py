@@ -1,6 +1,6 @@
 """Prompts of the Trace2Skill evolver (analyst, patch, merge, fix) and the parts they are built from.
 
-Trace2Skill (arXiv 2603.25158; field notes §3): (2) one analyst per trajectory - a failure gets its root cause,
+Trace2Skill (arXiv 2603.25158; docs/references.md §3): (2) one analyst per trajectory - a failure gets its root cause,
 proven by a minimal fix, a success its lean solution path - and each analyst writes a few lessons from the
 agent's view that never mention the ground truth; (3) each lesson batch proposes a patch against a frozen
 snapshot of the skill (:data:`coevo.skills.patch.PATCH_FORMAT_HELP`); (4) patches are merged hierarchically;
@@ -31,10 +31,24 @@ Message = dict[str, str]
 
 #: ``meta`` keys (at any depth) whose values are reference answers hidden from the analyst.
 GROUND_TRUTH_KEYS = (
-    "answer", "answers", "reference_answer", "reference_answers", "ground_truth", "gold", "gold_answer",
-    "expected", "expected_answer", "solution", "label", "reference_url", "must_include", "exact_match",
-    "fuzzy_match", "program_html", "eval",
-)  # fmt: skip
+    "answer",
+    "answers",
+    "reference_answer",
+    "reference_answers",
+    "ground_truth",
+    "gold",
+    "gold_answer",
+    "expected",
+    "expected_answer",
+    "solution",
+    "label",
+    "reference_url",
+    "must_include",
+    "exact_match",
+    "fuzzy_match",
+    "program_html",
+    "eval",
+)
 #: What a hidden value is replaced with in prompts.
 HIDDEN = "[hidden]"
 #: First line of each role's system prompt (lets logs and test doubles tell the calls apart).
@@ -132,7 +146,7 @@ def render_trajectory(t: Trajectory, outcome: str, *, max_steps: int = 40, max_c
         lines.append(f"Detail: {clip(t.failure_detail, max_chars)}")
     steps = list(enumerate(t.steps, 1))
     if len(steps) > max_steps:
-        head, tail = steps[: max_steps // 2], steps[-(max_steps - max_steps // 2):]
+        head, tail = steps[: max_steps // 2], steps[-(max_steps - max_steps // 2) :]
         steps = [*head, (None, None), *tail]
     lines.append(f"Steps ({len(t.steps)}):")
     for i, s in steps:
@@ -140,8 +154,12 @@ def render_trajectory(t: Trajectory, outcome: str, *, max_steps: int = 40, max_c
             lines.append(f"[... {len(t.steps) - max_steps} steps omitted ...]")
             continue
         lines.append(f"### Step {i}")
-        for label, value in (("Observation", s.observation), ("Agent output", s.model_output),
-                             ("Action", s.action), ("Feedback", s.tool_result)):
+        for label, value in (
+            ("Observation", s.observation),
+            ("Agent output", s.model_output),
+            ("Action", s.action),
+            ("Feedback", s.tool_result),
+        ):
             if value:
                 lines.append(f"{label}:\n{clip(value, max_chars)}")
         if s.reward is not None:
@@ -176,7 +194,7 @@ class Analysis:
     dropped: list[str] = field(default_factory=list)
 
 
-_ANALYST_SYSTEM = f"""{ROLE_TITLES['analyst']}
+_ANALYST_SYSTEM = f"""{ROLE_TITLES["analyst"]}
 You study one recorded run of an AI agent so that the agent's skill (written instructions it reads before
 acting) can be improved. Write lessons from the agent's point of view: what to notice or do in tasks like
 this one. Lessons must be general and reusable. Never state an expected answer, a reference solution or a
@@ -230,7 +248,7 @@ def parse_analysis(text: str) -> Analysis:
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if "lesson" in line.lower()), None)
     if start is not None:
-        bullets = [m.group(1) for line in lines[start + 1:] if (m := _BULLET_RE.match(line))]
+        bullets = [m.group(1) for line in lines[start + 1 :] if (m := _BULLET_RE.match(line))]
         lessons = [s for s in map(_lesson_text, bullets) if s][:MAX_LESSONS]
         if lessons:
             return Analysis(diagnosis="\n".join(lines[:start]).strip()[:MAX_LESSON_CHARS], lessons=lessons)
@@ -242,18 +260,18 @@ _PATCH_RULES = """Rules: edits are minimal and additive, each one traced to a le
 skill already says; keep the front-matter name and description unchanged; write instructions to the agent,
 never task-specific answers."""
 
-_PATCH_SYSTEM = f"""{ROLE_TITLES['patch']}
+_PATCH_SYSTEM = f"""{ROLE_TITLES["patch"]}
 You maintain an Agent Skill: a folder with SKILL.md (YAML front matter, then Markdown instructions) and
 optional references/ files. Turn lessons learned from the agent's runs into a patch of the skill.
 {_PATCH_RULES}"""
 
-_MERGE_SYSTEM = f"""{ROLE_TITLES['merge']}
+_MERGE_SYSTEM = f"""{ROLE_TITLES["merge"]}
 Several patches were proposed independently against the same snapshot of an Agent Skill. Merge them into
 one patch: keep one edit where several say the same thing, resolve edits that conflict at the same place
 into one edit, and keep every unique insight. Anchors and old texts must still match the snapshot.
 {_PATCH_RULES}"""
 
-_FIX_SYSTEM = f"""{ROLE_TITLES['fix']}
+_FIX_SYSTEM = f"""{ROLE_TITLES["fix"]}
 A patched Agent Skill violates the Agent Skills specification. Propose a patch that fixes exactly the listed
 violations and changes nothing else (for example: move long details into a new references/ file with
 "create" and shorten SKILL.md, or create a file that SKILL.md refers to, or remove the broken reference)."""
@@ -262,22 +280,30 @@ violations and changes nothing else (for example: move long details into a new r
 def patch_messages(skill: str, lessons: Sequence[tuple[str, str]]) -> list[Message]:
     """The patch proposal for one lesson batch: ``lessons`` are ``(outcome, lesson)`` pairs."""
     listed = "\n".join(f"- ({outcome}) {lesson}" for outcome, lesson in lessons)
-    user = (f"Skill snapshot (frozen; anchors must be copied from it):\n{skill}\n\n"
-            f"Lessons from the agent's runs:\n{listed}\n\n{PATCH_FORMAT_HELP}")
+    user = (
+        f"Skill snapshot (frozen; anchors must be copied from it):\n{skill}\n\n"
+        f"Lessons from the agent's runs:\n{listed}\n\n{PATCH_FORMAT_HELP}"
+    )
     return [{"role": "system", "content": _PATCH_SYSTEM}, {"role": "user", "content": user}]
 
 
 def patch_json(patch: Patch) -> str:
     """A patch as the JSON text the prompts show: one edit per line, without default fields (``file``
     SKILL.md, empty ``reason``)."""
+
     def compact(edit: Any) -> str:
-        d = {k: v for k, v in edit_to_dict(edit).items()
-             if not ((k == "file" and v == SKILL_FILE and edit.op != "create") or (k == "reason" and not v))}
+        d = {
+            k: v
+            for k, v in edit_to_dict(edit).items()
+            if not ((k == "file" and v == SKILL_FILE and edit.op != "create") or (k == "reason" and not v))
+        }
         return json.dumps({"op": d.pop("op"), **d}, ensure_ascii=False)
 
     edits = ",\n  ".join(map(compact, patch.edits))
-    return (f'{{"reasoning": {json.dumps(patch.reasoning, ensure_ascii=False)},\n "edits": [\n  {edits}],\n'
-            f' "changelog": {json.dumps(patch.changelog, ensure_ascii=False)}}}')
+    return (
+        f'{{"reasoning": {json.dumps(patch.reasoning, ensure_ascii=False)},\n "edits": [\n  {edits}],\n'
+        f' "changelog": {json.dumps(patch.changelog, ensure_ascii=False)}}}'
+    )
 
 
 def merge_messages(skill: str, patches: Sequence[Patch]) -> list[Message]:

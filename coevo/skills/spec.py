@@ -2,7 +2,7 @@
 
 A skill is a folder ``<name>/`` holding ``SKILL.md`` (YAML front matter between ``---`` lines, then a
 Markdown body) and optional ``scripts/``, ``references/`` and ``assets/`` folders.
-Source: the Agent Skills specification (agentskills.io/specification); field notes §3.
+Source: the Agent Skills specification (agentskills.io/specification); docs/references.md §3.
 
 This module only parses and writes; :mod:`coevo.skills.validate` checks the rules.
 """
@@ -124,8 +124,9 @@ def parse_skill_md(text: str, file: Path | str = SKILL_FILE) -> SkillDocument:
     text = text.lstrip("\ufeff")
     match = _FRONT_MATTER_RE.match(text)
     if match is None:
-        raise SkillFormatError(file, "front-matter",
-                               "SKILL.md must start with a '---' line, YAML, and a closing '---' line")
+        raise SkillFormatError(
+            file, "front-matter", "SKILL.md must start with a '---' line, YAML, and a closing '---' line"
+        )
     try:
         data = yaml.safe_load(match.group(1))
     except yaml.YAMLError as exc:
@@ -135,8 +136,9 @@ def parse_skill_md(text: str, file: Path | str = SKILL_FILE) -> SkillDocument:
     if not isinstance(data, dict):
         raise SkillFormatError(file, "front-matter", f"must be a YAML map, got {type(data).__name__}")
     offset = text.count("\n", 0, match.end()) + (0 if text[: match.end()].endswith("\n") else 1)
-    return SkillDocument(front_matter={str(k): v for k, v in data.items()}, body=text[match.end():],
-                         body_line_offset=offset)
+    return SkillDocument(
+        front_matter={str(k): v for k, v in data.items()}, body=text[match.end() :], body_line_offset=offset
+    )
 
 
 def render_skill_md(front_matter: dict[str, Any], body: str) -> str:
@@ -187,8 +189,9 @@ def load_skill(skill_dir: Path | str) -> Skill:
     return Skill(path=root, document=read_skill_document(root), files=list_skill_files(root))
 
 
-def write_skill(skill_dir: Path | str, front_matter: dict[str, Any], body: str,
-                files: dict[str, str] | None = None) -> Path:
+def write_skill(
+    skill_dir: Path | str, front_matter: dict[str, Any], body: str, files: dict[str, str] | None = None
+) -> Path:
     """Write a skill folder: SKILL.md plus extra text files.
 
     Args:

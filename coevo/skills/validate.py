@@ -1,6 +1,6 @@
 """Check a skill folder against the Agent Skills specification.
 
-Rules (agentskills.io/specification; field notes §3):
+Rules (agentskills.io/specification; docs/references.md §3):
 
 - the folder holds ``SKILL.md`` (that exact case) with YAML front matter; in a folder of skills every
   non-hidden subfolder must be a skill;
@@ -118,8 +118,9 @@ def _check_optional(fm: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-def validate_front_matter(front_matter: dict[str, Any], folder_name: str | None = None,
-                          file: str = SKILL_FILE) -> list[Violation]:
+def validate_front_matter(
+    front_matter: dict[str, Any], folder_name: str | None = None, file: str = SKILL_FILE
+) -> list[Violation]:
     """Check the front-matter map (name, description, optional keys, unknown keys).
 
     Args:
@@ -133,19 +134,29 @@ def validate_front_matter(front_matter: dict[str, Any], folder_name: str | None 
     return [Violation(file, f, m) for f, m in problems]
 
 
-def validate_body(body: str, skill_dir: Path | str, file: str = SKILL_FILE,
-                  tokenizer: Tokenizer | None = None) -> list[Violation]:
+def validate_body(
+    body: str, skill_dir: Path | str, file: str = SKILL_FILE, tokenizer: Tokenizer | None = None
+) -> list[Violation]:
     """Check body length (lines, tokens) and that referenced relative files exist in ``skill_dir``."""
     out = []
     n_lines = len(body.splitlines())
     if n_lines >= BODY_LINE_LIMIT:
-        out.append(Violation(file, "body", f"has {n_lines} lines; keep it under {BODY_LINE_LIMIT} and move "
-                                           "details to references/"))
+        out.append(
+            Violation(
+                file, "body", f"has {n_lines} lines; keep it under {BODY_LINE_LIMIT} and move details to references/"
+            )
+        )
     n_tokens = estimate_tokens(body, tokenizer)
     if n_tokens >= BODY_TOKEN_LIMIT:
         rule = "tokenizer count" if tokenizer is not None else f"estimate len/{CHARS_PER_TOKEN}"
-        out.append(Violation(file, "body", f"has about {n_tokens} tokens ({rule}); keep it under "
-                                           f"{BODY_TOKEN_LIMIT} and move details to references/"))
+        out.append(
+            Violation(
+                file,
+                "body",
+                f"has about {n_tokens} tokens ({rule}); keep it under "
+                f"{BODY_TOKEN_LIMIT} and move details to references/",
+            )
+        )
     for rel in referenced_paths(body):
         try:
             target = resolve_inside(skill_dir, rel)
@@ -173,8 +184,13 @@ def validate_skill(skill_dir: Path | str, tokenizer: Tokenizer | None = None) ->
     file = str(root / SKILL_FILE)
     misnamed = _misnamed_skill_files(root)
     if misnamed and not is_skill_dir(root):
-        return [Violation(file, SKILL_FILE, f"missing: found {', '.join(misnamed)}; the file must be named "
-                                            f"{SKILL_FILE} (upper case)")]
+        return [
+            Violation(
+                file,
+                SKILL_FILE,
+                f"missing: found {', '.join(misnamed)}; the file must be named {SKILL_FILE} (upper case)",
+            )
+        ]
     try:
         doc = read_skill_document(root)
     except SkillFormatError as exc:
@@ -186,8 +202,11 @@ def validate_skill(skill_dir: Path | str, tokenizer: Tokenizer | None = None) ->
 
 def _misnamed_skill_files(folder: Path) -> list[str]:
     """Names of files in ``folder`` that spell SKILL.md in another letter case (e.g. ``skill.md``)."""
-    return sorted(c.name for c in folder.iterdir()
-                  if c.is_file() and c.name != SKILL_FILE and c.name.lower() == SKILL_FILE.lower())
+    return sorted(
+        c.name
+        for c in folder.iterdir()
+        if c.is_file() and c.name != SKILL_FILE and c.name.lower() == SKILL_FILE.lower()
+    )
 
 
 def _skill_candidates(paths: Iterable[Path | str] | Path | str) -> Iterator[Path]:
@@ -205,16 +224,18 @@ def _skill_candidates(paths: Iterable[Path | str] | Path | str) -> Iterator[Path
         if is_skill_dir(path) or not path.is_dir():
             yield path
             continue
-        subdirs = sorted(c for c in path.iterdir()
-                         if c.is_dir() and not c.name.startswith(".") and c.name != "__pycache__")
+        subdirs = sorted(
+            c for c in path.iterdir() if c.is_dir() and not c.name.startswith(".") and c.name != "__pycache__"
+        )
         if any(is_skill_dir(c) or _misnamed_skill_files(c) for c in subdirs):
             yield from subdirs
         else:
             yield path
 
 
-def validate_paths(paths: Iterable[Path | str] | Path | str,
-                   tokenizer: Tokenizer | None = None) -> dict[Path, list[Violation]]:
+def validate_paths(
+    paths: Iterable[Path | str] | Path | str, tokenizer: Tokenizer | None = None
+) -> dict[Path, list[Violation]]:
     """Validate every skill under ``paths`` (each a skill folder or a folder of skills).
 
     Unlike :func:`coevo.skills.spec.find_skill_dirs` (which loaders use, skipping non-skills), a folder of
@@ -251,8 +272,10 @@ def attached_skill_dirs(paths: Iterable[Path | str], root: Path | str | None = N
             if is_skill_dir(folder):
                 out.append(folder.resolve())
     if problems:
-        raise ValueError("skill_dirs: the attached skills violate the Agent Skills specification (as `coevo skills "
-                         "validate` reports): " + "; ".join(problems))
+        raise ValueError(
+            "skill_dirs: the attached skills violate the Agent Skills specification (as `coevo skills "
+            "validate` reports): " + "; ".join(problems)
+        )
     names: dict[str, Path] = {}
     for folder in out:
         name = read_skill_document(folder).name

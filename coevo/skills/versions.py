@@ -64,10 +64,17 @@ def _file_map(content: dict[str, Any]) -> dict[str, str | None]:
     return out
 
 
-def write_skill_version(store: TrajectoryStore, run_id: str, skill_dir: Path | str,
-                        version_meta: dict[str, Any] | None = None, *, diff: str | None = None,
-                        trajectory_ids: Iterable[int] = (), parent_version: int | None = None,
-                        key: str | None = None) -> Artifact:
+def write_skill_version(
+    store: TrajectoryStore,
+    run_id: str,
+    skill_dir: Path | str,
+    version_meta: dict[str, Any] | None = None,
+    *,
+    diff: str | None = None,
+    trajectory_ids: Iterable[int] = (),
+    parent_version: int | None = None,
+    key: str | None = None,
+) -> Artifact:
     """Store the skill folder as the next version of artifact ``("skill", <name>)``.
 
     Args:
@@ -100,8 +107,9 @@ def write_skill_version(store: TrajectoryStore, run_id: str, skill_dir: Path | s
         diff = diff_file_maps(_file_map(parent.content) if parent else {}, _file_map(snap))
     content = {**snap, "diff": diff, "trajectory_ids": ids}
     meta = {**(version_meta or {}), "sha256": _sha256(snap), "n_files": len(snap["files"]) + len(snap["binary_files"])}
-    return store.put_artifact(run_id, SKILL_ARTIFACT_KIND, snap["name"], content, key=key,
-                              parent_version=parent_version, meta=meta)
+    return store.put_artifact(
+        run_id, SKILL_ARTIFACT_KIND, snap["name"], content, key=key, parent_version=parent_version, meta=meta
+    )
 
 
 def materialize(artifact: Artifact | dict[str, Any], parent_dir: Path | str, overwrite: bool = False) -> Path:

@@ -104,8 +104,7 @@ def put_artifact(
         if row is not None:
             if (row["kind"], row["name"]) != (kind, name):
                 raise ValueError(
-                    f"key {key!r} already names artifact ({row['kind']!r}, {row['name']!r}), "
-                    f"not ({kind!r}, {name!r})"
+                    f"key {key!r} already names artifact ({row['kind']!r}, {row['name']!r}), not ({kind!r}, {name!r})"
                 )
             return _from_row(row)
     if parent_version is not None and _get(conn, kind, name, parent_version) is None:
@@ -122,9 +121,7 @@ def put_artifact(
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (run_id, kind, name, version, key, content_json, parent_version, meta_json, created_at),
     )
-    return _from_row(
-        conn.execute(f"SELECT {_COLUMNS} FROM artifacts WHERE id = ?", (cur.lastrowid,)).fetchone()
-    )
+    return _from_row(conn.execute(f"SELECT {_COLUMNS} FROM artifacts WHERE id = ?", (cur.lastrowid,)).fetchone())
 
 
 def _get(conn: sqlite3.Connection, kind: str, name: str, version: int) -> sqlite3.Row | None:
@@ -148,9 +145,7 @@ def get_artifact(conn: sqlite3.Connection, kind: str, name: str, version: int | 
     return None if row is None else _from_row(row)
 
 
-def list_artifacts(
-    conn: sqlite3.Connection, kind: str | None, name: str | None, run_id: str | None
-) -> list[Artifact]:
+def list_artifacts(conn: sqlite3.Connection, kind: str | None, name: str | None, run_id: str | None) -> list[Artifact]:
     """All artifact versions matching the given filters, ordered by ``(kind, name, version)``."""
     clauses, params = [], []
     for column, value in (("kind", kind), ("name", name), ("run_id", run_id)):

@@ -75,9 +75,7 @@ def where_clause(
     return ("WHERE " + " AND ".join(clauses) if clauses else ""), params
 
 
-def load_trajectories(
-    conn: sqlite3.Connection, tail: str, params: Sequence[Any], with_steps: bool
-) -> list[Trajectory]:
+def load_trajectories(conn: sqlite3.Connection, tail: str, params: Sequence[Any], with_steps: bool) -> list[Trajectory]:
     """Run ``SELECT * FROM trajectories {tail}`` and rebuild the rows as trajectories, with their steps.
 
     Steps are fetched in chunks of ids ordered by ``(trajectory_id, idx)``; call inside one read transaction

@@ -123,9 +123,7 @@ class SchemaError(UserError, RuntimeError):
 
 def read_version(conn: sqlite3.Connection) -> int | None:
     """Schema version stored in the file, or ``None`` for a file without the coevo schema."""
-    has_table = conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
-    ).fetchone()
+    has_table = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'").fetchone()
     if has_table is None:
         return None
     row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
@@ -162,17 +160,13 @@ def migrate(
         else:
             current = before = found
         if current > target:
-            raise SchemaError(
-                f"store schema_version {current} is newer than this coevo's ({target}); upgrade coevo"
-            )
+            raise SchemaError(f"store schema_version {current} is newer than this coevo's ({target}); upgrade coevo")
         while current < target:
             if current not in steps:
                 raise SchemaError(f"no migration from schema_version {current} to {current + 1}")
             steps[current](conn)
             current += 1
-            conn.execute(
-                "INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (current, time.time())
-            )
+            conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (current, time.time()))
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:

@@ -113,9 +113,7 @@ class TrajectoryStore:
             else:
                 mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
                 if str(mode).lower() != "wal":
-                    raise sqlite3.OperationalError(
-                        f"could not switch {self.path} to WAL (journal_mode={mode})"
-                    )
+                    raise sqlite3.OperationalError(f"could not switch {self.path} to WAL (journal_mode={mode})")
                 conn.execute(f"PRAGMA synchronous = {sync}")
                 migrate(conn)
         except BaseException:
@@ -270,9 +268,7 @@ class TrajectoryStore:
         check_int(k, "k")
         fixed = {"valid", "order_by", "descending", "limit"} & filters.keys()
         if fixed:
-            raise ValueError(
-                f"top_k fixes {sorted(fixed)}; pass only filters such as run_id, evolver, generation"
-            )
+            raise ValueError(f"top_k fixes {sorted(fixed)}; pass only filters such as run_id, evolver, generation")
         # reward >= -inf also drops valid rows without a reward (NULL), which have no rank.
         floor = filters.get("min_reward")
         filters = {**filters, "min_reward": float("-inf") if floor is None else floor}
@@ -313,9 +309,7 @@ class TrajectoryStore:
             where, params = where_clause(run_id=run_id)
             where = f"{where} AND id > ?" if where else "WHERE id > ?"
             with self._read() as conn:
-                batch = load_trajectories(
-                    conn, f"{where} ORDER BY id LIMIT {batch_size}", [*params, last_id], True
-                )
+                batch = load_trajectories(conn, f"{where} ORDER BY id LIMIT {batch_size}", [*params, last_id], True)
             if not batch:
                 return
             yield from batch

@@ -63,8 +63,7 @@ class BPPOnline(HeuristicProblem):
         U[20, 100] with C = 150), drawn with ``np.random.default_rng(seed)``."""
         self.check_args(size, count, seed)
         if distribution not in DISTRIBUTIONS:
-            raise ValueError(f"bpp_online: distribution must be one of {sorted(DISTRIBUTIONS)}, "
-                             f"got {distribution!r}")
+            raise ValueError(f"bpp_online: distribution must be one of {sorted(DISTRIBUTIONS)}, got {distribution!r}")
         cap = DISTRIBUTIONS[distribution]
         rng = np.random.default_rng(seed)
         arrays = []
@@ -111,8 +110,7 @@ def _check_priorities(value, k: int, what: str) -> np.ndarray:
     except Exception as exc:  # noqa: BLE001 -- an object numpy cannot wrap is the heuristic's fault
         raise InvalidReturn(f"{what} returned {type(value).__name__} that is not an array: {exc}") from None
     if arr.ndim == 0:
-        raise InvalidReturn(f"{what} returned a scalar ({value!r}); expected an array of {k} priorities, "
-                            "one per bin")
+        raise InvalidReturn(f"{what} returned a scalar ({value!r}); expected an array of {k} priorities, one per bin")
     if arr.shape != (k,):
         raise InvalidReturn(f"{what} returned shape {arr.shape}; expected ({k},), one priority per bin")
     if arr.dtype.kind not in "biuf":

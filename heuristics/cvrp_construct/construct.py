@@ -12,6 +12,7 @@ import numpy as np
 try:  # in process: coevo's classes; in the sandbox (no coevo): same-named ones, classified by name
     from coevo.sandbox.errors import InfeasibleSolution, InvalidReturn
 except ImportError:
+
     class InvalidReturn(Exception):  # the class name is what classifies it
         pass
 
@@ -41,22 +42,23 @@ def construct(fn, distances, demands, capacity, name="select_next_node"):
         try:
             nxt = operator.index(value)
         except TypeError:
-            raise InvalidReturn(f"{name} returned {value!r:.80} of type {type(value).__name__}; expected an int "
-                                "index") from None
+            raise InvalidReturn(
+                f"{name} returned {value!r:.80} of type {type(value).__name__}; expected an int index"
+            ) from None
         if not 0 <= nxt < n:
             raise InvalidReturn(f"{name} returned index {nxt}, outside [0, {n})")
         if nxt == 0:
             if current == 0:
-                raise InvalidReturn(f"{name} returned the depot while at the depot (an empty route); choose a "
-                                    "customer")
+                raise InvalidReturn(f"{name} returned the depot while at the depot (an empty route); choose a customer")
             seq.append(0)
             current, rest = 0, capacity
             continue
         if not unvisited[nxt]:
             raise InfeasibleSolution(f"{name} returned customer {nxt}, already served")
         if demands[nxt] > rest:
-            raise InfeasibleSolution(f"{name} returned customer {nxt} with demand {demands[nxt]} > rest_capacity "
-                                     f"{rest}: capacity violated")
+            raise InfeasibleSolution(
+                f"{name} returned customer {nxt} with demand {demands[nxt]} > rest_capacity {rest}: capacity violated"
+            )
         unvisited[nxt] = False
         seq.append(nxt)
         current, rest = nxt, rest - int(demands[nxt])

@@ -71,8 +71,9 @@ class CVRPConstruct(HeuristicProblem):
         self.check_args(size, count, seed, cells_per_instance=(size + 1) ** 2)
         if capacity is None:
             if size not in CAPACITY_BY_SIZE:
-                raise ValueError(f"cvrp_construct: size {size} has no standard capacity "
-                                 f"({CAPACITY_BY_SIZE}); pass capacity=")
+                raise ValueError(
+                    f"cvrp_construct: size {size} has no standard capacity ({CAPACITY_BY_SIZE}); pass capacity="
+                )
             capacity = CAPACITY_BY_SIZE[size]
         if capacity < 9:
             raise ValueError(f"cvrp_construct: capacity must be >= 9 (the largest demand), got {capacity}")
@@ -81,8 +82,14 @@ class CVRPConstruct(HeuristicProblem):
         for _ in range(count):
             coords = rng.random((size + 1, 2))
             demands = np.concatenate([[0], rng.integers(1, 10, size)]).astype(np.int64)
-            arrays.append({"coords": coords, "demands": demands, "distances": euclidean_matrix(coords),
-                           "capacity": np.array(capacity, dtype=np.int64)})
+            arrays.append(
+                {
+                    "coords": coords,
+                    "demands": demands,
+                    "distances": euclidean_matrix(coords),
+                    "capacity": np.array(capacity, dtype=np.int64),
+                }
+            )
         names = [f"cvrp{size}_s{seed}_{i}" for i in range(count)]
         return InstanceSet(self.name, names, arrays, f"Kool2019 n={size} C={capacity} seed={seed}")
 
@@ -107,8 +114,9 @@ class CVRPConstruct(HeuristicProblem):
         seq = int_sequence(solution, "routes", n, 2 * n + 1)
         customers = [v for v in seq if v != 0]
         if len(seq) < 2 or seq[0] != 0 or seq[-1] != 0 or sorted(customers) != list(range(1, n)):
-            raise InfeasibleSolution(f"the routes must start and end at the depot and serve each of the {n - 1} "
-                                     "customers exactly once")
+            raise InfeasibleSolution(
+                f"the routes must start and end at the depot and serve each of the {n - 1} customers exactly once"
+            )
         total, load = 0.0, 0
         for a, b in itertools.pairwise(seq):  # the same order of float additions as the construction loop
             if a == 0 and b == 0:
@@ -120,8 +128,12 @@ class CVRPConstruct(HeuristicProblem):
         return total
 
     def reference_one(self, arrays):
-        return cvrp_ortools_cost(np.asarray(arrays["distances"], dtype=np.float64), arrays["demands"],
-                                 int(arrays["capacity"]), self.reference_time_limit_s)
+        return cvrp_ortools_cost(
+            np.asarray(arrays["distances"], dtype=np.float64),
+            arrays["demands"],
+            int(arrays["capacity"]),
+            self.reference_time_limit_s,
+        )
 
     def reference_solver_id(self) -> str:
         return f"ortools-gls-{self.reference_time_limit_s:g}s"

@@ -12,6 +12,7 @@ import numpy as np
 try:  # in process: coevo's classes; in the sandbox (no coevo): same-named ones, classified by name
     from coevo.sandbox.errors import InfeasibleSolution, InvalidReturn
 except ImportError:
+
     class InvalidReturn(Exception):  # the class name is what classifies it
         pass
 
@@ -30,22 +31,25 @@ def construct(fn, weights, values, capacity, name="select_next_item"):
     chosen = []
     while remaining.size and (weights[remaining] <= rest).any():
         choice = fn(rest, weights[remaining], values[remaining])
-        if choice is None or (isinstance(choice, (int, np.integer)) and not isinstance(choice, (bool, np.bool_))
-                              and choice == -1):
+        if choice is None or (
+            isinstance(choice, (int, np.integer)) and not isinstance(choice, (bool, np.bool_)) and choice == -1
+        ):
             break
         if isinstance(choice, (bool, np.bool_)):
             raise InvalidReturn(f"{name} returned a bool ({choice!r}); expected an int index")
         try:
             k = operator.index(choice)
         except TypeError:
-            raise InvalidReturn(f"{name} returned {choice!r:.80} of type {type(choice).__name__}; expected an "
-                                "int index") from None
+            raise InvalidReturn(
+                f"{name} returned {choice!r:.80} of type {type(choice).__name__}; expected an int index"
+            ) from None
         if not 0 <= k < remaining.size:
             raise InvalidReturn(f"{name} returned index {k}, outside [0, {remaining.size})")
         item = int(remaining[k])
         if weights[item] > rest:
-            raise InfeasibleSolution(f"{name} chose item {k} of weight {weights[item]:.6g}, which exceeds the "
-                                     f"remaining capacity {rest:.6g}")
+            raise InfeasibleSolution(
+                f"{name} chose item {k} of weight {weights[item]:.6g}, which exceeds the remaining capacity {rest:.6g}"
+            )
         rest -= weights[item]
         chosen.append(item)
         remaining = np.delete(remaining, k)

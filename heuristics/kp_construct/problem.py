@@ -61,8 +61,9 @@ class KPConstruct(HeuristicProblem):
         self.check_args(size, count, seed, cells_per_instance=2 * size)
         if capacity is None:
             if size not in CAPACITY_BY_SIZE:
-                raise ValueError(f"kp_construct: size {size} has no standard capacity "
-                                 f"({CAPACITY_BY_SIZE}); pass capacity=")
+                raise ValueError(
+                    f"kp_construct: size {size} has no standard capacity ({CAPACITY_BY_SIZE}); pass capacity="
+                )
             capacity = CAPACITY_BY_SIZE[size]
         if not capacity > 0:
             raise ValueError(f"kp_construct: capacity must be > 0, got {capacity!r}")
@@ -77,8 +78,11 @@ class KPConstruct(HeuristicProblem):
     construct_file = "construct.py"
 
     def construct_args(self, arrays):
-        return (read_only(np.asarray(arrays["weights"], dtype=np.float64)),
-                read_only(np.asarray(arrays["values"], dtype=np.float64)), float(arrays["capacity"]))
+        return (
+            read_only(np.asarray(arrays["weights"], dtype=np.float64)),
+            read_only(np.asarray(arrays["values"], dtype=np.float64)),
+            float(arrays["capacity"]),
+        )
 
     def score_solution(self, arrays, solution):
         """Total value of the chosen items, packed in the given order on the evaluator's weights;
@@ -92,8 +96,9 @@ class KPConstruct(HeuristicProblem):
         rest, total = float(arrays["capacity"]), 0.0
         for item in items:  # the same order of float operations as the construction loop
             if weights[item] > rest:
-                raise InfeasibleSolution(f"item {item} of weight {weights[item]:.6g} exceeds the remaining "
-                                         f"capacity {rest:.6g}")
+                raise InfeasibleSolution(
+                    f"item {item} of weight {weights[item]:.6g} exceeds the remaining capacity {rest:.6g}"
+                )
             rest -= weights[item]
             total += values[item]
         return total
@@ -103,4 +108,3 @@ class KPConstruct(HeuristicProblem):
 
     def reference_solver_id(self) -> str:
         return "ortools-kp-bb-scale1e6"
-

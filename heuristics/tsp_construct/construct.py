@@ -13,6 +13,7 @@ import numpy as np
 try:  # in process: coevo's classes; in the sandbox (no coevo): same-named ones, classified by name
     from coevo.sandbox.errors import InfeasibleSolution, InvalidReturn
 except ImportError:
+
     class InvalidReturn(Exception):  # the class name is what classifies it
         pass
 
@@ -27,8 +28,9 @@ def as_index(value, what, upper):
     try:
         idx = operator.index(value)
     except TypeError:
-        raise InvalidReturn(f"{what} returned {value!r:.80} of type {type(value).__name__}; expected an int "
-                            "index") from None
+        raise InvalidReturn(
+            f"{what} returned {value!r:.80} of type {type(value).__name__}; expected an int index"
+        ) from None
     if not 0 <= idx < upper:
         raise InvalidReturn(f"{what} returned index {idx}, outside [0, {upper})")
     return idx
@@ -45,8 +47,10 @@ def construct(fn, distances, name="select_next_node"):
     for _ in range(n - 1):
         nxt = as_index(fn(current, 0, np.flatnonzero(unvisited).astype(np.int64), dist.copy()), name, n)
         if not unvisited[nxt]:
-            raise InfeasibleSolution(f"{name} returned node {nxt}, which is already visited (current node "
-                                     f"{current}); choose one of unvisited_nodes")
+            raise InfeasibleSolution(
+                f"{name} returned node {nxt}, which is already visited (current node "
+                f"{current}); choose one of unvisited_nodes"
+            )
         unvisited[nxt] = False
         tour.append(nxt)
         current = nxt

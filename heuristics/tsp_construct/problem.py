@@ -73,8 +73,10 @@ class TSPConstruct(HeuristicProblem):
         n = dist.shape[0]
         tour = int_sequence(solution, "tour", n, n)
         if len(tour) != n or tour[0] != 0 or len(set(tour)) != n:
-            raise InfeasibleSolution(f"the tour is not a permutation of the {n} nodes starting at node 0 "
-                                     f"(length {len(tour)}, {len(set(tour))} distinct)")
+            raise InfeasibleSolution(
+                f"the tour is not a permutation of the {n} nodes starting at node 0 "
+                f"(length {len(tour)}, {len(set(tour))} distinct)"
+            )
         return tour_length(dist, tour + [0])
 
     def reference_one(self, arrays):
