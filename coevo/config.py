@@ -33,16 +33,25 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from coevo.backends.spec import ModelConfig
 from coevo.errors import ConfigError
 from coevo.evolvers.base import EvolverConfig, resolve_evolver
 from coevo.tracking import TrackingConfig
 
-__all__ = ["ConfigError", "RunConfig", "apply_overrides", "check_combinations", "load_config", "parse_config"]
+__all__ = [
+    "ConfigError",
+    "ModelConfig",
+    "RunConfig",
+    "apply_overrides",
+    "check_combinations",
+    "load_config",
+    "parse_config",
+]
 
 #: model backends whose policies have weights ES can perturb (``Policy.has_parameters``; a test checks
 #: that this agrees with the backend classes, which are not imported here because they load torch)
@@ -57,32 +66,6 @@ class RunSection(_Strict):
     name: str = Field("run", description="run name; the run folder is <out_dir>/<name>-<timestamp>")
     seed: int = Field(0, description="base seed of every random stream of the run")
     out_dir: str = Field("runs", description="folder that holds run folders")
-
-
-class ModelConfig(_Strict):
-    name: str = Field(
-        "qwen2.5-coder-0.5b-instruct",
-        description="a short model name (see `coevo model list`), a local HF folder, or tiny:<preset>",
-    )
-    backend: Literal["hf", "openai", "vllm"] = Field("hf", description="model backend")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("bfloat16", description="weight dtype")
-    device: str = Field("cpu", description="torch device for the hf backend (cpu, cuda, cuda:1)")
-    batch_size: int = Field(8, ge=1, description="max conversations per generate call")
-    base_url: str | None = Field(None, description="openai backend: server URL, e.g. http://127.0.0.1:8000/v1")
-    api_key_env: str = Field("OPENAI_API_KEY", description="openai backend: env var holding the API key")
-    max_retries: int = Field(3, ge=0, description="openai backend: retries on connection errors and 5xx")
-    tensor_parallel_size: int = Field(1, ge=1, description="vllm backend: GPUs per engine")
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm backend")
-
-    @model_validator(mode="after")
-    def _check_backend(self) -> ModelConfig:
-        if self.backend == "openai" and not self.base_url:
-            raise ValueError("model.base_url is required when model.backend is 'openai'")
-        if self.backend in ("hf", "vllm"):
-            from coevo.backends.models import check_model_ref
-
-            check_model_ref(self.name)  # a ValueError here is reported as a `model` field error
-        return self
 
 
 class SamplingConfig(_Strict):

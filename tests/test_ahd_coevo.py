@@ -395,6 +395,7 @@ def test_scripted_eoh_es_through_the_loop(tmp_path, tiny_model_dir):
             **{
                 "evolvers.eoh.reject_duplicates": "false",
                 "evolvers.eoh.include_seed_heuristic": "false",
+                "evolvers.es.rollout.reward": "paper",  # the main job ranks children; this test checks the paper rule
                 "budget.max_samples": 40,
                 "evolvers.es.total_generations": 3,
                 "evolvers.es.sigma": 0.02,
@@ -457,19 +458,21 @@ def test_scripted_eoh_es_through_the_loop(tmp_path, tiny_model_dir):
 
 
 def test_shipped_headline_config_default_plan(tmp_path, tiny_model_dir):
-    """configs/ahd/tsp_construct.yaml as shipped (only sizes and the model shrunk): EoH initialisation, ES
-    generation 0 (one antithetic pair, m1 + m2 each), an EoH generation, ES generation 1 at sigma 0; 20 samples."""
+    """configs/ahd/tsp_construct.yaml as shipped (only sizes and the model shrunk): EoH initialisation, then per
+    round one ES generation (one antithetic pair, m1 + m2 each) and one EoH generation; ES sigma 1e-3, 5e-4, 0
+    (updates at generations 0 and 1, generation 2 only searches); 32 samples."""
     policy = ScriptedTinyQwen(tiny_model_dir, EOH_INIT + ES_G0[:4] + EOH_G1 + ES_G1[:4])
     summary = make_loop(tmp_path, "tsp_construct.yaml", shipped("eoh", str(tiny_model_dir)), policy).run()
-    assert "sample budget reached (20/20" in summary.stop_reason and policy.calls == 20
-    assert [n for n, _ in policy.batches] == [8, 2, 2, 4, 2, 2]
+    assert "sample budget reached (32/32" in summary.stop_reason and policy.calls == 32
+    assert [n for n, _ in policy.batches] == [8, 2, 2, 4, 2, 2, 4, 2, 2, 4]
     with TrajectoryStore(tmp_path / "run" / "store.sqlite") as store:
         hist = store.es_history("run", "es")
-        assert [h["sigma"] for h in hist] == [1e-3, 0.0] and [h["signs"] for h in hist] == [[1, -1]] * 2
-        assert not hist[0]["skipped"] and hist[1]["skipped"]
-        assert hist[1]["weight_hash_before"] == hist[1]["weight_hash_after"] != hist[0]["weight_hash_before"]
+        assert [h["sigma"] for h in hist] == pytest.approx([1e-3, 5e-4, 0.0])
+        assert [h["signs"] for h in hist] == [[1, -1]] * 3
+        assert [h["skipped"] for h in hist] == [False, False, True]
+        assert hist[2]["weight_hash_before"] == hist[2]["weight_hash_after"] != hist[0]["weight_hash_before"]
         kids = es_children(store, "run", hist)
-        assert all(t.key.startswith("run/es/g0000") and "run/run" not in t.key for ts in kids.values() for t in ts)
+        assert all(t.key.startswith("run/es/g000") and "run/run" not in t.key for ts in kids.values() for t in ts)
         assert [(t.member.index, t.member.sign, t.meta["operator"]) for t in kids[0]] == [
             (0, 1, "m1"),
             (0, 1, "m2"),
@@ -477,7 +480,13 @@ def test_shipped_headline_config_default_plan(tmp_path, tiny_model_dir):
             (1, -1, "m2"),
         ]
     prints = [f for _, f in policy.batches]
-    assert len(set(prints[:4])) == 4 and prints[3] == prints[4] == prints[5]  # start, +eps, -eps, updated
+    # start, +eps, -eps (g0); EoH g1 on the weights after g0; g1's +eps / -eps; then the weights after g1 are
+    # searched at sigma 0 (g2) and by EoH without change. Whether an update moved the weights follows the
+    # member rewards (mean ranks can tie), and the fingerprints agree with the stored weight hashes.
+    assert len({prints[0], prints[1], prints[2]}) == 3 and len({prints[3], prints[4], prints[5]}) == 3
+    assert (prints[3] != prints[0]) == (hist[0]["weight_hash_after"] != hist[0]["weight_hash_before"])
+    assert (prints[6] != prints[3]) == (hist[1]["weight_hash_after"] != hist[1]["weight_hash_before"])
+    assert prints[6] == prints[7] == prints[8] == prints[9]
 
 
 def test_scripted_eoh_es_budget_counts_every_call(tmp_path, tiny_model_dir):
@@ -516,6 +525,7 @@ def test_scripted_sample_es_through_the_loop(tmp_path, tiny_model_dir):
             str(tiny_model_dir),
             **{
                 "evolvers.sample.reject_duplicates": "false",  # the script repeats codes on purpose
+                "budget.max_samples": 20,
                 "evolvers.es.total_generations": 2,
                 "evolvers.es.rollout.children_per_operator": 1,
                 "evolvers.es.sigma": 0.02,
@@ -573,6 +583,8 @@ def test_tiny_model_eoh_es_invalid_children(tmp_path, tiny_model_dir):
                 "evolvers.eoh.include_seed_heuristic": True,
                 "schedule": "[{evolver: es}, {evolver: eoh}]",
                 "evolvers.es.population_size": 4,
+                "evolvers.es.total_generations": 2,
+                "evolvers.es.rollout.reward": "paper",  # this test checks the paper's rule on invalid children
                 "budget.max_samples": 28,
             },
         ),

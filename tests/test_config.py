@@ -170,7 +170,8 @@ def test_shipped_configs_pass_the_combination_checks(deployment):  # WebArena-Li
     from pathlib import Path
 
     root = Path(__file__).parents[1] / "configs"
-    paths = sorted(root.rglob("*.yaml"))
+    # run configs only: the GRPO baseline's configs are read by `python -m coevo.rl.grpo`, not `coevo run`
+    paths = sorted(p for p in root.rglob("*.yaml") if "grpo" not in p.stem)
     assert len(paths) > 20
     for path in paths:
         load_config(path)

@@ -13,8 +13,8 @@ ray = pytest.importorskip("ray")
 from test_es_evolver import es_config, history, run_loop
 
 from coevo.backends.hf import HFPolicy
-from coevo.backends.ray_pool import RayReplicaPool, ReplicaDivergenceError
 from coevo.es import GenerationRecord, ScopeSpec
+from coevo.rollouts.ray_pool import RayReplicaPool, ReplicaDivergenceError
 from coevo.store import TrajectoryStore
 from coevo.types import ESMember
 

@@ -22,11 +22,7 @@ ROOT = Path(coevo.__file__).resolve().parent
 
 #: back-edges still in the code, each owned by a pending move; remove an entry once its edge is gone (the
 #: test fails while a listed edge no longer exists, so this list cannot go stale)
-PENDING = {
-    ("backends", "config"): "backends/factory.py types its argument with coevo.config.ModelConfig",
-    ("evolvers", "config"): "evolvers/trace2skill.py uses coevo.config.ModelConfig for its analyst model",
-    ("backends", "rollouts"): "backends/ray_pool.py, vllm_engine.py run rollouts in replicas (issue 12 item 1)",
-}
+PENDING = {}
 
 
 def _node(module: str) -> str | None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from coevo.backends.base import Policy
-    from coevo.config import ModelConfig
+    from coevo.backends.spec import ModelConfig
 
 
 def make_policy(cfg: ModelConfig) -> Policy:

@@ -35,7 +35,7 @@ replays the history rows after it, checking the weight hash, so the weights are 
 uninterrupted run.
 
 Ray (``workers >= 1``): members are rolled out on Ray actors, each a replica built from the run's model
-(``coevo.backends.ray_pool``); the driver keeps its own replica (``ctx.policy``), updated identically and
+(``coevo.rollouts.ray_pool``); the driver keeps its own replica (``ctx.policy``), updated identically and
 hash-checked against the actors after every generation, which serves the held-out evaluation, the snapshots
 and the other evolvers of the run. Rollouts run in the actors without a run context (``ctx=None``), so
 rollouts that call cooperating evolvers (EoH children) need ``workers: 0``.
@@ -53,12 +53,12 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from coevo.artifacts import ES_MEMBER as MEMBER_KIND
-from coevo.backends.ray_pool import RayReplicaPool
 from coevo.es import GenerationRecord, Schedule, ScopeSpec, normalize_rewards
 from coevo.es.checkpoint import rebuild_plan, snapshot_path
 from coevo.es.replica import ESReplica
 from coevo.evolvers.base import Evolver, EvolverConfig, StepReport, register_evolver
 from coevo.rollouts.base import build_rollout, resolve_rollout
+from coevo.rollouts.ray_pool import RayReplicaPool
 from coevo.types import ESMember, Trajectory
 
 #: artifact kind of the per-member resume markers (content: the member's trajectory keys)

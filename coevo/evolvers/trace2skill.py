@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from coevo.artifacts import SKILL_GATE as GATE_KIND
 from coevo.backends.base import Completion, Policy
-from coevo.config import ModelConfig
+from coevo.backends.spec import ModelConfig
 from coevo.errors import ConfigError
 from coevo.evolvers.base import Evolver, EvolverConfig, RunContext, StepReport, register_evolver
 from coevo.rollouts.base import build_rollout, resolve_rollout

@@ -1,0 +1,42 @@
+"""The model section of a run config: which model, on which backend, with which settings.
+
+It lives with the backends (which build policies from it, :func:`coevo.backends.factory.make_policy`) so that
+the backends and the evolvers that run their own model (Trace2Skill's analyst) need not import
+:mod:`coevo.config`, which sits above them; :mod:`coevo.config` re-exports it as ``coevo.config.ModelConfig``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ModelConfig(BaseModel):
+    """Run config field ``model`` (unknown keys rejected)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(
+        "qwen2.5-coder-0.5b-instruct",
+        description="a short model name (see `coevo model list`), a local HF folder, or tiny:<preset>",
+    )
+    backend: Literal["hf", "openai", "vllm"] = Field("hf", description="model backend")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("bfloat16", description="weight dtype")
+    device: str = Field("cpu", description="torch device for the hf backend (cpu, cuda, cuda:1)")
+    batch_size: int = Field(8, ge=1, description="max conversations per generate call")
+    base_url: str | None = Field(None, description="openai backend: server URL, e.g. http://127.0.0.1:8000/v1")
+    api_key_env: str = Field("OPENAI_API_KEY", description="openai backend: env var holding the API key")
+    max_retries: int = Field(3, ge=0, description="openai backend: retries on connection errors and 5xx")
+    tensor_parallel_size: int = Field(1, ge=1, description="vllm backend: GPUs per engine")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm backend")
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> ModelConfig:
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("model.base_url is required when model.backend is 'openai'")
+        if self.backend in ("hf", "vllm"):
+            from coevo.backends.models import check_model_ref
+
+            check_model_ref(self.name)  # a ValueError here is reported as a `model` field error
+        return self
