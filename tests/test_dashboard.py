@@ -46,6 +46,7 @@ AHD_SETS = [
     "evolvers.eoh.eval_memory_mb=1024",
     "evolvers.eoh.include_seed_heuristic=true",
     "evolvers.es.population_size=4",
+    "evolvers.es.total_generations=2",  # g0 applied, g1 at sigma 0 skipped, within 28 samples
 ]
 ES_SETS = ["evolvers.es.total_generations=3", "report.plots=false"]
 

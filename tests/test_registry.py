@@ -155,6 +155,32 @@ ROLLOUT_SMOKE = {
         [{"name": "eoh", "type": "eoh", **SMOKE["eoh"]}],
         None,
     ),
+    "sudoku": (
+        {
+            "type": "sudoku",
+            "size": 4,
+            "horizon": 1,
+            "puzzles_per_member": 1,
+            "train_pool": 4,
+            "test_puzzles": 1,
+            "max_new_tokens": 4,
+        },
+        [],
+        None,
+    ),
+    "react_math": (
+        {
+            "type": "react_math",
+            "problems_per_member": 1,
+            "test_problems": 1,
+            "samples_per_problem": 1,
+            "max_turns": 1,
+            "max_new_tokens": 4,
+            "tool_timeout_s": 5,
+        },
+        [],
+        None,
+    ),
     "web": (
         {
             "type": "web",

@@ -90,8 +90,8 @@ def test_webarena_setup_errors_come_at_validation_in_one_message(deployment, tmp
 
 
 def test_webarena_judge_tasks_skip_leaves_them_out_with_a_count(deployment, caplog):
-    from coevo.agents import web_rollout
     from coevo.envs.webarena_lite import webarena_lite_tasks
+    from coevo.rollouts import web as web_rollout
 
     deployment.setattr(web_rollout, "_warned", set())  # the warning is logged once per process
     deployment.delenv("OPENAI_API_KEY")
