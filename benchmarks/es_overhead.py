@@ -37,7 +37,10 @@ plain generation of the same N x B rows at the same batch size. Its metrics (iss
 (la) low-rank ES generation throughput / plain inference throughput of the same rollouts: goal >= 0.95 (also
      with the update's time amortised over the generation);
 (lb) wall-clock speed-up of the low-rank generation (rollouts + update) over today's full-rank sequential
-     generation (``es-inference`` variant: perturb, generate, restore per member, then the update): goal >= 3;
+     generation (``es-inference`` variant: perturb, generate, restore per member, then the update): goal >= 3.
+     With ``--population-batch R`` the low-rank rows go R to a model batch (e.g. N x B, the whole generation
+     in one batch, EGGROLL's point), where the sequential ES can only batch one member's B prompts; (la) then
+     compares with plain generation at the same R rows per batch;
 (lc) peak RSS of the low-rank generation incl. update / peak RSS of plain inference (``inference``): goal <= 1.05.
 
 Prints a table, then one JSON line per metric: ``{"metric", "value", "goal", "met"}``.
@@ -182,6 +185,9 @@ def _lowrank_worker(policy, args) -> dict:
     convs = conversations(args.batch)
     rows = [(m, c) for c in convs for m in members]  # prompt-major: each model batch mixes members
     sp = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
+    # rows per model batch: the population (and its side-by-side plain run) may batch the rows of several
+    # members together, which a sequential full-rank ES cannot (one member's batch is its --batch prompts)
+    policy.batch_size = args.population_batch or args.batch
     policy.generate(convs, sp)  # warm-up, not timed
     half = len(rows) // 2  # plain generation of the same rows: half before, half after (load drift hits both)
     plain_tok, plain_s = _timed_generate(policy, [c for _, c in rows[:half]], sp)
@@ -346,6 +352,8 @@ def spawn(variant: str, args: argparse.Namespace) -> dict:
         str(args.threads),
         "--rank",
         str(args.rank),
+        "--population-batch",
+        str(args.population_batch),
     ]
     saved = Path(args.save) / f"{variant}.json" if args.save else None
     if saved is not None and saved.is_file():
@@ -454,6 +462,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sigma", type=float, default=1e-3, help="perturbation scale")
     ap.add_argument("--scope", default="all_linear", choices=("all_linear", "full"), help="ES / trainable tensors")
     ap.add_argument("--rank", type=int, default=1, help="rank of the low-rank (EGGROLL) perturbations")
+    ap.add_argument(
+        "--population-batch",
+        type=int,
+        default=0,
+        help="es-lowrank: rows (member x prompt) per model batch, here and in its side-by-side plain run "
+        "(0 = --batch); the full-rank sequential ES always batches one member's --batch prompts",
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch threads per worker (0 = torch default)")
     ap.add_argument("--worker-timeout", type=float, default=3600, help="seconds per variant process")
     ap.add_argument(
@@ -469,6 +484,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for field in ("batch", "max_new_tokens", "members", "rank"):
         if getattr(args, field) < 1:
             ap.error(f"--{field.replace('_', '-')} must be >= 1, got {getattr(args, field)}")
+    if args.population_batch < 0:
+        ap.error(f"--population-batch must be >= 0, got {args.population_batch}")
     if not args.sigma > 0:
         ap.error(f"--sigma must be > 0, got {args.sigma}")
 
@@ -486,7 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     scope_note = f" ({any_es['scope_numel']:,} of {any_es['model_numel']:,} parameters)" if any_es else ""
     print(
         f"model {args.model} ({args.dtype}), batch {args.batch}, {args.max_new_tokens} new tokens, "
-        f"{args.members} members, sigma {args.sigma}, scope {args.scope}, rank {args.rank}{scope_note}"
+        f"{args.members} members, sigma {args.sigma}, scope {args.scope}, rank {args.rank}{scope_note}, "
+        f"low-rank rows per model batch {args.population_batch or args.batch}"
     )
     print(table(res))
     for m in metrics(res):
