@@ -189,14 +189,22 @@ def _lowrank_worker(policy, args) -> dict:
     # members together, which a sequential full-rank ES cannot (one member's batch is its --batch prompts)
     policy.batch_size = args.population_batch or args.batch
     policy.generate(convs, sp)  # warm-up, not timed
-    half = len(rows) // 2  # plain generation of the same rows: half before, half after (load drift hits both)
-    plain_tok, plain_s = _timed_generate(policy, [c for _, c in rows[:half]], sp)
+    # plain generation of the same rows in the same model batches (policy.batch_size rows each): the first half
+    # of the batches before the population, the rest after (load drift hits both); never a smaller batch
+    per = policy.batch_size
+    batches = [[c for _, c in rows[i : i + per]] for i in range(0, len(rows), per)]
+    half = (len(batches) + 1) // 2
+    plain_tok = plain_s = 0.0
+    for b in batches[:half]:
+        n, dt = _timed_generate(policy, b, sp)
+        plain_tok, plain_s = plain_tok + n, plain_s + dt
     t0 = time.perf_counter()
     with replica.population(members, args.rank) as pop:
         outs = pop.generate(rows, sp)
     es_s = time.perf_counter() - t0
-    n, dt = _timed_generate(policy, [c for _, c in rows[half:]], sp)
-    plain_tok, plain_s = plain_tok + n, plain_s + dt
+    for b in batches[half:]:
+        n, dt = _timed_generate(policy, b, sp)
+        plain_tok, plain_s = plain_tok + n, plain_s + dt
     rewards = [float(sum(len(o.text) for o, (m, _) in zip(outs, rows) if m is mem)) for mem in members]
     coeffs = normalize_rewards(rewards, "zscore").tolist()
     t0 = time.perf_counter()
