@@ -298,9 +298,10 @@ def test_a_valid_but_slow_heuristic_fails_only_where_it_runs_out_of_time(tsp, sa
         tsp, slow, mixed, sandbox=sandbox, with_reference=False, keep_going=True, instance_timeout_s=4.0
     )
     per = {x["name"]: x for x in res.metrics["per_instance"]}
-    assert per["s0"]["valid"] and per["s1"]["valid"] and per["s0"]["objective"] > 0
+    assert per["s0"]["valid"] and per["s1"]["valid"] and per["s0"]["objective"] > 0, per
     assert [per[k]["error_kind"] for k in ("L0", "L1")] == ["timeout", "timeout"]
-    assert all(per[k]["time_s"] < 8.0 for k in per) and "4 s" in per["L0"]["error"]
+    # cut at their 4 s limit (running to the end takes >= 59 x 0.2 s); s1's time includes the restart
+    assert all(per[k]["time_s"] < 8.0 for k in ("L0", "L1")) and "4 s" in per["L0"]["error"]
     assert res.metrics["n_invalid"] == 2
     # the CLI: --timeout per instance and per-instance accounting in --json
     import argparse

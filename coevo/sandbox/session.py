@@ -335,7 +335,8 @@ class RemoteFunction:
             self.proc.close()
         if time.perf_counter() >= self.deadline:
             raise CandidateFailure("timeout", "wall-clock limit reached before the next instance")
-        self._consts.clear()
+        self._consts.clear()  # constants and drivers live in a process: a new one starts without them
+        self._drivers.clear()
         self._broken = None
         self.proc = self._spawn()
         return self.proc
