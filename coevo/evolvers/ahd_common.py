@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 from collections import Counter
 from typing import Any, ClassVar
 
@@ -118,6 +119,8 @@ class AHDEvolver(Evolver):
         self.population: list[Individual] = []
         self.best: Individual | None = None
         self._test_cache: dict[tuple[str, int], EvalResult] = {}
+        #: wall seconds spent on held-out evaluations in this session (instances generated and evaluated)
+        self.heldout_s = 0.0
 
     @property
     def train_instances(self):
@@ -171,10 +174,12 @@ class AHDEvolver(Evolver):
     def _test_result(self, code: str, size: int) -> EvalResult:
         key = (hashlib.sha256(code.encode()).hexdigest(), size)
         if key not in self._test_cache:
+            t0 = time.perf_counter()
             inst = self.problem.generate(size, self.config.test_count, self.config.test_seed)
             self._test_cache[key] = self.sampler.evaluate(
                 [code], inst, timeout_basis=(self.train_size, self.config.train_count)
             )[0]
+            self.heldout_s += time.perf_counter() - t0
         return self._test_cache[key]
 
     def comparison_rows(self) -> list[list[Any]]:
