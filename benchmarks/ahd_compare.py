@@ -12,15 +12,43 @@ best objective over the seeds is better (direction-aware), counting runs without
 losses: the variant wins if it found a valid heuristic in more seeds, or in as many seeds and with a better
 mean over them. Agentic ESOpt reports wins in 28 of 36 settings (docs/references.md §1).
 
-Output: a table (per method / problem / size: runs with a best heuristic, mean +- std over seeds of the
-best objective and of its gap to the problem's named reference, the seed heuristic's objective, samples
-used and valid LLM samples per run), the win count, then one JSON line per metric
-``{"metric", "value", "goal", "met"}``.
+Output: a Markdown table (per method / problem / size: runs with a best heuristic, mean +- std over seeds
+of the best objective and of its gap to the problem's named reference, the seed heuristic's objective,
+samples used, valid LLM samples and wall time per run), the win count, then one JSON line per metric
+``{"metric", "value", "goal", "met"}``. The same goes to ``OUT/table.md`` and, as JSON lines, to
+``OUT/table.jsonl`` (``{"type": "row" | "setting" | "metric", ...}``); ``OUT/results.json`` lists the runs.
 
-Run (a smoke run on a tiny random model; the 0.5B model needs hours for the full grid on a 2-core CPU)::
+Resuming: each finished run writes ``OUT/<problem>/<method>/seed<S>/result.json`` (its settings, held-out
+rows, samples, wall time). Running the same command again skips finished runs, resumes an interrupted one
+from its last completed step (``CoEvolutionLoop(resume=True)``) and runs the rest; a folder holding a run
+of other settings is an error (use a new ``--out``). Ctrl-C stops the current run cleanly (checkpoint) and
+the benchmark exits; the next call continues there.
 
-    .venv/bin/python benchmarks/ahd_compare.py --problems tsp_construct --sizes 20 --seeds 2024,2025,2026 \\
-        --max-samples 12 --model tiny:micro --out /tmp/ahd_compare
+Per-problem options: ``--sizes tsp_construct=50,bpp_online=5000`` (a plain ``50`` applies to every
+problem); ``--ahd-set KEY=VALUE`` sets ``evolvers.<AHD evolver>.KEY`` whatever the evolver is named (e.g.
+``train_count=4``); ``--population-size N`` sets the EoH population of ``eoh`` and ``eoh_es`` alike (EoH
+initialisation = 2N samples, so a smaller N leaves room for two ES generations in a small budget).
+
+Smoke run on a tiny random model (both problems, all four methods, one seed; a few minutes of CPU)::
+
+    .venv/bin/python benchmarks/ahd_compare.py --problems tsp_construct,bpp_online --seeds 2024 \\
+        --max-samples 16 --population-size 2 --sizes tsp_construct=20,bpp_online=500 \\
+        --ahd-set train_count=2 --ahd-set test_count=2 --set sampling.max_new_tokens=16 \\
+        --model tiny:micro --seed-heuristic --out /tmp/ahd_compare_smoke
+
+On the 0.5B model, TSP50 and Weibull 5k, 4 methods x 3 seeds (24 runs; the budget is per run)::
+
+    .venv/bin/python benchmarks/ahd_compare.py --problems tsp_construct,bpp_online --seeds 2024,2025,2026 \\
+        --max-samples 16 --population-size 2 --sizes tsp_construct=50,bpp_online=5000 \\
+        --set 'sampling.stop=["\\n```\\n"]' --out runs/ahd_compare
+
+16 samples is the smallest budget with two ES generations (EoH: 2N = 4 initial samples, then ES 4, EoH 4,
+ES 4; Sample: batches of 4 likewise). Cost of one run: model load + 16 samples x up to 256 new tokens
+(~72 s at 57 tok/s) + training evaluations (TSP 8 x 50, BPP 5 x 1000 items: about 0.1-1 s each for
+numpy heuristics) + the held-out evaluations of the seed and the best heuristic (TSP 16 x 50: under 1 s
+for nearest neighbour; Weibull 5 x 5000: about 12 s for Best Fit in the sandbox, one round trip per item,
+and several times that for a pure-Python per-bin heuristic). The stop string (the TSP configs' own) ends
+BPP samples at the closing code fence too.
 """
 
 from __future__ import annotations
@@ -39,6 +67,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from coevo.config import RunConfig, load_config
+from coevo.tables import md_table
 
 METHODS = ("eoh", "sample", "eoh_es", "sample_es")
 BASELINE = {"eoh_es": "eoh", "sample_es": "sample"}
@@ -130,13 +159,29 @@ class RunResult:
     wall_s: float
     stop_reason: str
     rows: dict[int, dict[str, Any]] = field(default_factory=dict)  # size -> best/seed objective and gap
+    settings: list[str] = field(default_factory=list)  # the config overrides the run was made with
+    heldout_s: float | None = None  # wall time of the held-out evaluations (seed and best heuristic)
+
+    @classmethod
+    def load(cls, path: Path) -> RunResult:
+        """A result written by :meth:`save` (JSON object; ``rows`` keys back to ints)."""
+        doc = json.loads(path.read_text())
+        doc["rows"] = {int(k): v for k, v in doc["rows"].items()}
+        return cls(**doc)
+
+    def save(self, path: Path) -> None:
+        """Write this result as JSON (atomically: a temp file renamed over ``path``)."""
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.__dict__, indent=1))
+        tmp.replace(path)
 
 
-def run_one(problem: str, method: str, seed: int, args: argparse.Namespace) -> RunResult:
-    """One real run of ``configs/ahd/<method>/<problem>.yaml`` at the shared budget; returns its results."""
-    from coevo.loop import CoEvolutionLoop, new_run_dir
-    from coevo.store import TrajectoryStore
+class Interrupted(Exception):
+    """A run stopped on SIGINT / SIGTERM (checkpointed); the benchmark stops and can be rerun to continue."""
 
+
+def run_settings(problem: str, method: str, seed: int, args: argparse.Namespace) -> tuple[Path, list[str]]:
+    """The config path and the overrides of one run of the grid (the same budget for all four methods)."""
     path = ROOT / "configs" / "ahd" / method / f"{problem}.yaml"
     cfg, _ = load_config(path)
     ahd = ahd_spec(cfg)
@@ -147,24 +192,62 @@ def run_one(problem: str, method: str, seed: int, args: argparse.Namespace) -> R
         f"budget.max_rounds={4 * args.max_samples}",
         "report.plots=false",
         *args.set,
+        *(f"evolvers.{ahd.name}.{kv}" for kv in args.ahd_set),
     ]
     if args.model.startswith("tiny:"):
         sets.append("model.dtype=float32")
     if args.seed_heuristic and ahd.type == "eoh":
         sets.append(f"evolvers.{ahd.name}.include_seed_heuristic=true")
-    if args.sizes:
-        sets.append(f"evolvers.{ahd.name}.test_sizes={json.dumps(args.sizes)}")
+    if args.population_size is not None and ahd.type == "eoh":
+        sets.append(f"evolvers.{ahd.name}.population_size={args.population_size}")
+    sizes = args.sizes.get(problem) or args.sizes.get("*")
+    if sizes:
+        sets.append(f"evolvers.{ahd.name}.test_sizes={json.dumps(sizes)}")
     if es_spec(cfg) is not None:
         sets.append(f"evolvers.es.total_generations={fit_es_generations(path, sets)}")
-    cfg, raw = load_config(path, sets)
+    return path, sets
+
+
+def run_one(problem: str, method: str, seed: int, args: argparse.Namespace) -> RunResult:
+    """One real run of ``configs/ahd/<method>/<problem>.yaml`` at the shared budget; returns its results.
+
+    A finished run (``result.json`` with the same settings) is loaded, not rerun; an interrupted one is
+    resumed (see the module docstring).
+
+    Raises:
+        ValueError: the run folder holds a run made with other settings.
+        Interrupted: SIGINT / SIGTERM during the run (it is checkpointed; rerun the benchmark to continue).
+    """
+    from coevo.loop import CoEvolutionLoop, new_run_dir
+    from coevo.store import TrajectoryStore
+
+    path, sets = run_settings(problem, method, seed, args)
     out = Path(args.out) / problem / method / f"seed{seed}"
+    done = out / "result.json"
+    if done.is_file():
+        prev = RunResult.load(done)
+        if prev.settings != sets:
+            raise ValueError(f"{out} holds a run of other settings ({prev.settings}); use another --out")
+        print(f"# {problem} {method} seed {seed}: finished before, skipped", file=sys.stderr)
+        return prev
+    cfg, raw = load_config(path, sets)
+    resume = (out / "config.yaml").is_file()
+    if resume:
+        made, _ = load_config(out / "config.yaml")
+        if made.model_dump() != cfg.model_dump():
+            raise ValueError(f"{out} holds a run of another config; use another --out")
+        print(f"# {problem} {method} seed {seed}: resuming the interrupted run", file=sys.stderr)
     started = time.time()
-    loop = CoEvolutionLoop(cfg, new_run_dir(cfg, out), raw_config=raw, progress=False)
-    ev = loop.evolvers[ahd.name]
-    summary = loop.run()
-    wall = time.time() - started
+    if resume:
+        loop = CoEvolutionLoop(cfg, out, resume=True, progress=False)
+    else:
+        loop = CoEvolutionLoop(cfg, new_run_dir(cfg, out), raw_config=raw, progress=False)
+    ev = loop.evolvers[ahd_spec(cfg).name]
+    summary = loop.run(handle_signals=True)
+    if summary.interrupted:
+        raise Interrupted(f"{problem} {method} seed {seed}: {summary.stop_reason}")
     rows = {}
-    for size, _n, seed_obj, seed_gap, best_obj, best_gap, ref in ev.comparison_rows():
+    for size, _n, seed_obj, seed_gap, best_obj, best_gap, ref, _beats in ev.comparison_rows():
         rows[int(size)] = {
             "seed_objective": seed_obj,
             "seed_gap": seed_gap,
@@ -174,7 +257,21 @@ def run_one(problem: str, method: str, seed: int, args: argparse.Namespace) -> R
         }
     with TrajectoryStore(out / "store.sqlite", readonly=True) as store:
         valid = len(store.query(run_id=loop.run_id, valid=True, with_steps=False))
-    return RunResult(problem, method, seed, args.max_samples, summary.samples, valid, wall, summary.stop_reason, rows)
+    result = RunResult(
+        problem,
+        method,
+        seed,
+        args.max_samples,
+        summary.samples,
+        valid,
+        time.time() - started,
+        summary.stop_reason,
+        rows,
+        sets,
+        round(ev.heldout_s, 2),
+    )
+    result.save(done)
+    return result
 
 
 def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
@@ -211,6 +308,7 @@ def summarise(results: list[RunResult], directions: dict[str, str]) -> tuple[lis
                     "-" if seed_obj is None else f"{seed_obj:.4f}",
                     f"{statistics.fmean(r.samples for r in runs):.1f}",
                     f"{statistics.fmean(r.valid_samples for r in runs):.1f}",
+                    f"{statistics.fmean(r.wall_s for r in runs):.0f}",
                 ]
             )
     settings = []
@@ -240,14 +338,41 @@ def summarise(results: list[RunResult], directions: dict[str, str]) -> tuple[lis
     return table, settings
 
 
-def _print_table(header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    for row in [header, ["-" * w for w in widths], *rows]:
-        print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)))
+HEADER = [
+    "problem",
+    "size",
+    "method",
+    "found",
+    "best objective (mean +- std)",
+    "gap % (mean +- std)",
+    "seed heur.",
+    "samples",
+    "valid samples",
+    "wall s per run",
+]
 
 
-def metric(name: str, value: Any, goal: str, met: bool) -> None:
-    print(json.dumps({"metric": name, "value": value, "goal": goal, "met": bool(met)}))
+def parse_sizes(text: str) -> dict[str, list[int]]:
+    """``"50,100"`` -> {"*": [50, 100]}; ``"tsp_construct=50,bpp_online=5000"`` -> per problem ("*": all).
+
+    Raises:
+        ValueError: an entry that is not ``SIZE`` or ``PROBLEM=SIZE`` with an integer size.
+    """
+    out: dict[str, list[int]] = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        problem, _, size = item.rpartition("=")
+        out.setdefault(problem or "*", []).append(int(size))
+    return out
+
+
+def metric(name: str, value: Any, goal: str, met: bool, sink: list[dict[str, Any]] | None = None) -> None:
+    """Print one metric JSON line (and append it to ``sink`` when given)."""
+    row = {"metric": name, "value": value, "goal": goal, "met": bool(met)}
+    print(json.dumps(row))
+    if sink is not None:
+        sink.append(row)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,7 +384,11 @@ def main(argv: list[str] | None = None) -> int:
         default="tsp_construct,kp_construct,cvrp_construct,bpp_online",
         help="comma-separated problem names",
     )
-    p.add_argument("--sizes", default="", help="comma-separated held-out sizes (default: each config's test_sizes)")
+    p.add_argument(
+        "--sizes",
+        default="",
+        help="held-out sizes: SIZE,... for every problem or PROBLEM=SIZE,... (default: each config's test_sizes)",
+    )
     p.add_argument("--seeds", default="2024,2025,2026", help="comma-separated run seeds (>= 3 for the std)")
     p.add_argument("--max-samples", type=int, default=36, help="LLM-sample budget of every run (matched)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="model name, local folder, or tiny:<preset> (smoke)")
@@ -270,55 +399,77 @@ def main(argv: list[str] | None = None) -> int:
         help="EoH methods start from the problem's seed heuristic (keeps a tiny-model smoke run going)",
     )
     p.add_argument("--set", action="append", default=[], metavar="A.B=VALUE", help="extra config override")
+    p.add_argument(
+        "--ahd-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override evolvers.<the AHD evolver>.KEY in every config (e.g. train_count=4)",
+    )
+    p.add_argument(
+        "--population-size", type=int, default=None, help="EoH population N of eoh and eoh_es (init = 2N samples)"
+    )
     p.add_argument("--out", default="runs/ahd_compare", help="folder of the run folders (must not hold runs)")
     args = p.parse_args(argv)
     problems = [x for x in args.problems.split(",") if x]
     methods = [x for x in args.methods.split(",") if x]
     if unknown := set(methods) - set(METHODS):
         p.error(f"--methods: unknown {sorted(unknown)}; choose from {METHODS}")
-    args.sizes = [int(x) for x in args.sizes.split(",") if x]
+    try:
+        args.sizes = parse_sizes(args.sizes)
+    except ValueError:
+        p.error(f"--sizes: expected SIZE,... or PROBLEM=SIZE,..., got {args.sizes!r}")
     seeds = [int(x) for x in args.seeds.split(",") if x]
     directions = {name: load_problem(name).direction for name in problems}
 
     results, started = [], time.time()
+    out = Path(args.out)
     for problem in problems:
         for method in methods:
             for seed in seeds:
-                r = run_one(problem, method, seed, args)
+                try:
+                    r = run_one(problem, method, seed, args)
+                except Interrupted as exc:
+                    print(f"# interrupted: {exc}; run the same command again to continue", file=sys.stderr)
+                    return 130
+                except ValueError as exc:
+                    print(f"ahd_compare: {exc}", file=sys.stderr)
+                    return 2
                 results.append(r)
                 print(
                     f"# {problem} {method} seed {seed}: {r.samples}/{r.max_samples} samples, {r.valid_samples} "
-                    f"valid, {r.wall_s:.0f} s; {r.stop_reason}",
+                    f"valid, {r.wall_s:.0f} s (held-out evaluation {r.heldout_s} s); {r.stop_reason}",
                     file=sys.stderr,
                 )
-    (Path(args.out) / "results.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
+    (out / "results.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
 
     table, settings = summarise(results, directions)
-    print(f"AHD comparison: {len(seeds)} seeds, {args.max_samples} LLM samples per run, model {args.model}")
-    _print_table(
-        [
-            "problem",
-            "size",
-            "method",
-            "found",
-            "best objective (mean +- std)",
-            "gap % (mean +- std)",
-            "seed heur.",
-            "samples",
-            "valid samples",
-        ],
-        table,
-    )
     wins = sum(s["win"] for s in settings)
-    print(
-        f"\nES variant beats its matched baseline in {wins} of {len(settings)} settings "
-        f"(paper: {PAPER_WINS} of {PAPER_SETTINGS})"
-    )
-    for s in settings:
-        print(
-            f"  {s['problem']} n={s['size']}: {s['variant']} {s['variant_found']} vs {s['baseline']} "
+    lines = [
+        f"AHD comparison: {len(seeds)} seeds, {args.max_samples} LLM samples per run, model {args.model}",
+        "",
+        md_table(HEADER, table),
+        "",
+        (
+            f"ES variant beats its matched baseline in {wins} of {len(settings)} settings "
+            f"(paper: {PAPER_WINS} of {PAPER_SETTINGS})"
+        ),
+        "",
+        *(
+            f"- {s['problem']} n={s['size']}: {s['variant']} {s['variant_found']} vs {s['baseline']} "
             f"{s['baseline_found']}: {'win' if s['win'] else 'no win'}"
-        )
+            for s in settings
+        ),
+    ]
+    text = "\n".join(lines)
+    print(text)
+    (out / "table.md").write_text(text + "\n")
+    records: list[dict[str, Any]] = [{"type": "row", **dict(zip(HEADER, row))} for row in table]
+    records += [{"type": "setting", **s} for s in settings]
+    metrics: list[dict[str, Any]] = []
+
+    def emit(name: str, value: Any, goal: str, met: bool) -> None:
+        metric(name, value, goal, met, metrics)
 
     budgets = {(r.problem, r.method, r.seed): r.max_samples for r in results}
     matched = all(
@@ -327,19 +478,19 @@ def main(argv: list[str] | None = None) -> int:
         if m in BASELINE and (pr, BASELINE[m], sd) in budgets
     )
     frac = wins / len(settings) if settings else 0.0
-    metric(
+    emit(
         "ahd_es_win_fraction",
         round(frac, 4),
         f">= {PAPER_WINS}/{PAPER_SETTINGS} = "
         f"{PAPER_WINS / PAPER_SETTINGS:.3f} of settings won by the ES variant (paper)",
         bool(settings) and frac >= PAPER_WINS / PAPER_SETTINGS,
     )
-    metric("ahd_es_wins", wins, f"count of the {len(settings)} settings won by the ES variant", wins > 0)
-    metric("ahd_matched_budgets", matched, "every ES variant run has its baseline's max_samples", matched)
+    emit("ahd_es_wins", wins, f"count of the {len(settings)} settings won by the ES variant", wins > 0)
+    emit("ahd_matched_budgets", matched, "every ES variant run has its baseline's max_samples", matched)
     over = max((r.samples / r.max_samples for r in results), default=0.0)
-    metric("ahd_max_budget_use", round(over, 4), "<= 1.0 (no run exceeds its sample budget)", over <= 1.0)
+    emit("ahd_max_budget_use", round(over, 4), "<= 1.0 (no run exceeds its sample budget)", over <= 1.0)
     found = sum(r.valid_samples > 0 for r in results)
-    metric("ahd_runs_with_valid_samples", f"{found}/{len(results)}", "> 0 runs drew a valid LLM heuristic", found > 0)
+    emit("ahd_runs_with_valid_samples", f"{found}/{len(results)}", "> 0 runs drew a valid LLM heuristic", found > 0)
     for method in methods:
         gaps = [
             row["best_gap"]
@@ -349,13 +500,17 @@ def main(argv: list[str] | None = None) -> int:
             if row["best_gap"] is not None
         ]
         m = statistics.fmean(gaps) if gaps else math.nan
-        metric(
+        emit(
             f"ahd_mean_gap_percent/{method}",
             None if math.isnan(m) else round(m, 3),
             "informational: mean gap of the best heuristic to the reference over problems, sizes, seeds",
             bool(gaps),
         )
-    metric("ahd_wall_s", round(time.time() - started, 1), "informational: total wall time", True)
+    heldout = sum(r.heldout_s or 0.0 for r in results)
+    emit("ahd_heldout_eval_s", round(heldout, 1), "informational: held-out evaluation wall time, all runs", True)
+    emit("ahd_wall_s", round(time.time() - started, 1), "informational: wall time of this call", True)
+    with open(out / "table.jsonl", "w") as fh:
+        fh.writelines(json.dumps(rec) + "\n" for rec in [*records, *({"type": "metric", **m} for m in metrics)])
     return 0
 
 

@@ -32,6 +32,7 @@ from coevo.config import load_config
 from coevo.loop import CoEvolutionLoop, new_run_dir
 from coevo.rollouts.eoh_children import EoHChildrenConfig, EoHChildrenRollout
 from coevo.store import TrajectoryStore
+from coevo.tables import fmt
 from coevo.types import Step, Trajectory
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "ahd"
@@ -455,6 +456,18 @@ def test_scripted_eoh_es_through_the_loop(tmp_path, tiny_model_dir):
     report = (run / "report.md").read_text()
     assert "### ES `es`" in report and "| size | instances | seed objective |" in report
     assert (run / "best_heuristic.py").exists()
+    # the AHD section: per ES generation, the valid-child rate and the child objectives of the stored children
+    rows = [
+        [c.strip() for c in line.strip("|").split("|")] for line in report.splitlines() if line.startswith("| es |")
+    ]
+    rows = [r for r in rows if r[1].isdigit()]  # not the Evolvers table
+    assert len(rows) == 3
+    for g, cells in enumerate(rows):
+        objs = [t.meta["objective"] for t in kids[g] if t.valid]
+        better = sum(t.valid and t.meta["objective"] < t.meta["parent_objective"] for t in kids[g])
+        assert cells[:6] == ["es", str(g), fmt(hist[g]["sigma"]), "8", str(len(objs)), f"{100 * len(objs) / 8:.0f}%"]
+        assert cells[6:9] == [fmt(min(objs)), fmt(sum(objs) / len(objs)), str(better)]
+    assert rows[0][9] == "parse: 2, return_type: 1, syntax: 1"
 
 
 def test_shipped_headline_config_default_plan(tmp_path, tiny_model_dir):

@@ -159,10 +159,10 @@ def test_a_child_that_writes_replies_later_cannot_help(tsp, inst, sandbox):
         "        os.set_inheritable(fd, True)\n"
         "        head = json.dumps({'ok': True, 'value': [0, 0, 0]}).encode()\n"
         "        data = (struct.pack('>I', len(head)) + head) * 3\n"
-        "        subprocess.Popen([sys.executable, '-S', '-c', f'import os, time; time.sleep(0.3); '\n"
-        "                          f'os.write({fd}, {data!r})'], pass_fds=(fd,))\n"
+        "        child = subprocess.Popen([sys.executable, '-S', '-c', f'import os, time; time.sleep(0.3); '\n"
+        "                                  f'os.write({fd}, {data!r})'], pass_fds=(fd,))\n"
         "        _started.append(1)\n"
-        "        time.sleep(0.6)\n"
+        "        child.wait(30)  # its forged frames are on the pipe before the honest reply (no race under load)\n"
         "    return _nn(current_node, destination_node, unvisited_nodes, distance_matrix)\n"
     )
     res = evaluate(tsp, code, inst, sandbox)
@@ -240,16 +240,6 @@ def test_the_candidate_cannot_read_beside_the_project_or_etc_shadow(sandbox):
         inside.unlink(missing_ok=True)
 
 
-def test_published_nearest_neighbour_value_through_the_sandbox(shared_data, sandbox, tsp):
-    """EoH's nearest neighbour on the first 64 EoH TSP50 test instances: 7.0066 (EoH runEval.py protocol;
-    shared/data/README.md), now computed on the trusted side from tours the sandboxed process returns."""
-    from coevo.ahd import load_eoh_tsp_npz
-
-    inst = load_eoh_tsp_npz(shared_data / "tsp" / "eoh_test_50.npz", count=64)
-    res = evaluate_heuristic(tsp, tsp.seed_heuristic_code(), inst, sandbox=sandbox, with_reference=False)
-    assert res.valid and res.objective == pytest.approx(7.006624, abs=5e-6)
-
-
 def test_bpp_nan_at_a_perfect_fit_ranks_as_np_argmax(shared_data, sandbox):
     """One of EoH's published best bin-packing heuristics divides by the remaining gap, giving NaN exactly
     at a perfect fit; upstream's ``np.argmax`` (FunSearch/EoH/ReEvo online_binpack) then picks the first
@@ -265,7 +255,7 @@ def test_bpp_nan_at_a_perfect_fit_ranks_as_np_argmax(shared_data, sandbox):
         "        return item / gap * gap / gap\n"
     )
     inst = bpp.load_instances(shared_data / "bpp_online" / "or3.json")
-    res = evaluate_heuristic(bpp, code, inst, sandbox=sandbox)
+    res = evaluate_heuristic(bpp, code, inst, sandbox=sandbox, timeout_s=300)  # 20 x 500 round trips: ~4 s CPU
     assert res.valid, res.error
     assert res.objective == pytest.approx(212.0) and round(res.metrics["gap_percent"], 2) == 5.37
     first_nan = (
@@ -301,16 +291,17 @@ def test_a_valid_but_slow_heuristic_fails_only_where_it_runs_out_of_time(tsp, sa
         "import time\n"
         + NN.replace("def select_next_node", "def _nn")
         + "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
-        "    if len(distance_matrix) > 50:\n        time.sleep(0.1)\n"
+        "    if len(distance_matrix) > 50:\n        time.sleep(0.2)\n"
         "    return _nn(current_node, destination_node, unvisited_nodes, distance_matrix)\n"
     )
     res = evaluate_heuristic(
-        tsp, slow, mixed, sandbox=sandbox, with_reference=False, keep_going=True, instance_timeout_s=1.5
+        tsp, slow, mixed, sandbox=sandbox, with_reference=False, keep_going=True, instance_timeout_s=4.0
     )
     per = {x["name"]: x for x in res.metrics["per_instance"]}
-    assert per["s0"]["valid"] and per["s1"]["valid"] and per["s0"]["objective"] > 0
+    assert per["s0"]["valid"] and per["s1"]["valid"] and per["s0"]["objective"] > 0, per
     assert [per[k]["error_kind"] for k in ("L0", "L1")] == ["timeout", "timeout"]
-    assert all(per[k]["time_s"] < 3.0 for k in per) and "1.5 s" in per["L0"]["error"]
+    # cut at their 4 s limit (running to the end takes >= 59 x 0.2 s); s1's time includes the restart
+    assert all(per[k]["time_s"] < 8.0 for k in ("L0", "L1")) and "4 s" in per["L0"]["error"]
     assert res.metrics["n_invalid"] == 2
     # the CLI: --timeout per instance and per-instance accounting in --json
     import argparse
@@ -331,14 +322,14 @@ def test_a_valid_but_slow_heuristic_fails_only_where_it_runs_out_of_time(tsp, sa
             "--instances",
             str(path),
             "--timeout",
-            "1.5",
+            "4",
             "--json",
             "--no-reference",
         ]
     )
     rc = args.func(args)
     doc = json.loads(capsys.readouterr().out)
-    assert rc == 1 and doc["instance_timeout_s"] == 1.5 and doc["n_invalid"] == 2
+    assert rc == 1 and doc["instance_timeout_s"] == 4.0 and doc["n_invalid"] == 2
     assert [x["valid"] for x in doc["instances"]] == [True, False, True, False]
     assert {"name", "objective", "valid", "time_s", "error_kind", "error"} <= set(doc["instances"][0])
     # a limit chosen for 8 x TSP50 scales to 16 x TSP200 by work ~ n^3: 30 s * 2 * 64

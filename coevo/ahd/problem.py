@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import operator
 import os
 import sys
 import time
@@ -131,27 +130,6 @@ def load_problem(name_or_dir: str | os.PathLike) -> HeuristicProblem:
     return problem
 
 
-def as_index(value: Any, what: str, upper: int) -> int:
-    """Check that a heuristic's return value is an integer index in [0, upper).
-
-    Accepts Python ints, numpy integers and 0-d integer arrays; rejects bools, floats and anything else.
-
-    Raises:
-        InvalidReturn: naming ``what`` and the offending value.
-    """
-    if isinstance(value, (bool, np.bool_)):
-        raise InvalidReturn(f"{what} returned a bool ({value!r}); expected an int index")
-    try:
-        idx = operator.index(value)
-    except TypeError:
-        raise InvalidReturn(
-            f"{what} returned {value!r} of type {type(value).__name__}; expected an int index"
-        ) from None
-    if not 0 <= idx < upper:
-        raise InvalidReturn(f"{what} returned index {idx}, outside [0, {upper})")
-    return idx
-
-
 def int_sequence(solution: Any, what: str, upper: int, max_len: int) -> list[int]:
     """An untrusted solution as a list of ints in [0, upper) of length <= max_len (JSON ints or an integer
     array; bools, floats and anything else refused).
@@ -171,6 +149,26 @@ def int_sequence(solution: Any, what: str, upper: int, max_len: int) -> list[int
         bad = next(v for v in solution if not (type(v) is int and 0 <= v < upper))
         raise InfeasibleSolution(f"{what}: {bad!r:.40} is not an index in [0, {upper})")
     return solution
+
+
+#: The statement by which a construction loop takes the shared prelude (:mod:`coevo.ahd.construct_prelude`).
+PRELUDE_IMPORT = "from coevo.ahd.construct_prelude import "
+
+
+def with_prelude(source: str) -> str:
+    """``source`` (a construction loop) with its first ``from coevo.ahd.construct_prelude import ...``
+    statement (one line, or parenthesised over several) replaced by the prelude's own text; unchanged when
+    it has none."""
+    lines = source.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.startswith(PRELUDE_IMPORT)), None)
+    if start is None:
+        return source
+    end = start
+    if "(" in lines[start]:
+        while ")" not in lines[end]:
+            end += 1
+    prelude = (Path(__file__).resolve().parent / "construct_prelude.py").read_text()
+    return "".join(lines[:start]) + prelude + "".join(lines[end + 1 :])
 
 
 def read_only(arr: np.ndarray, dtype: Any = None) -> np.ndarray:
@@ -275,10 +273,12 @@ class HeuristicProblem(ABC):
         return folder / self.construct_file
 
     def construct_source(self) -> str:
-        """Source text of :attr:`construct_file` (read once)."""
+        """Source text of :attr:`construct_file` as the candidate's process runs it (built once): the
+        loop's ``from coevo.ahd.construct_prelude import ...`` statement, if any, replaced by the text of
+        :mod:`coevo.ahd.construct_prelude` (that process has no coevo)."""
         cached = getattr(self, "_construct_source", None)
         if cached is None:
-            cached = self.construct_path().read_text()
+            cached = with_prelude(self.construct_path().read_text())
             self._construct_source = cached
         return cached
 

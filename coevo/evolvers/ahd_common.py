@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
+from collections import Counter
 from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
@@ -117,6 +119,8 @@ class AHDEvolver(Evolver):
         self.population: list[Individual] = []
         self.best: Individual | None = None
         self._test_cache: dict[tuple[str, int], EvalResult] = {}
+        #: wall seconds spent on held-out evaluations in this session (instances generated and evaluated)
+        self.heldout_s = 0.0
 
     @property
     def train_instances(self):
@@ -170,10 +174,12 @@ class AHDEvolver(Evolver):
     def _test_result(self, code: str, size: int) -> EvalResult:
         key = (hashlib.sha256(code.encode()).hexdigest(), size)
         if key not in self._test_cache:
+            t0 = time.perf_counter()
             inst = self.problem.generate(size, self.config.test_count, self.config.test_seed)
             self._test_cache[key] = self.sampler.evaluate(
                 [code], inst, timeout_basis=(self.train_size, self.config.train_count)
             )[0]
+            self.heldout_s += time.perf_counter() - t0
         return self._test_cache[key]
 
     def comparison_rows(self) -> list[list[Any]]:
@@ -207,8 +213,48 @@ class AHDEvolver(Evolver):
             return "tie"
         return "yes" if (best < seed) == (self.problem.direction == "minimize") else "no"
 
+    def es_children_rows(self) -> list[list[Any]]:
+        """Per ES evolver and generation, the children its members wrote for this search (read from the store):
+        [ES evolver, generation, sigma, children, valid, valid %, best child objective, mean objective of the
+        valid children, valid children better than their best parent, invalid kinds ("kind: count, ...")].
+        Objectives are the problem's (training set), best in the problem's direction; None when no child is
+        valid. Empty when no ES member wrote children for this search."""
+        groups: dict[tuple[str, int], list] = {}
+        for t in self.ctx.store.query(run_id=self.ctx.run_id, with_steps=False):
+            if t.member is not None and t.meta.get("sampler") == self.name:
+                groups.setdefault((t.evolver, t.generation), []).append(t)
+        pick = min if self.problem.direction == "minimize" else max
+        rows = []
+        for (es_name, gen), ts in sorted(groups.items()):
+            objs = [t.meta["objective"] for t in ts if t.valid and t.meta.get("objective") is not None]
+            better = sum(
+                1
+                for t in ts
+                if t.valid
+                and t.meta.get("objective") is not None
+                and t.meta.get("parent_objective") is not None
+                and self._beats(t.meta["objective"], t.meta["parent_objective"]) == "yes"
+            )
+            kinds = Counter(t.failure or "invalid" for t in ts if not t.valid)
+            rows.append(
+                [
+                    es_name,
+                    gen,
+                    ts[0].member.sigma,
+                    len(ts),
+                    len(objs),
+                    f"{100 * len(objs) / len(ts):.0f}%",
+                    pick(objs) if objs else None,
+                    sum(objs) / len(objs) if objs else None,
+                    better,
+                    ", ".join(f"{k}: {n}" for k, n in sorted(kinds.items())) or None,
+                ]
+            )
+        return rows
+
     def report_markdown(self) -> str:
-        """Seed heuristic vs best evolved heuristic on held-out instances (mean objective, gap %)."""
+        """Seed heuristic vs best evolved heuristic on held-out instances (mean objective, gap %), and the
+        children ES members wrote for this search per ES generation (valid-child rate, child objective)."""
         self.publish_best()
         p = self.problem
         rows = self.comparison_rows()
@@ -252,6 +298,32 @@ class AHDEvolver(Evolver):
             lines += ["", summary + " Code: `best_heuristic.py`."]
         else:
             lines += ["", "No valid heuristic was found."]
+        es_rows = self.es_children_rows()
+        if es_rows:
+            lines += [
+                "",
+                (
+                    f"Children ES members wrote for this search, per ES generation (objective: {p.objective_name} "
+                    f"on the training set, {better} is better; `better than parent`: valid children that beat "
+                    "their best parent):"
+                ),
+                "",
+                md_table(
+                    [
+                        "ES evolver",
+                        "gen",
+                        "sigma",
+                        "children",
+                        "valid",
+                        "valid rate",
+                        "best child objective",
+                        "mean valid child objective",
+                        "better than parent",
+                        "invalid kinds",
+                    ],
+                    es_rows,
+                ),
+            ]
         return "\n".join(lines)
 
     def close(self) -> None:

@@ -106,6 +106,41 @@ def _kill_group(pgid: int) -> None:
         return
 
 
+def spawn_with_pipe(
+    cmd: list[str], slot: int, *, env: dict[str, str], cwd: str | None, pass_fds: tuple[int, ...] = (), **popen_kwargs
+) -> tuple[subprocess.Popen, int, int]:
+    """Start ``cmd`` in a new session with piped stdin / stdout / stderr and the write end of a fresh pipe in
+    place of ``cmd[slot]`` (passed to the child along with ``pass_fds``, closed here once it runs).
+
+    Returns:
+        ``(proc, read end of the pipe, pidfd of the child)``.
+
+    Raises:
+        OSError: the command could not be started (both ends of the pipe are closed then).
+    """
+    read_fd, write_fd = os.pipe()
+    argv = list(cmd)
+    argv[slot] = str(write_fd)
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(write_fd, *pass_fds),
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            **popen_kwargs,
+        )
+    except BaseException:
+        os.close(read_fd)
+        os.close(write_fd)
+        raise
+    os.close(write_fd)
+    return proc, read_fd, os.pidfd_open(proc.pid)
+
+
 def run_process(
     cmd: list[str],
     *,
@@ -132,27 +167,8 @@ def run_process(
     Raises:
         OSError: the command could not be started (missing executable, fork failure).
     """
-    result_r, result_w = os.pipe()
-    argv = list(cmd)
-    argv[result_fd_slot] = str(result_w)
     start = time.perf_counter()
-    try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(result_w,),
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
-        )
-    except BaseException:
-        os.close(result_r)
-        os.close(result_w)
-        raise
-    os.close(result_w)
-    pidfd = os.pidfd_open(proc.pid)
+    proc, result_r, pidfd = spawn_with_pipe(cmd, result_fd_slot, env=env, cwd=cwd)
     fd_in, fd_out, fd_err = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
     for fd in (fd_in, fd_out, fd_err, result_r):
         os.set_blocking(fd, False)

@@ -22,7 +22,6 @@ import contextlib
 import os
 import select
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from coevo.sandbox.errors import CandidateFailure
-from coevo.sandbox.process import DRAIN_S, CappedBuffer, kill_marked
+from coevo.sandbox.process import DRAIN_S, CappedBuffer, kill_marked, spawn_with_pipe
 from coevo.sandbox.wire import FrameReader, MalformedFrame, decode_value, encode_frame
 
 _CHUNK = 65536
@@ -89,28 +88,15 @@ class CandidateProcess:
         self.reader = FrameReader(max_frame=launch.max_reply_mb << 20)
         self.returncode: int | None = None
         self.started = time.perf_counter()
-        reply_r, reply_w = os.pipe()
-        argv = list(launch.argv)
-        argv[launch.reply_slot] = str(reply_w)
-        try:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(reply_w, *launch.popen_kwargs.pop("pass_fds", ())),
-                env=launch.env,
-                cwd=launch.cwd,
-                start_new_session=True,
-                **launch.popen_kwargs,
-            )
-        except BaseException:
-            os.close(reply_r)
-            os.close(reply_w)
-            raise
-        os.close(reply_w)
-        self.reply_fd = reply_r
-        self.pidfd = os.pidfd_open(self.proc.pid)
+        kwargs = dict(launch.popen_kwargs)
+        self.proc, self.reply_fd, self.pidfd = spawn_with_pipe(
+            launch.argv,
+            launch.reply_slot,
+            env=launch.env,
+            cwd=launch.cwd,
+            pass_fds=kwargs.pop("pass_fds", ()),
+            **kwargs,
+        )
         self.fd_in, self.fd_out, self.fd_err = (
             self.proc.stdin.fileno(),
             self.proc.stdout.fileno(),
@@ -190,6 +176,8 @@ class CandidateProcess:
             return None
         end = self.deadline if deadline is None else min(deadline, self.deadline)
         while True:
+            if self.exited and self.pending:
+                self.pending = b""  # nobody will read it; a reply it wrote before exiting may still be buffered
             if not self.pending:
                 try:
                     frame = self.reader.next()
@@ -200,8 +188,6 @@ class CandidateProcess:
                     return frame
             if self.exited and self.reply_fd not in self.readers:
                 raise self._failure_after_exit()
-            if self.exited and self.pending:
-                self.pending = b""  # nobody will read it
             remaining = end - time.perf_counter()
             if remaining <= 0:
                 self.close()
@@ -349,7 +335,8 @@ class RemoteFunction:
             self.proc.close()
         if time.perf_counter() >= self.deadline:
             raise CandidateFailure("timeout", "wall-clock limit reached before the next instance")
-        self._consts.clear()
+        self._consts.clear()  # constants and drivers live in a process: a new one starts without them
+        self._drivers.clear()
         self._broken = None
         self.proc = self._spawn()
         return self.proc
@@ -404,10 +391,16 @@ class RemoteFunction:
     @contextlib.contextmanager
     def limit(self, seconds: float | None) -> Iterator[None]:
         """Within the block, calls are cut off ``seconds`` after entry (CandidateFailure ``timeout``; the
-        process is killed, and restarted for the next call when ``restart``). ``None`` = no extra limit."""
+        process is killed, and restarted for the next call when ``restart``). ``None`` = no extra limit.
+
+        With ``restart``, a process that must be replaced (after a timeout or a crash) is started and loads
+        the code BEFORE the clock starts: its start-up does not count against the instance's limit (the
+        evaluation's own deadline still bounds it; a failure to start is raised here)."""
         if seconds is None:
             yield
             return
+        if self.restart:
+            self._ensure_process()
         self._limit_end, self._limit_s = time.perf_counter() + float(seconds), float(seconds)
         try:
             yield

@@ -5,19 +5,9 @@ only) or in process for tests. Its output is untrusted: :meth:`CVRPConstruct.sco
 routes against the evaluator's own demands and capacity and measures them on its own matrix.
 """
 
-import operator
-
 import numpy as np
 
-try:  # in process: coevo's classes; in the sandbox (no coevo): same-named ones, classified by name
-    from coevo.sandbox.errors import InfeasibleSolution, InvalidReturn
-except ImportError:
-
-    class InvalidReturn(Exception):  # the class name is what classifies it
-        pass
-
-    class InfeasibleSolution(Exception):
-        pass
+from coevo.ahd.construct_prelude import InfeasibleSolution, InvalidReturn, as_index
 
 
 def construct(fn, distances, demands, capacity, name="select_next_node"):
@@ -37,16 +27,7 @@ def construct(fn, distances, demands, capacity, name="select_next_node"):
             current, rest = 0, capacity
             continue
         value = fn(current, 0, np.flatnonzero(unvisited).astype(np.int64), rest, demands.copy(), dist.copy())
-        if isinstance(value, (bool, np.bool_)):
-            raise InvalidReturn(f"{name} returned a bool ({value!r}); expected an int index")
-        try:
-            nxt = operator.index(value)
-        except TypeError:
-            raise InvalidReturn(
-                f"{name} returned {value!r:.80} of type {type(value).__name__}; expected an int index"
-            ) from None
-        if not 0 <= nxt < n:
-            raise InvalidReturn(f"{name} returned index {nxt}, outside [0, {n})")
+        nxt = as_index(value, name, n)
         if nxt == 0:
             if current == 0:
                 raise InvalidReturn(f"{name} returned the depot while at the depot (an empty route); choose a customer")

@@ -5,19 +5,9 @@ only) or in process for tests. Its output is untrusted: :meth:`KPConstruct.score
 chosen items against the evaluator's own weights and capacity and sums the values itself.
 """
 
-import operator
-
 import numpy as np
 
-try:  # in process: coevo's classes; in the sandbox (no coevo): same-named ones, classified by name
-    from coevo.sandbox.errors import InfeasibleSolution, InvalidReturn
-except ImportError:
-
-    class InvalidReturn(Exception):  # the class name is what classifies it
-        pass
-
-    class InfeasibleSolution(Exception):
-        pass
+from coevo.ahd.construct_prelude import InfeasibleSolution, as_index
 
 
 def construct(fn, weights, values, capacity, name="select_next_item"):
@@ -35,16 +25,7 @@ def construct(fn, weights, values, capacity, name="select_next_item"):
             isinstance(choice, (int, np.integer)) and not isinstance(choice, (bool, np.bool_)) and choice == -1
         ):
             break
-        if isinstance(choice, (bool, np.bool_)):
-            raise InvalidReturn(f"{name} returned a bool ({choice!r}); expected an int index")
-        try:
-            k = operator.index(choice)
-        except TypeError:
-            raise InvalidReturn(
-                f"{name} returned {choice!r:.80} of type {type(choice).__name__}; expected an int index"
-            ) from None
-        if not 0 <= k < remaining.size:
-            raise InvalidReturn(f"{name} returned index {k}, outside [0, {remaining.size})")
+        k = as_index(choice, name, remaining.size)
         item = int(remaining[k])
         if weights[item] > rest:
             raise InfeasibleSolution(

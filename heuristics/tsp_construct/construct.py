@@ -6,34 +6,9 @@ and measures it on the evaluator's own matrix. Step errors are raised here so an
 what it did wrong (classified by the exception's class name).
 """
 
-import operator
-
 import numpy as np
 
-try:  # in process: coevo's classes; in the sandbox (no coevo): same-named ones, classified by name
-    from coevo.sandbox.errors import InfeasibleSolution, InvalidReturn
-except ImportError:
-
-    class InvalidReturn(Exception):  # the class name is what classifies it
-        pass
-
-    class InfeasibleSolution(Exception):
-        pass
-
-
-def as_index(value, what, upper):
-    """``value`` as an int index in [0, upper) (numpy ints and 0-d int arrays too); InvalidReturn otherwise."""
-    if isinstance(value, (bool, np.bool_)):
-        raise InvalidReturn(f"{what} returned a bool ({value!r}); expected an int index")
-    try:
-        idx = operator.index(value)
-    except TypeError:
-        raise InvalidReturn(
-            f"{what} returned {value!r:.80} of type {type(value).__name__}; expected an int index"
-        ) from None
-    if not 0 <= idx < upper:
-        raise InvalidReturn(f"{what} returned index {idx}, outside [0, {upper})")
-    return idx
+from coevo.ahd.construct_prelude import InfeasibleSolution, as_index
 
 
 def construct(fn, distances, name="select_next_node"):
