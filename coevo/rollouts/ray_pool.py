@@ -67,12 +67,7 @@ class ReplicaWorker:
                 evolver=job["evolver"],
                 round_index=job["round_index"],
             )
-        out = []
-        for t in trajs:
-            d = t.to_dict()
-            d["meta"] = {**d["meta"], "worker_pid": self.pid}
-            out.append(d)
-        return out
+        return self._plain(trajs)
 
     def evaluate_population(self, job: dict[str, Any]) -> list[list[dict[str, Any]]]:
         """Roll out a group of low-rank members together ``{members, key_prefixes, rank, generation, evolver,
@@ -88,9 +83,15 @@ class ReplicaWorker:
                 evolver=job["evolver"],
                 round_index=job["round_index"],
             )
+        return [self._plain(trajs) for trajs in groups]
+
+    def _plain(self, trajs: list[Trajectory]) -> list[dict[str, Any]]:
+        """The trajectories as plain dicts, ``meta.worker_pid`` set to this actor's process id."""
         out = []
-        for trajs in groups:
-            out.append([{**t.to_dict(), "meta": {**t.to_dict()["meta"], "worker_pid": self.pid}} for t in trajs])
+        for t in trajs:
+            d = t.to_dict()
+            d["meta"] = {**d["meta"], "worker_pid": self.pid}
+            out.append(d)
         return out
 
     def apply(self, record: dict[str, Any]) -> str:
