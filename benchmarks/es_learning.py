@@ -10,14 +10,14 @@ Writes ``OUT/curves.png`` (held-out reward vs wall seconds, one line per run, on
 ``OUT/results.json`` (every run's curve), ``OUT/table.md`` (per perturbation: seeds, generations completed,
 held-out reward at generation 0 and at the last evaluation, gain as mean +- std over seeds, held-out reward
 reached per wall-clock minute, wall second of the last evaluation) and prints that table and one JSON line
-per perturbation. Runs whose folder already holds a ``report.md`` are reused (a rerun only adds what is
-missing); ``--set`` overrides go to every run (e.g. another model for a smoke test).
+per perturbation. A run whose folder holds a finished run of the same settings (``es_learning.json``) is reused, so a rerun
+only adds what is missing; ``--set`` overrides go to every run (e.g. another model for a smoke test).
 
 Usage::
 
     python benchmarks/es_learning.py --config configs/es/arithmetic_dense.yaml --wall 240 --seeds 0 1 2 \\
         --out /tmp/es_learning [--eval-every 1] [--rank 1]
-    python benchmarks/es_learning.py --wall 20 --seeds 0 1 --out /tmp/es_learning_smoke \\
+    python benchmarks/es_learning.py --wall 60 --seeds 0 1 --out /tmp/es_learning_smoke \\
         --set model.name=tiny:micro --set evolvers.es.total_generations=2 \\
         --set evolvers.es.rollout.cases_per_member=2 --set evolvers.es.rollout.test_cases=2   # smoke
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -36,10 +37,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def run_one(config: Path, out: Path, kind: str, seed: int, args: argparse.Namespace) -> Path:
-    """One ``coevo run`` (skipped when its folder already holds a finished store); returns the run folder."""
+    """One ``coevo run`` (reused when its folder holds a finished run of the same settings, else run afresh);
+    returns the run folder."""
     run_dir = out / f"{kind}-s{seed}"
-    if (run_dir / "report.md").exists():
-        return run_dir
     sets = [
         f"run.seed={seed}",
         f"budget.max_wall_s={args.wall}",
@@ -50,10 +50,16 @@ def run_one(config: Path, out: Path, kind: str, seed: int, args: argparse.Namesp
     ]
     if kind == "lowrank":
         sets += [f"evolvers.es.rank={args.rank}", "evolvers.es.master_weights=false"]
+    marker = run_dir / "es_learning.json"
+    settings = {"config": str(config.resolve()), "set": sets}
+    if marker.exists() and json.loads(marker.read_text()) == settings:
+        return run_dir
+    shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "coevo.cli", "run", str(config), "--out", str(run_dir), "--no-progress"]
     for s in sets:
         cmd += ["--set", s]
     subprocess.run(cmd, check=True, cwd=ROOT, timeout=args.wall * 3 + 600)
+    marker.write_text(json.dumps(settings))
     return run_dir
 
 
@@ -64,6 +70,8 @@ def curve(run_dir: Path) -> dict:
     with TrajectoryStore(run_dir / "store.sqlite", readonly=True) as s:
         trajs = s.query(run_id=run_dir.name, order_by="id")
         rows = s.es_history(run_dir.name, "es")
+    if not trajs:
+        raise SystemExit(f"{run_dir}: the run stored no trajectory within its wall budget (raise --wall)")
     t0 = min(t.started_at for t in trajs)
     evals: dict[int, list] = {}
     for t in trajs:
@@ -81,6 +89,8 @@ def curve(run_dir: Path) -> dict:
                 "exact": sum(exact) / len(exact) if exact else None,
             }
         )
+    if not points:
+        raise SystemExit(f"{run_dir}: no held-out evaluation finished within the wall budget (raise --wall)")
     return {"run": run_dir.name, "generations": len(rows), "points": points}
 
 
