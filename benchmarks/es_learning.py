@@ -16,8 +16,8 @@ only adds what is missing; ``--set`` overrides go to every run (e.g. another mod
 Usage::
 
     python benchmarks/es_learning.py --config configs/es/arithmetic_dense.yaml --wall 240 --seeds 0 1 2 \\
-        --out /tmp/es_learning [--eval-every 1] [--rank 1]
-    python benchmarks/es_learning.py --wall 60 --seeds 0 1 --out /tmp/es_learning_smoke \\
+        --out /tmp/es_learning [--eval-every 1] [--rank 1] [--threads N]
+    python benchmarks/es_learning.py --wall 60 --seeds 0 1 --threads 1 --out /tmp/es_learning_smoke \\
         --set model.name=tiny:micro --set evolvers.es.total_generations=2 \\
         --set evolvers.es.rollout.cases_per_member=2 --set evolvers.es.rollout.test_cases=2   # smoke
 """
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -58,7 +59,10 @@ def run_one(config: Path, out: Path, kind: str, seed: int, args: argparse.Namesp
     cmd = [sys.executable, "-m", "coevo.cli", "run", str(config), "--out", str(run_dir), "--no-progress"]
     for s in sets:
         cmd += ["--set", s]
-    subprocess.run(cmd, check=True, cwd=ROOT, timeout=args.wall * 3 + 600)
+    env = dict(os.environ)
+    if args.threads:  # torch reads OMP_NUM_THREADS at start-up
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    subprocess.run(cmd, check=True, cwd=ROOT, env=env, timeout=args.wall * 3 + 600)
     marker.write_text(json.dumps(settings))
     return run_dir
 
@@ -167,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-every", type=int, default=1)
     ap.add_argument("--kinds", nargs="+", default=["full", "lowrank"], choices=["full", "lowrank"])
     ap.add_argument("--out", default="/tmp/es_learning")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads of every run (0: torch's default)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every run")
     args = ap.parse_args(argv)
     out = Path(args.out)

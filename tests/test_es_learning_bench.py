@@ -56,7 +56,7 @@ def test_plot_writes_a_png(bench, tmp_path):
 
 
 def test_finished_runs_of_the_same_settings_are_reused(bench, tmp_path):
-    args = argparse.Namespace(wall=5.0, eval_every=1, rank=1, set=["model.name=tiny:micro"])
+    args = argparse.Namespace(wall=5.0, eval_every=1, rank=1, threads=1, set=["model.name=tiny:micro"])
     config = tmp_path / "c.yaml"
     run_dir = tmp_path / "full-s0"
     run_dir.mkdir()
