@@ -179,16 +179,27 @@ def test_resume_after_kill_9_mid_generation_equals_uninterrupted(tiny_model_dir,
 def test_ray_lowrank_generations_and_resume_after_kill_9_of_the_driver(tiny_model_dir, tmp_path):
     """workers: 2 on a local Ray cluster: each actor rolls out a group of members together and applies the same
     low-rank update (hashes compared by the driver); rewards equal the in-process population's up to the batch
-    composition's float tolerance. A driver SIGKILLed while the actors are inside generation 1 resumes with fresh
-    actors (rebuilt from the base model + history) to the uninterrupted run's rewards and hashes, bit for bit."""
+    composition's float tolerance. A driver (a ``coevo run`` process with a local Ray cluster of its own)
+    SIGKILLed with that cluster while its actors are inside generation 1 resumes with fresh actors (rebuilt from the base model + history) to the
+    uninterrupted run's rewards and hashes, bit for bit."""
     ray = pytest.importorskip("ray")
     es = {"population_size": 4, "total_generations": 3, "eval_every": 1, "checkpoint_every": 1}
     started = not ray.is_initialized()
     if started:  # the actors import this test module (the killing rollout)
         path = os.pathsep.join([str(ROOT / "tests"), str(ROOT)])
-        ray.init(
-            num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}}
-        )
+        for attempt in range(3):  # Ray waits a fixed 30 s for its raylet: a starved machine can miss it
+            try:
+                ray.init(
+                    num_cpus=2,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    runtime_env={"env_vars": {"PYTHONPATH": path}},
+                )
+                break
+            except Exception:
+                ray.shutdown()
+                if attempt == 2:
+                    raise
     try:
         inproc_dir, ref_dir = tmp_path / "inproc" / "run", tmp_path / "ref" / "run"
         run_loop(inproc_dir, _kill_config(tiny_model_dir, tmp_path / "unused", None, **es))
