@@ -7,19 +7,27 @@ the config. Then, from each run's store: the held-out reward of the centre (traj
 ``split="test"``) at every evaluation, against the wall-clock seconds since the run's first trajectory.
 
 Writes ``OUT/curves.png`` (held-out reward vs wall seconds, one line per run, one colour per perturbation),
-``OUT/results.json`` and prints a Markdown table (per perturbation: generations completed, held-out reward
-at generation 0 and at the last evaluation, gain; mean +- std over seeds) and one JSON line per perturbation.
+``OUT/results.json`` (every run's curve), ``OUT/table.md`` (per perturbation: seeds, generations completed,
+held-out reward at generation 0 and at the last evaluation, gain as mean +- std over seeds, held-out reward
+reached per wall-clock minute, wall second of the last evaluation) and prints that table and one JSON line
+per perturbation. A run whose folder holds a finished run of the same settings (``es_learning.json``) is reused, so a rerun
+only adds what is missing; ``--set`` overrides go to every run (e.g. another model for a smoke test).
 
 Usage::
 
     python benchmarks/es_learning.py --config configs/es/arithmetic_dense.yaml --wall 240 --seeds 0 1 2 \\
-        --out /tmp/es_learning [--eval-every 1] [--rank 1]
+        --out /tmp/es_learning [--eval-every 1] [--rank 1] [--threads N]
+    python benchmarks/es_learning.py --wall 60 --seeds 0 1 --threads 1 --out /tmp/es_learning_smoke \\
+        --set model.name=tiny:micro --set evolvers.es.total_generations=2 \\
+        --set evolvers.es.rollout.cases_per_member=2 --set evolvers.es.rollout.test_cases=2   # smoke
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,23 +38,32 @@ sys.path.insert(0, str(ROOT))
 
 
 def run_one(config: Path, out: Path, kind: str, seed: int, args: argparse.Namespace) -> Path:
-    """One ``coevo run`` (skipped when its folder already holds a finished store); returns the run folder."""
+    """One ``coevo run`` (reused when its folder holds a finished run of the same settings, else run afresh);
+    returns the run folder."""
     run_dir = out / f"{kind}-s{seed}"
-    if (run_dir / "report.md").exists():
-        return run_dir
     sets = [
         f"run.seed={seed}",
         f"budget.max_wall_s={args.wall}",
         f"evolvers.es.perturbation={kind}",
         f"evolvers.es.eval_every={args.eval_every}",
         "report.plots=false",
+        *args.set,
     ]
     if kind == "lowrank":
         sets += [f"evolvers.es.rank={args.rank}", "evolvers.es.master_weights=false"]
+    marker = run_dir / "es_learning.json"
+    settings = {"config": str(config.resolve()), "set": sets}
+    if marker.exists() and json.loads(marker.read_text()) == settings:
+        return run_dir
+    shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "coevo.cli", "run", str(config), "--out", str(run_dir), "--no-progress"]
     for s in sets:
         cmd += ["--set", s]
-    subprocess.run(cmd, check=True, cwd=ROOT, timeout=args.wall * 3 + 600)
+    env = dict(os.environ)
+    if args.threads:  # torch reads OMP_NUM_THREADS at start-up
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    subprocess.run(cmd, check=True, cwd=ROOT, env=env, timeout=args.wall * 3 + 600)
+    marker.write_text(json.dumps(settings))
     return run_dir
 
 
@@ -57,6 +74,8 @@ def curve(run_dir: Path) -> dict:
     with TrajectoryStore(run_dir / "store.sqlite", readonly=True) as s:
         trajs = s.query(run_id=run_dir.name, order_by="id")
         rows = s.es_history(run_dir.name, "es")
+    if not trajs:
+        raise SystemExit(f"{run_dir}: the run stored no trajectory within its wall budget (raise --wall)")
     t0 = min(t.started_at for t in trajs)
     evals: dict[int, list] = {}
     for t in trajs:
@@ -74,6 +93,8 @@ def curve(run_dir: Path) -> dict:
                 "exact": sum(exact) / len(exact) if exact else None,
             }
         )
+    if not points:
+        raise SystemExit(f"{run_dir}: no held-out evaluation finished within the wall budget (raise --wall)")
     return {"run": run_dir.name, "generations": len(rows), "points": points}
 
 
@@ -94,12 +115,29 @@ def summarise(results: dict[str, list[dict]]) -> list[dict]:
                 "gain_mean": statistics.mean(gain),
                 "gain_std": sd(gain),
                 "last_wall_s": statistics.mean(r["points"][-1]["wall_s"] for r in runs),
+                "gain_per_minute": statistics.mean(
+                    60 * g / max(r["points"][-1]["wall_s"], 1e-9) for g, r in zip(gain, runs, strict=True)
+                ),
             }
         )
     return out
 
 
-def plot(results: dict[str, list[dict]], path: Path) -> None:
+def markdown_table(table: list[dict]) -> str:
+    """The summary rows as a Markdown table (one row per perturbation)."""
+    head = ["perturbation", "seeds", "generations", "held-out R gen 0", "held-out R last", "gain (mean +- std)"]
+    head += ["gain per wall minute", "last eval at s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in table:
+        lines.append(
+            f"| {r['perturbation']} | {r['seeds']} | {r['generations']:.1f} | {r['reward_gen0']:.4f} | "
+            f"{r['reward_last']:.4f} | {r['gain_mean']:+.4f} +- {r['gain_std']:.4f} | "
+            f"{r['gain_per_minute']:+.5f} | {r['last_wall_s']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict[str, list[dict]], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,7 +156,7 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
             )
     ax.set_xlabel("wall-clock seconds since the run's first rollout")
     ax.set_ylabel("held-out reward (log p(answer) per token)")
-    ax.set_title("ES on configs/es/arithmetic_dense.yaml: full vs low-rank, same wall budget")
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -133,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-every", type=int, default=1)
     ap.add_argument("--kinds", nargs="+", default=["full", "lowrank"], choices=["full", "lowrank"])
     ap.add_argument("--out", default="/tmp/es_learning")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads of every run (0: torch's default)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every run")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -141,17 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         for kind in args.kinds:
             results[kind].append(curve(run_one(Path(args.config), out, kind, seed, args)))
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    plot(results, out / "curves.png")
+    plot(results, out / "curves.png", f"ES on {Path(args.config).name}: full vs low-rank, {args.wall:g} s each")
     table = summarise(results)
-    print(
-        "| perturbation | seeds | generations | held-out R gen 0 | held-out R last | gain (mean +- std) | last eval at s |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for r in table:
-        print(
-            f"| {r['perturbation']} | {r['seeds']} | {r['generations']:.1f} | {r['reward_gen0']:.4f} | "
-            f"{r['reward_last']:.4f} | {r['gain_mean']:+.4f} +- {r['gain_std']:.4f} | {r['last_wall_s']:.0f} |"
-        )
+    text = markdown_table(table)
+    (out / "table.md").write_text(text)
+    print(text, end="")
     for r in table:
         print(json.dumps(r))
     return 0

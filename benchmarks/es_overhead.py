@@ -80,26 +80,26 @@ PROMPTS = (
 )
 
 
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process in bytes: ``VmHWM`` (Linux), else ``ru_maxrss`` (KiB on Linux)."""
+def _status_bytes(field: str) -> int | None:
+    """A memory line of ``/proc/self/status`` (``VmHWM``, ``VmRSS``: KiB there) in bytes; None without /proc."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return None
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process in bytes: ``VmHWM`` (Linux), else ``ru_maxrss`` (KiB on Linux)."""
+    peak = _status_bytes("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def rss_bytes() -> int:
     """Current resident set size in bytes (``VmRSS``; 0 where /proc is missing)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+    return _status_bytes("VmRSS") or 0
 
 
 def conversations(batch: int) -> list[list[dict]]:

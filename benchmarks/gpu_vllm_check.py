@@ -37,7 +37,6 @@ import argparse
 import gc
 import importlib.util
 import json
-import math
 import os
 import sys
 import tempfile
@@ -162,15 +161,15 @@ def dense_lowrank(hp, member, rank: int):
 
     import torch
 
-    from coevo.es.lowrank import draw_factors
+    from coevo.es.lowrank import dense_perturbation
 
     @contextlib.contextmanager
     def ctx():
         try:
             with torch.no_grad():
                 for e in hp.entries:
-                    a, b = draw_factors(member.seed, e.name, tuple(e.tensor.shape), rank, e.tensor.device)
-                    delta = (a.double() @ b.double().t() / math.sqrt(rank)).float() * (member.sign * member.sigma)
+                    dense = dense_perturbation(member.seed, e.name, tuple(e.tensor.shape), rank).to(e.tensor.device)
+                    delta = dense * (member.sign * member.sigma)
                     base = e.master.view(e.tensor.shape) if e.master is not None else e.tensor.float()
                     e.tensor.copy_((base + delta).to(e.tensor.dtype))
             yield

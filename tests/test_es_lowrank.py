@@ -12,7 +12,7 @@ from test_es_models import tiny_qwen2
 
 from coevo.backends.base import SamplingParams
 from coevo.backends.hf import HFPolicy
-from coevo.es import ESParams, GenerationRecord, ScopeSpec, replay, select_params
+from coevo.es import ESParams, GenerationRecord, ScopeSpec, normalize_rewards, replay, select_params
 from coevo.es.lowrank import (
     LOWRANK_SPEC,
     FactorBank,
@@ -173,6 +173,15 @@ def test_antithetic_pairs_with_equal_rewards_cancel_exactly():
         == pd.weights_hash()
         != ESParams(select_params(tiny_qwen2(seed=3), "all_linear")).weights_hash()
     )
+    # from rewards: a pair with equal raw rewards gets equal shaped coefficients under every normalisation
+    centre = ESParams(select_params(tiny_qwen2(torch.float32, seed=3), "all_linear")).weights_hash()
+    for method in ("zscore", "centered_rank", "none"):
+        c = normalize_rewards([0.3, 0.3, 1.0, -1.0], method).tolist()
+        assert c[0] == c[1] and c[2] != c[3]
+        pc, pd = (ESParams(select_params(tiny_qwen2(torch.float32, seed=3), "all_linear")) for _ in range(2))
+        lowrank_update(pc, [4, 4, 9, 9], [1, -1, 1, -1], c, 1e-2, 1e-3, 1, 0)
+        lowrank_update(pd, [9, 9, 9, 9], [1, -1, 1, -1], [c[2], c[3], 0.0, 0.0], 1e-2, 1e-3, 1, 0)
+        assert pc.weights_hash() == pd.weights_hash() != centre, method  # the tied pair adds exactly nothing
 
 
 def test_stochastic_rounding_is_deterministic_unbiased_and_keeps_small_steps():

@@ -3,10 +3,12 @@ resume after kill -9 in the middle of a generation, and the Ray pool (actors app
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,12 +29,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 class KillConfig(LogProbConfig):
     type: str = "test_es_lowrank_evolver:KillingLogProbRollout"
-    kill_at: int | None = Field(None, description="generation whose population rollout kills the process (once)")
+    kill_at: int | None = Field(None, description="generation whose population rollout is killed (once)")
     marker: str = Field("", description="file written just before the kill (so the resumed run goes on)")
+    hold: bool = Field(False, description="instead of SIGKILLing its own process, wait there for a kill from outside")
 
 
 class KillingLogProbRollout(TargetLogProbRollout):
-    """target_logprob whose population rollout SIGKILLs its own process once, mid-generation."""
+    """target_logprob whose population rollout is killed once, mid-generation: it SIGKILLs its own process
+    (in-process ES), or, with ``hold`` (inside a Ray actor), writes the marker and waits for the test to SIGKILL
+    the driver."""
 
     Config = KillConfig
 
@@ -41,6 +46,8 @@ class KillingLogProbRollout(TargetLogProbRollout):
         if cfg.kill_at == kw["generation"] and cfg.marker and not Path(cfg.marker).exists():
             population.logprob([(members[0], [{"role": "user", "content": "Say hello."}])], ["Hello"])  # hooks run
             Path(cfg.marker).write_text("killed")
+            if cfg.hold:
+                time.sleep(600)  # the actor dies with the driver's Ray cluster
             os.kill(os.getpid(), signal.SIGKILL)
         return super().run_population(population, members, **kw)
 
@@ -114,18 +121,38 @@ def test_lowrank_config_errors(tiny_model_dir):
         parse_config(lowrank_config(tiny_model_dir, rank=0))
 
 
-def _kill_config(model_dir, marker: Path, kill_at):
-    return lowrank_config(
-        model_dir,
-        dtype="bfloat16",
-        population_size=4,
-        total_generations=5,
-        sigma=0.02,
-        sigma_final=0.01,
-        alpha=0.05,
-        checkpoint_every=2,
-        eval_every=2,
-        rollout={"type": "test_es_lowrank_evolver:KillingLogProbRollout", "kill_at": kill_at, "marker": str(marker)},
+def _kill_config(model_dir, marker: Path, kill_at, hold: bool = False, **es):
+    rollout = {"type": "test_es_lowrank_evolver:KillingLogProbRollout", "kill_at": kill_at, "marker": str(marker)}
+    base = {
+        "dtype": "bfloat16",
+        "population_size": 4,
+        "total_generations": 5,
+        "sigma": 0.02,
+        "sigma_final": 0.01,
+        "alpha": 0.05,
+        "checkpoint_every": 2,
+        "eval_every": 2,
+        "rollout": {**rollout, "hold": hold},
+    }
+    return lowrank_config(model_dir, **{**base, **es})
+
+
+def _start_run(run_dir: Path, data: dict, cwd: Path) -> subprocess.Popen:
+    """``coevo run`` of ``data`` into ``run_dir`` in a child process (this checkout and tests/ importable), in a
+    session of its own: ``os.killpg(proc.pid, SIGKILL)`` kills it with every process it started (its Ray cluster)."""
+    run_dir.parent.mkdir(parents=True)
+    (run_dir.parent / "config.yaml").write_text(yaml.safe_dump(data))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local Ray cluster of its own
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT)])
+    cmd = [sys.executable, "-m", "coevo.cli", "run", str(run_dir.parent / "config.yaml"), "--out", str(run_dir)]
+    return subprocess.Popen(
+        [*cmd, "--no-progress"],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
 
 
@@ -137,28 +164,8 @@ def test_resume_after_kill_9_mid_generation_equals_uninterrupted(tiny_model_dir,
 
     run_dir, marker = tmp_path / "killed" / "run", tmp_path / "killed.marker"
     data = _kill_config(tiny_model_dir, marker, 3)
-    run_dir.parent.mkdir()
-    (run_dir.parent / "config.yaml").write_text(yaml.safe_dump(data))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "coevo.cli",
-            "run",
-            str(run_dir.parent / "config.yaml"),
-            "--out",
-            str(run_dir),
-            "--no-progress",
-        ],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    proc = _start_run(run_dir, data, tmp_path)
+    assert proc.wait(timeout=600) == -signal.SIGKILL, proc.stderr.read()[-2000:]
     assert marker.exists() and [r["generation"] for r in history(run_dir)] == [0, 1, 2]
 
     run_loop(run_dir, data, resume=True)
@@ -169,31 +176,63 @@ def test_resume_after_kill_9_mid_generation_equals_uninterrupted(tiny_model_dir,
 
 
 @pytest.mark.slow
-def test_ray_actors_apply_the_same_lowrank_update(tiny_model_dir, tmp_path):
+def test_ray_lowrank_generations_and_resume_after_kill_9_of_the_driver(tiny_model_dir, tmp_path):
+    """workers: 2 on a local Ray cluster: each actor rolls out a group of members together and applies the same
+    low-rank update (hashes compared by the driver); rewards equal the in-process population's up to the batch
+    composition's float tolerance. A driver (a ``coevo run`` process with a local Ray cluster of its own)
+    SIGKILLed with that cluster while its actors are inside generation 1 resumes with fresh actors (rebuilt from the base model + history) to the
+    uninterrupted run's rewards and hashes, bit for bit."""
     ray = pytest.importorskip("ray")
+    es = {"population_size": 4, "total_generations": 3, "eval_every": 1, "checkpoint_every": 1}
     started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    if started:  # the actors import this test module (the killing rollout)
+        path = os.pathsep.join([str(ROOT / "tests"), str(ROOT)])
+        for attempt in range(3):  # Ray waits a fixed 30 s for its raylet: a starved machine can miss it
+            try:
+                ray.init(
+                    num_cpus=2,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    runtime_env={"env_vars": {"PYTHONPATH": path}},
+                )
+                break
+            except Exception:
+                ray.shutdown()
+                if attempt == 2:
+                    raise
     try:
-        es = {
-            "population_size": 4,
-            "total_generations": 2,
-            "sigma": 0.02,
-            "sigma_final": 0.01,
-            "alpha": 0.05,
-            "eval_every": 1,
-            "checkpoint_every": 1,
-        }
-        ray_dir = tmp_path / "ray"
-        run_loop(ray_dir, lowrank_config(tiny_model_dir, dtype="bfloat16", workers=2, max_rounds=1, **es))
-        (ray_dir / "weights" / "gen-00001.safetensors").unlink()  # fresh actors rebuild from base + history
-        run_loop(ray_dir, lowrank_config(tiny_model_dir, dtype="bfloat16", workers=2, max_rounds=2, **es), resume=True)
-        rows = history(ray_dir)
-        assert len(rows) == 2 and all(r["perturbation"] == "lowrank" for r in rows)
-        with TrajectoryStore(ray_dir / "store.sqlite", readonly=True) as s:
-            members = [t for t in s.query(run_id="ray", evolver="es") if t.member is not None]
-        assert len(members) == 2 * 4 * 3 and os.getpid() not in {t.meta["worker_pid"] for t in members}
-        assert coevo_main(["es", "replay", str(ray_dir), "--check"]) == 0  # driver == actors == replay (hashes)
+        inproc_dir, ref_dir = tmp_path / "inproc" / "run", tmp_path / "ref" / "run"
+        run_loop(inproc_dir, _kill_config(tiny_model_dir, tmp_path / "unused", None, **es))
+        run_loop(ref_dir, _kill_config(tiny_model_dir, tmp_path / "unused", None, workers=2, **es))
+        inproc, ref = history(inproc_dir), history(ref_dir)
+        assert len(ref) == 3 and all(r["perturbation"] == "lowrank" and r["workers"] == 2 for r in ref)
+        for a, b in zip(inproc, ref, strict=True):
+            assert a["rewards"] == pytest.approx(b["rewards"], abs=1e-4)
+        with TrajectoryStore(ref_dir / "store.sqlite", readonly=True) as s:
+            members = [t for t in s.query(run_id="run", evolver="es") if t.member is not None]
+        assert len(members) == 3 * 4 * 3 and os.getpid() not in {t.meta["worker_pid"] for t in members}
+        assert coevo_main(["es", "replay", str(ref_dir), "--check"]) == 0  # driver == actors == replay (hashes)
+
+        run_dir, marker = tmp_path / "killed" / "run", tmp_path / "killed.marker"
+        data = _kill_config(tiny_model_dir, marker, 1, hold=True, workers=2, **es)
+        proc = _start_run(run_dir, data, tmp_path)
+        try:
+            deadline = time.time() + 600
+            while not marker.exists() and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.5)
+            assert marker.exists(), proc.stderr.read()[-2000:] if proc.poll() is not None else "no marker in 600 s"
+            os.killpg(proc.pid, signal.SIGKILL)  # driver and its Ray cluster die while the actors are in generation 1
+            assert proc.wait(timeout=60) == -signal.SIGKILL
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert [r["generation"] for r in history(run_dir)] == [0]
+        (run_dir / "weights" / "gen-00001.safetensors").unlink()  # fresh actors rebuild from base + history
+        run_loop(run_dir, data, resume=True)
+        got = history(run_dir)
+        assert [r["rewards"] for r in got] == [r["rewards"] for r in ref]
+        assert [r["weight_hash_after"] for r in got] == [r["weight_hash_after"] for r in ref]
+        assert coevo_main(["es", "replay", str(run_dir), "--check"]) == 0
     finally:
         if started:
             ray.shutdown()

@@ -1,5 +1,6 @@
 """ES population on Ray actors (local 2-CPU cluster, 2 actors, tiny model): same noise as in-process, same
-weights after a distributed generation, divergence detected."""
+weights after a distributed generation (full rank and low rank), low-rank population rows evaluated on the
+actors with the in-process math, divergence detected."""
 
 from __future__ import annotations
 
@@ -76,11 +77,69 @@ def test_actor_noise_equals_in_process_and_divergence_is_detected(local_ray, tin
         )
         _, after = local.apply(record)
         assert pool.apply(record, expected=after) == (None, after) and pool.weights_hash() == after
+        lowrank = GenerationRecord(
+            generation=1,
+            seeds=[7, 7, 9, 9],
+            signs=[1, -1, 1, -1],
+            rewards=[1.0, 0.0, 0.5, 0.2],
+            coeffs=[1.2, -1.0, 0.3, -0.5],
+            sigma=1e-2,
+            alpha=1e-2,
+            master_dtype="float32",
+            perturbation="lowrank",
+            rank=2,
+        )
+        _, after_lr = local.apply(lowrank)
+        assert after_lr != after and pool.apply(lowrank, expected=after_lr) == (None, after_lr)
         ray.get(pool.actors[0].apply.remote(record.to_dict()))  # one replica applies an update twice
         with pytest.raises(ReplicaDivergenceError, match="diverged at resume"):
-            pool.load(None, [], expected=after)
+            pool.load(None, [], expected=after_lr)
     finally:
         pool.close()
+
+
+def test_actors_evaluate_lowrank_population_rows_with_the_in_process_math(local_ray, tiny_model_dir):
+    """Each actor rolls out one contiguous group of members together; its trajectories are bit-identical to the
+    same group rolled out in-process (same factors, hooks, batches), and match the whole population in one
+    in-process batch up to the float tolerance of a different batch composition."""
+    from coevo.rollouts.base import build_rollout
+
+    spec = {**_spec(tiny_model_dir), "master_weights": False}
+    local = HFPolicy(spec["model"], dtype=spec["dtype"], batch_size=spec["batch_size"]).es_replica(
+        ScopeSpec.from_dict(spec["scope"]), master_weights=False
+    )
+    members = [
+        ESMember(seed=s, sigma=0.05, sign=g, index=2 * i + (g < 0)) for i, s in enumerate((5, 2**40)) for g in (1, -1)
+    ]
+    members.append(ESMember(seed=77, sigma=0.05, sign=1, index=4))  # odd size: groups of 2 and 3
+    prefixes = [f"g/m{m.index}" for m in members]
+    kw = {"generation": 3, "evolver": "es", "round_index": 0}
+    rollout = build_rollout(spec["rollout"], None)
+
+    def in_process(lo, hi):
+        with local.population(members[lo:hi], 2) as pop:
+            return rollout.run_population(pop, members[lo:hi], key_prefixes=prefixes[lo:hi], split="train", **kw)
+
+    pool = RayReplicaPool(spec, workers=2)
+    try:
+        remote = pool.evaluate_population(members, prefixes, rank=2, **kw)
+        pids = [{t.meta.pop("worker_pid") for t in ts} for ts in remote]
+    finally:
+        pool.close()
+    assert pids[0] == pids[1] != pids[2] == pids[3] == pids[4] and os.getpid() not in pids[0] | pids[2]
+
+    def content(groups):  # everything but the wall-clock fields
+        return [
+            [{k: v for k, v in t.to_dict().items() if k not in ("started_at", "duration_s")} for t in ts]
+            for ts in groups
+        ]
+
+    grouped = in_process(0, 2) + in_process(2, 5)
+    assert content(remote) == content(grouped)
+    whole = in_process(0, 5)
+    assert [t.key for ts in remote for t in ts] == [t.key for ts in whole for t in ts]
+    got, want = ([t.reward for ts in g for t in ts] for g in (remote, whole))
+    assert got == pytest.approx(want, abs=1e-4) and len(set(got)) > 5  # members differ from each other
 
 
 def test_two_actor_generations_equal_in_process_also_after_resume(local_ray, tiny_model_dir, tmp_path):

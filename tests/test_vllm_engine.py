@@ -184,3 +184,21 @@ def test_device_noise_on_a_cpu_worker_is_the_canonical_stream():
         policy.es_perturb(21, 1e-2, 1)
         assert policy.es_weights_hash() == hp.weights_hash()
         policy.es_restore()
+
+
+# ---------------------------------------------------------------------------------------- GPU check script
+def test_gpu_check_calls_only_methods_the_policy_has():
+    """benchmarks/gpu_vllm_check.py once called ``VLLMPolicy.es_compare`` before it existed (the check died at
+    its first parity step): every ``vl.<name>`` it uses must be an attribute of ``VLLMPolicy`` or set by it."""
+    import ast
+    from pathlib import Path
+
+    src = (Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_vllm_check.py").read_text()
+    used = {
+        n.attr
+        for n in ast.walk(ast.parse(src))
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "vl"
+    }
+    _, _, _, policy = engine()
+    assert {"es_compare", "es_update", "es_replica", "close"} <= used
+    assert sorted(a for a in used if not hasattr(policy, a)) == []

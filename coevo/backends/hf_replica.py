@@ -34,6 +34,7 @@ from coevo.backends.base import Completion, Message, Policy, SamplingParams, req
 from coevo.es import ESParams, GenerationRecord, ScopeSpec, UpdateStats, apply_records, perturb, select_params
 from coevo.es.checkpoint import load_snapshot, rebuild, save_snapshot
 from coevo.es.lowrank import FactorBank, check_matrices
+from coevo.es.replica import member_position, member_row_indices
 from coevo.types import ESMember
 
 #: one row of a population call: (member, or None for the centre; chat conversation)
@@ -169,14 +170,6 @@ class HFPopulation:
 
         return add_term
 
-    def _position(self, member: ESMember | None) -> int | None:
-        if member is None:
-            return None
-        for i, m in enumerate(self.members):
-            if m == member:
-                return i
-        raise ValueError(f"member {member} is not in this population")
-
     def _batch_hook(self, positions: list[int | None]):
         @contextmanager
         def tables(start: int, stop: int) -> Iterator[None]:
@@ -190,26 +183,22 @@ class HFPopulation:
 
     def generate(self, rows: Sequence[Row], params: SamplingParams) -> list[Completion]:
         """One completion per ``(member, conversation)`` row, in order (``HFPolicy.generate_rows``)."""
-        positions = [self._position(m) for m, _ in rows]
+        positions = [member_position(self.members, m) for m, _ in rows]
         seeds = None
         if params.seed is not None:
-            count: dict[int | None, int] = {}
-            seeds = []
-            for p in positions:
-                seeds.append(request_seed(params.seed, count.get(p, 0)))
-                count[p] = count.get(p, 0) + 1
+            seeds = [request_seed(params.seed, k) for k in member_row_indices(positions)]
         return self.policy.generate_rows(
             [c for _, c in rows], params, row_seeds=seeds, batch_hook=self._batch_hook(positions)
         )
 
     def logprob(self, rows: Sequence[Row], targets: Sequence[str]) -> torch.Tensor:
         """``log p(target | conversation)`` (nats) under each row's member: float32 CPU tensor (len(rows),)."""
-        positions = [self._position(m) for m, _ in rows]
+        positions = [member_position(self.members, m) for m, _ in rows]
         return self.policy.logprob([c for _, c in rows], list(targets), batch_hook=self._batch_hook(positions))
 
     def member_policy(self, member: ESMember) -> MemberPolicy:
         """A :class:`~coevo.backends.base.Policy` view of one member (all its rows belong to ``member``)."""
-        self._position(member)
+        member_position(self.members, member)
         return MemberPolicy(self, member)
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -46,6 +45,7 @@ from typing import Any
 import torch
 
 from coevo.backends.base import Completion, Message, SamplingParams
+from coevo.es.replica import member_position, member_row_indices
 from coevo.types import ESMember
 
 #: ``max_lora_rank`` values vLLM 0.32 / 0.33 accept (``vllm.config.lora.MaxLoRARanks``)
@@ -117,9 +117,9 @@ def adapter_tensors(
     Returns:
         ``{"base_model.model.<module>.lora_A.weight": (r, n), "...lora_B.weight": (m, r)}``, CPU, contiguous.
     """
-    from coevo.es.lowrank import draw_factors
+    from coevo.es.lowrank import draw_factors, member_scale
 
-    scale = torch.tensor(int(member.sign) * float(member.sigma) / math.sqrt(rank), dtype=torch.float32)
+    scale = torch.tensor(member_scale(member, rank), dtype=torch.float32)
     out: dict[str, torch.Tensor] = {}
     for name, shape in matrices:
         a, b = draw_factors(member.seed, name, (int(shape[0]), int(shape[1])), rank)  # float32 (m, r), (n, r)
@@ -243,26 +243,14 @@ class VLLMPopulation:
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
 
-    def _position(self, member: ESMember | None) -> int | None:
-        if member is None:
-            return None
-        for i, m in enumerate(self.members):
-            if m == member:
-                return i
-        raise ValueError(f"member {member} is not in this population")
-
     def _requests(self, rows: Sequence[Row]) -> tuple[list[int | None], list[Any]]:
-        positions = [self._position(m) for m, _ in rows]
+        positions = [member_position(self.members, m) for m, _ in rows]
         return positions, [None if p is None else self.requests[p] for p in positions]
 
     def generate(self, rows: Sequence[Row], params: SamplingParams) -> list[Completion]:
         """One completion per ``(member, conversation)`` row, in order, in one engine call."""
         positions, loras = self._requests(rows)
-        count: dict[int | None, int] = {}
-        index = []
-        for p in positions:
-            index.append(count.get(p, 0))
-            count[p] = count.get(p, 0) + 1
+        index = member_row_indices(positions)
         return self.policy.generate_requests([c for _, c in rows], params, seed_indices=index, lora_requests=loras)
 
     def logprob(self, rows: Sequence[Row], targets: Sequence[str]) -> torch.Tensor:
@@ -274,5 +262,5 @@ class VLLMPopulation:
         """A ``Policy`` view of one member (``coevo.backends.hf_replica.MemberPolicy`` over this population)."""
         from coevo.backends.hf_replica import MemberPolicy
 
-        self._position(member)
+        member_position(self.members, member)
         return MemberPolicy(self, member)

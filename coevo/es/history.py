@@ -123,30 +123,12 @@ class GenerationRecord:
         record applies nothing."""
         if self.skipped:
             return UpdateStats(skipped=True, reason="recorded as skipped", n_elements=params.numel)
+        args = (params, self.seeds, self.signs, self.coeffs, self.alpha, self.sigma)
+        options = {"divide_by_sigma": self.divide_by_sigma, "weight_decay": self.weight_decay}
         if self.perturbation == "lowrank":
-            return lowrank_update(
-                params,
-                self.seeds,
-                self.signs,
-                self.coeffs,
-                self.alpha,
-                self.sigma,
-                self.rank,
-                self.generation,
-                self.divide_by_sigma,
-                self.weight_decay,
-            )
+            return lowrank_update(*args, rank=self.rank, generation=self.generation, **options)
         with record_noise(params, self.noise_spec):  # the stream the record was drawn with, or NoiseDeviceError
-            return es_update(
-                params,
-                self.seeds,
-                self.signs,
-                self.coeffs,
-                self.alpha,
-                self.sigma,
-                self.divide_by_sigma,
-                self.weight_decay,
-            )
+            return es_update(*args, **options)
 
 
 @dataclass

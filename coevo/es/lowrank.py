@@ -59,6 +59,7 @@ For fp16, values in the fp16 subnormal range (|x| < 6.1e-5) are then rounded to 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Iterable, Sequence
@@ -67,13 +68,12 @@ import torch
 
 from coevo.es.noise import NOISE_CHUNK_NUMEL, NOISE_SPEC, check_seed, chunk_seed, generate_noise
 from coevo.es.params import ESParams, as_es_params
-from coevo.es.update import UpdateStats, _finite, fold_members
+from coevo.es.update import UpdateStats, UpdateWriter, plan_update
 
 #: identifier of the low-rank definition (factors, update arithmetic, rounding), recorded in history rows
 LOWRANK_SPEC = f"eggroll-AB^T/sqrt(r);factors=column-streams;update=rank1-fp32;round=stochastic-bits;{NOISE_SPEC}"
 #: low bits of the float32 pattern dropped by stochastic rounding to each low-precision dtype
 _DROP_BITS = {torch.bfloat16: 16, torch.float16: 13}
-_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def check_rank(rank: int) -> int:
@@ -183,26 +183,16 @@ def lowrank_update(
     es = as_es_params(params)
     check_matrices(es)
     check_rank(rank)
-    members = fold_members(seeds, signs, coeffs)
-    alpha, sigma = _finite(alpha, "alpha"), _finite(sigma, "sigma")
-    weight_decay = _finite(weight_decay, "weight_decay")
-    if alpha * weight_decay >= 1.0:
-        raise ValueError(f"alpha * weight_decay must be < 1, got {alpha * weight_decay}")
-    if es.active is not None:
-        raise RuntimeError("cannot update while a perturbation is active; restore it first")
-    stats = UpdateStats(n_elements=es.numel)
-    if sigma == 0.0:
-        stats.skipped = True
-        stats.reason = "sigma == 0: the population equals the centre, an update would be pure noise"
+    stats, members, decay = plan_update(es, seeds, signs, coeffs, alpha, sigma, weight_decay)
+    if members is None:
         return stats
     denom = len(seeds) * (sigma if divide_by_sigma else 1.0) * math.sqrt(rank)
     steps = [(seed, float(torch.tensor(alpha * k / denom, dtype=torch.float32))) for seed, k in members if k != 0.0]
     stats.n_noise_streams = len(steps)
-    if not steps and weight_decay == 0.0:
+    if not steps and decay == 1.0:
         return stats
-    decay = 1.0 - alpha * weight_decay
     rseed = round_seed(generation, seeds)
-    sq_norm, max_abs, changed = 0.0, 0.0, 0
+    writer = UpdateWriter(es, stats, decay)
     for e in es.entries:
         m, n = e.tensor.shape
         dev = e.tensor.device
@@ -218,27 +208,17 @@ def lowrank_update(
                     col = fa[lo:hi, k].mul(a)  # fl32(A_j[:, k] a_j)
                     torch.mul(col[:, None], fb[None, :, k], out=t)  # fl32 rank-1 term
                     acc.add_(t)
-            start, stop = lo * n, hi * n
-            base = es.base(e, start, stop)
-            new = base.mul(decay) if weight_decay else base.clone()
-            new.add_(acc.view(-1))
-            delta = new - base
-            sq_norm += float(torch.dot(delta, delta))
-            lo_d, hi_d = torch.aminmax(delta)
-            max_abs = max(max_abs, -float(lo_d), float(hi_d))
+            cast = None
             if e.master is None and e.tensor.dtype in _DROP_BITS:
-                cast = stochastic_round(new, e.tensor.dtype, rseed, e.name, block)
-            else:
-                cast = new.to(e.tensor.dtype)
-            bits = _BITS[cast.element_size()]
-            changed += int(torch.count_nonzero(cast.view(bits) != e.flat[start:stop].view(bits)))
-            if e.master is not None:
-                e.master[start:stop].copy_(new)
-            e.flat[start:stop].copy_(cast)
-    stats.update_norm = math.sqrt(sq_norm)
-    stats.max_abs_update = max_abs
-    stats.changed_fraction = changed / max(stats.n_elements, 1)
-    return stats
+                cast = functools.partial(stochastic_round, dtype=e.tensor.dtype, seed=rseed, name=e.name, block=block)
+            writer.write(e, lo * n, hi * n, acc.view(-1), cast)
+    return writer.finish()
+
+
+def member_scale(member, rank: int) -> float:
+    """``sign * sigma / sqrt(rank)``: the factor of member ``member``'s rank-r term ``(x B) A^T`` (and of its
+    LoRA ``lora_B``; ``coevo.backends.vllm_lora``)."""
+    return int(member.sign) * float(member.sigma) / math.sqrt(check_rank(rank))
 
 
 class FactorBank:
@@ -268,7 +248,7 @@ class FactorBank:
         self.rank = check_rank(rank)
         seeds = list(dict.fromkeys(int(m.seed) for m in members))
         self.slots = [seeds.index(int(m.seed)) for m in members]
-        self.scales = [int(m.sign) * float(m.sigma) / math.sqrt(rank) for m in members]
+        self.scales = [member_scale(m, rank) for m in members]
         self.A: dict[str, torch.Tensor] = {}
         self.B: dict[str, torch.Tensor] = {}
         for name, t in pairs:

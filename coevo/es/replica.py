@@ -19,6 +19,9 @@ replica then yields a :class:`Population`, whose batched calls take rows that be
 The rollout itself is run by the caller (the ES evolver, or the Ray actor holding the replica). Replicas
 whose backend has no batched low-rank path raise ``NotImplementedError`` from ``population`` (saying why).
 
+:func:`member_position` and :func:`member_row_indices` are the row bookkeeping every ``Population`` shares
+(which member a row belongs to, and the per-member row index its sampling seed is keyed by).
+
 Only ``typing`` is used here, so this module sits in the math package without importing any backend.
 """
 
@@ -124,3 +127,29 @@ class Population(Protocol):
         """A :class:`~coevo.backends.base.Policy` view of one member (its rows only), for rollouts that drive a
         policy themselves (agents, EoH sampling): same math, still no weight pass."""
         ...
+
+
+def member_position(members: Sequence[ESMember], member: ESMember | None) -> int | None:
+    """Index of ``member`` in a population's ``members`` (None for the centre).
+
+    Raises:
+        ValueError: ``member`` is not in ``members``.
+    """
+    if member is None:
+        return None
+    for i, m in enumerate(members):
+        if m == member:
+            return i
+    raise ValueError(f"member {member} is not in this population")
+
+
+def member_row_indices(positions: Sequence[int | None]) -> list[int]:
+    """Per row, how many earlier rows of the same call belong to its member (``positions`` from
+    :func:`member_position`; the centre counts as one member): the ``k`` of the row's sampling seed
+    ``request_seed(s, k)`` (:class:`Population`), so a member's rows sample as if generated alone."""
+    count: dict[int | None, int] = {}
+    out = []
+    for p in positions:
+        out.append(count.get(p, 0))
+        count[p] = out[-1] + 1
+    return out

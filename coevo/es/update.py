@@ -98,6 +98,78 @@ def fold_members(seeds: Sequence[int], signs: Sequence[int], coeffs: Sequence[fl
     return list(folded.items())
 
 
+def plan_update(
+    es: ESParams,
+    seeds: Sequence[int],
+    signs: Sequence[int],
+    coeffs: Sequence[float],
+    alpha: float,
+    sigma: float,
+    weight_decay: float,
+) -> tuple[UpdateStats, list[tuple[int, float]] | None, float]:
+    """The checks and folding every ES update starts with (full rank here, low rank in ``coevo.es.lowrank``).
+
+    Returns:
+        ``(stats, members, decay)``: fresh ``UpdateStats``; the folded ``(seed_j, k_j)`` (``fold_members``), or
+        None when nothing is to be written (sigma == 0: ``stats.skipped``); ``decay = 1 - alpha weight_decay``.
+
+    Raises:
+        ValueError: bad lengths, signs, seeds or non-finite / negative numbers (message names the field).
+        RuntimeError: a perturbation of ``es`` is active.
+    """
+    members = fold_members(seeds, signs, coeffs)
+    alpha = _finite(alpha, "alpha")
+    sigma = _finite(sigma, "sigma")
+    weight_decay = _finite(weight_decay, "weight_decay")
+    if alpha * weight_decay >= 1.0:
+        raise ValueError(f"alpha * weight_decay must be < 1, got {alpha * weight_decay}")
+    if es.active is not None:
+        raise RuntimeError("cannot update while a perturbation is active; restore it first")
+    stats = UpdateStats(n_elements=es.numel)
+    if sigma == 0.0:
+        stats.skipped = True
+        stats.reason = "sigma == 0: the population equals the centre, an update would be pure noise"
+        return stats, None, 1.0
+    return stats, members, 1.0 - alpha * weight_decay
+
+
+class UpdateWriter:
+    """Step 3 of every ES update (module docstring): ``new = fl32(base [* decay] + acc)`` written into the
+    master (if any) and, cast, into the working tensor, one span at a time; tallies the ``UpdateStats``.
+
+    Args:
+        es: the parameters. stats: from :func:`plan_update`. decay: ``1 - alpha weight_decay`` (1.0: none).
+    """
+
+    def __init__(self, es: ESParams, stats: UpdateStats, decay: float) -> None:
+        self.es, self.stats, self.decay = es, stats, decay
+        self._sq_norm, self._max_abs, self._changed = 0.0, 0.0, 0
+
+    def write(self, e, start: int, stop: int, acc: torch.Tensor, cast=None) -> None:
+        """Add the float32 step ``acc`` (flat, ``stop - start`` values, on the tensor's device) to entry ``e``'s
+        span ``[start, stop)``. ``cast(new)``: the working-dtype value (default: round to nearest)."""
+        base = self.es.base(e, start, stop)
+        new = base.mul(self.decay) if self.decay != 1.0 else base.clone()
+        new.add_(acc)
+        delta = new - base
+        self._sq_norm += float(torch.dot(delta, delta))
+        lo, hi = torch.aminmax(delta)
+        self._max_abs = max(self._max_abs, -float(lo), float(hi))
+        out = new.to(e.tensor.dtype) if cast is None else cast(new)
+        bits = _BITS[out.element_size()]  # compare stored bit patterns (fast, exact)
+        self._changed += int(torch.count_nonzero(out.view(bits) != e.flat[start:stop].view(bits)))
+        if e.master is not None:
+            e.master[start:stop].copy_(new)
+        e.flat[start:stop].copy_(out)
+
+    def finish(self) -> UpdateStats:
+        """The stats with norm, largest element and changed fraction filled in."""
+        self.stats.update_norm = math.sqrt(self._sq_norm)
+        self.stats.max_abs_update = self._max_abs
+        self.stats.changed_fraction = self._changed / max(self.stats.n_elements, 1)
+        return self.stats
+
+
 def es_update(
     params: ESParams | Iterable[tuple[str, torch.Tensor]],
     seeds: Sequence[int],
@@ -128,49 +200,23 @@ def es_update(
         RuntimeError: a perturbation of ``params`` is active (restore it before updating).
     """
     es = as_es_params(params)
-    members = fold_members(seeds, signs, coeffs)
-    alpha = _finite(alpha, "alpha")
-    sigma = _finite(sigma, "sigma")
-    weight_decay = _finite(weight_decay, "weight_decay")
-    if alpha * weight_decay >= 1.0:
-        raise ValueError(f"alpha * weight_decay must be < 1, got {alpha * weight_decay}")
-    if es.active is not None:
-        raise RuntimeError("cannot update while a perturbation is active; restore it first")
-    stats = UpdateStats(n_elements=es.numel)
-    if sigma == 0.0:
-        stats.skipped = True
-        stats.reason = "sigma == 0: the population equals the centre, an update would be pure noise"
+    stats, members, decay = plan_update(es, seeds, signs, coeffs, alpha, sigma, weight_decay)
+    if members is None:
         return stats
     denom = len(seeds) * (sigma if divide_by_sigma else 1.0)
     steps = [(seed, alpha * k / denom) for seed, k in members if k != 0.0]
     stats.n_noise_streams = len(steps)
-    if not steps and weight_decay == 0.0:
+    if not steps and decay == 1.0:
         return stats
-    decay = 1.0 - alpha * weight_decay
     noise_device = es.noise.buffer.device  # the CPU, or the tensors' device (coevo.es.device_noise)
     acc = torch.empty(NOISE_CHUNK_NUMEL, dtype=torch.float32, device=noise_device)
     tmp = torch.empty(NOISE_CHUNK_NUMEL, dtype=torch.float32, device=noise_device)
-    sq_norm, max_abs, changed = 0.0, 0.0, 0
+    writer = UpdateWriter(es, stats, decay)
     for e in es.entries:
         for seg in e.layout:
             a = acc[: seg.numel].zero_()
             for seed, step in steps:
                 torch.mul(es.noise.fill(seed, seg), step, out=tmp[: seg.numel])
                 a.add_(tmp[: seg.numel])
-            base = es.base(e, seg.start, seg.stop)
-            new = base.mul(decay) if weight_decay else base.clone()
-            new.add_(a.to(e.tensor.device))
-            delta = new - base
-            sq_norm += float(torch.dot(delta, delta))
-            lo, hi = torch.aminmax(delta)
-            max_abs = max(max_abs, -float(lo), float(hi))
-            cast = new.to(e.tensor.dtype)
-            bits = _BITS[cast.element_size()]  # compare stored bit patterns (fast, exact)
-            changed += int(torch.count_nonzero(cast.view(bits) != e.flat[seg.start : seg.stop].view(bits)))
-            if e.master is not None:
-                e.master[seg.start : seg.stop].copy_(new)
-            e.flat[seg.start : seg.stop].copy_(cast)
-    stats.update_norm = math.sqrt(sq_norm)
-    stats.max_abs_update = max_abs
-    stats.changed_fraction = changed / max(stats.n_elements, 1)
-    return stats
+            writer.write(e, seg.start, seg.stop, a.to(e.tensor.device))
+    return writer.finish()

@@ -7,6 +7,15 @@ writes them to the store; actors never write) and their weight hashes, which the
 every update (:class:`ReplicaDivergenceError` otherwise). Noise is drawn on the CPU from (seed, name,
 chunk) and updates are device independent (``coevo.es.update``), so every replica stays bit-identical.
 
+Low rank (``perturbation: lowrank``): :meth:`RayReplicaPool.evaluate_population` cuts the population into one
+contiguous group of members per actor, and each actor rolls its group out together through
+``HFReplica.population`` (the same factors, hooks and batches as in-process). The actors' trajectories are
+bit-identical to those groups rolled out in-process; against the whole population in one in-process call they
+agree to the float tolerance of a different batch composition (rows share model batches with other members),
+so a ``workers: k`` run is reproducible for the same ``k`` (also across a resume), not bit-identical to a
+``workers: 0`` run. The update is applied from the recorded coefficients, so the driver, every actor and a
+replay hold the same weights bit for bit.
+
 Ray cluster: :func:`ensure_ray` reuses an initialised Ray; else it connects to ``address="auto"`` when
 ``RAY_ADDRESS`` is set (a cluster started with ``ray start``), else starts a local one. Actors resolve the
 model reference themselves, so on a multi-node cluster the model (and, to resume, the run folder's weight
@@ -67,12 +76,7 @@ class ReplicaWorker:
                 evolver=job["evolver"],
                 round_index=job["round_index"],
             )
-        out = []
-        for t in trajs:
-            d = t.to_dict()
-            d["meta"] = {**d["meta"], "worker_pid": self.pid}
-            out.append(d)
-        return out
+        return self._plain(trajs)
 
     def evaluate_population(self, job: dict[str, Any]) -> list[list[dict[str, Any]]]:
         """Roll out a group of low-rank members together ``{members, key_prefixes, rank, generation, evolver,
@@ -88,9 +92,15 @@ class ReplicaWorker:
                 evolver=job["evolver"],
                 round_index=job["round_index"],
             )
+        return [self._plain(trajs) for trajs in groups]
+
+    def _plain(self, trajs: list[Trajectory]) -> list[dict[str, Any]]:
+        """The trajectories as plain dicts, ``meta.worker_pid`` set to this actor's process id."""
         out = []
-        for trajs in groups:
-            out.append([{**t.to_dict(), "meta": {**t.to_dict()["meta"], "worker_pid": self.pid}} for t in trajs])
+        for t in trajs:
+            d = t.to_dict()
+            d["meta"] = {**d["meta"], "worker_pid": self.pid}
+            out.append(d)
         return out
 
     def apply(self, record: dict[str, Any]) -> str:
