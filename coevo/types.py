@@ -80,7 +80,8 @@ class ContextRef:
         heuristic_id: the heuristic a trajectory evaluated or was derived from.
         prompt: the system prompt the policy was given (text), when the rollout had one.
         versions: published context key -> version the rollout read (``coevo.context``: 0 = the rollout's
-            default, nothing published; ``k >= 1``: the k-th value published under that key).
+            default, nothing published; ``k >= 1``: the k-th value published under that key; -1: a candidate
+            value being scored, not published, e.g. by ``ESEvolver.score_context``).
     """
 
     skill_name: str | None = None

@@ -37,27 +37,35 @@ uninterrupted run.
 Ray (``workers >= 1``): members are rolled out on Ray actors, each a replica built from the run's model
 (``coevo.rollouts.ray_pool``); the driver keeps its own replica (``ctx.policy``), updated identically and
 hash-checked against the actors after every generation, which serves the held-out evaluation, the snapshots
-and the other evolvers of the run. Rollouts run in the actors without a run context (``ctx=None``), so
-rollouts that call cooperating evolvers (EoH children) need ``workers: 0``.
+and the other evolvers of the run. Rollouts run in the actors without a run context (``ctx=None``); each job
+carries the current value of every context key the rollout declares (:mod:`coevo.context`), so a published
+prompt or skill reaches the actors; rollouts that call cooperating evolvers (EoH children) need ``workers: 0``.
+
+Public for other evolvers (between steps): :attr:`ESEvolver.generation` (generations completed = updates
+applied), :attr:`ESEvolver.rollout`, ``ctx.policy`` (the centre: no perturbation is active between steps),
+:meth:`ESEvolver.members`, :meth:`ESEvolver.key_prefix`, :meth:`ESEvolver.perturbed` and
+:meth:`ESEvolver.score_context` (score a candidate context under the centre, cached for resume).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from coevo.artifacts import ES_MEMBER as MEMBER_KIND
+from coevo.context import ContextValue
 from coevo.es import GenerationRecord, Schedule, ScopeSpec, normalize_rewards
 from coevo.es.checkpoint import rebuild_plan, snapshot_path
 from coevo.es.replica import ESReplica
 from coevo.evolvers.base import Evolver, EvolverConfig, StepReport, register_evolver
-from coevo.rollouts.base import build_rollout, resolve_rollout
+from coevo.rollouts.base import Rollout, Split, build_rollout, validate_rollout_spec
 from coevo.rollouts.ray_pool import RayReplicaPool
 from coevo.types import ESMember, Trajectory
 
@@ -108,10 +116,7 @@ class ESConfig(EvolverConfig):
     @field_validator("rollout")
     @classmethod
     def _rollout(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if not isinstance(v.get("type"), str) or not v["type"]:
-            raise ValueError("rollout.type is required (a registered rollout, e.g. target_logprob, countdown)")
-        rcls = resolve_rollout(v["type"])
-        return rcls.Config.model_validate(v).model_dump()
+        return validate_rollout_spec(v)
 
     @model_validator(mode="after")
     def _check(self) -> ESConfig:
@@ -135,6 +140,15 @@ class ESConfig(EvolverConfig):
     def sigma_schedule(self) -> Schedule:
         end = self.sigma if self.sigma_final is None else self.sigma_final
         return Schedule(self.schedule, self.sigma, end, self.total_generations, self.warmup)
+
+
+@dataclass
+class ContextScore:
+    """What :meth:`ESEvolver.score_context` measured: ``score`` (the rollout's member reward of the centre
+    under the candidate context) and the recorded ``trajectories``."""
+
+    score: float
+    trajectories: list[Trajectory]
 
 
 def _finite_rewards(rewards: list[float]) -> tuple[list[float], int]:
@@ -262,6 +276,7 @@ class ESEvolver(Evolver):
                     generation=generation,
                     evolver=self.name,
                     round_index=round_index,
+                    context=self._job_context(),
                 )
             else:
                 with self.replica.population(members, self.config.rank) as pop:
@@ -284,6 +299,7 @@ class ESEvolver(Evolver):
                     "round_index": round_index,
                     "key_prefix": prefixes[i],
                     "evolver": self.name,
+                    "context": self._job_context(),
                 }
                 for i in todo
             ]
@@ -293,6 +309,75 @@ class ESEvolver(Evolver):
             for i in todo:
                 out[i] = self._record(prefixes[i], self._run_member(members[i], generation, round_index), members[i])
         return out  # type: ignore[return-value]
+
+    def _job_context(self) -> dict[str, dict[str, Any]]:
+        """The current value of every context key the rollout declares, as plain data for a Ray job."""
+        return {k: self.ctx.context(k).to_dict() for k in self.rollout.declared_context()}
+
+    def score_context(
+        self,
+        values: Mapping[str, Any],
+        *,
+        evolver: str,
+        label: str,
+        split: Split = "train",
+        generation: int | None = None,
+        round_index: int | None = None,
+        rollout: Rollout | None = None,
+    ) -> ContextScore | None:
+        """Score a candidate context under the unperturbed centre: roll the centre out with ``values`` pinned
+        (context key -> value, or a :class:`~coevo.context.ContextValue`) on a generation's cases.
+
+        Cached by key: the trajectories are recorded under ``evolver`` (the calling evolver, its space) with
+        keys ``<run>/<evolver>/score/<this ES>/g<generation>/<label>/...``; calling again with the same
+        ``evolver``, ``label``, ``split`` and ``generation`` (e.g. a step re-run after a resume) returns the
+        stored trajectories without sampling. Give each distinct candidate its own ``label``.
+
+        Args:
+            values: the candidate context; keys the rollout does not declare are ignored. A plain value is
+                recorded with version -1 (a candidate, not published); the other declared keys keep their
+                current published versions.
+            evolver: the calling evolver's name (owner of the trajectories and their samples).
+            label: names the candidate in the keys (e.g. ``"r3-c1"``).
+            split: ``"train"`` (default: the generation's training cases) or ``"test"`` (held-out).
+            generation: whose train cases (default: the last completed generation's, ``generation - 1``,
+                the cases the latest member trajectories ran on; 0 before any).
+            round_index: recorded round (default: ``ctx.round``).
+            rollout: score with this rollout instead of the ES rollout (e.g. a gate's variant of it).
+
+        Returns:
+            The score and trajectories, or None when the sample budget cannot pay for the cases.
+
+        Raises:
+            RuntimeError: called while a perturbation is active (inside a member's rollout).
+        """
+        ro = rollout or self.rollout
+        g = max(0, self.generation - 1) if generation is None else generation
+        prefix = self.ctx.traj_key(evolver, "score", self.name, f"g{g:05d}", label)
+        ts = self._cached(prefix)
+        if ts is None:
+            if self.replica.active:
+                raise RuntimeError("a perturbation is active: a context cannot be scored under the centre now")
+            need = ro.n_cases(split) or 1
+            if self.ctx.budget.allow(need) < need:
+                return None
+            pinned = {
+                k: v if isinstance(v, ContextValue) else ContextValue(k, -1, v)
+                for k, v in values.items()
+                if k in ro.declared_context()
+            }
+            with ro.pinned_context(pinned):
+                ts = ro.run(
+                    self.replica.policy,
+                    generation=g,
+                    member=None,
+                    key_prefix=prefix,
+                    split=split,
+                    evolver=evolver,
+                    round_index=self.ctx.round if round_index is None else round_index,
+                )
+            ts = self._record(prefix, ts, None)
+        return ContextScore(ro.member_reward(ts), ts)
 
     def evaluate_centre(self, generation: int, round_index: int) -> tuple[list[Trajectory], float]:
         """Held-out evaluation of the current centre (cached by key); returns (trajectories, test reward)."""

@@ -176,12 +176,13 @@ def trajectory_row(t: Trajectory, created_at: float) -> tuple[Any, ...]:
 
 
 def _check_versions(versions: Any) -> dict[str, int]:
-    """``versions`` if it maps non-empty str keys to ints >= 0; else raise naming ``context.versions``."""
+    """``versions`` if it maps non-empty str keys to ints >= -1 (-1: a scored candidate, not published); else
+    raise naming ``context.versions``."""
     if not isinstance(versions, dict):
         raise TypeError(f"context.versions must be a dict, got {type(versions).__name__}")
     for k, v in versions.items():
         check_str(k, "context.versions key")
-        check_int(v, f"context.versions[{k!r}]")
+        check_int(v, f"context.versions[{k!r}]", minimum=-1)
     return versions
 
 
