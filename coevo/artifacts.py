@@ -36,6 +36,7 @@ LOOP_STEP = "loop_step"
 REPORT_SECTION = "report_section"
 CONTEXT = "context"
 RUN_IDENTITY = "run_identity"
+CONTEXT_SCORE = "context_score"
 
 ARTIFACT_KINDS: dict[str, ArtifactKind] = {
     a.kind: a
@@ -101,6 +102,17 @@ ARTIFACT_KINDS: dict[str, ArtifactKind] = {
                 "value": "the published JSON value (a prompt text, a skill's {name, version, path, source}, ...)",
                 "evolver": "the evolver that published it",
                 "round": "the loop round it was published in",
+            },
+        ),
+        ArtifactKind(
+            CONTEXT_SCORE,
+            "coevo.evolvers.base",
+            "key prefix of the scored call (``<run>/<evolver>/score/...``)",
+            {
+                "keys": "trajectory keys of the call",
+                "score": "the rollout's member reward of them",
+                "versions": "context key -> version scored (-1: an unpublished candidate)",
+                "split, generation": "which cases",
             },
         ),
         ArtifactKind(

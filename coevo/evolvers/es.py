@@ -53,18 +53,17 @@ import json
 import math
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from coevo.artifacts import ES_MEMBER as MEMBER_KIND
-from coevo.context import ContextValue
 from coevo.es import GenerationRecord, Schedule, ScopeSpec, normalize_rewards
 from coevo.es.checkpoint import rebuild_plan, snapshot_path
 from coevo.es.replica import ESReplica
-from coevo.evolvers.base import Evolver, EvolverConfig, StepReport, register_evolver
+from coevo.evolvers.base import ContextScore, Evolver, EvolverConfig, StepReport, register_evolver, score_context
 from coevo.rollouts.base import Rollout, Split, build_rollout, validate_rollout_spec
 from coevo.rollouts.ray_pool import RayReplicaPool
 from coevo.types import ESMember, Trajectory
@@ -140,15 +139,6 @@ class ESConfig(EvolverConfig):
     def sigma_schedule(self) -> Schedule:
         end = self.sigma if self.sigma_final is None else self.sigma_final
         return Schedule(self.schedule, self.sigma, end, self.total_generations, self.warmup)
-
-
-@dataclass
-class ContextScore:
-    """What :meth:`ESEvolver.score_context` measured: ``score`` (the rollout's member reward of the centre
-    under the candidate context) and the recorded ``trajectories``."""
-
-    score: float
-    trajectories: list[Trajectory]
 
 
 def _finite_rewards(rewards: list[float]) -> tuple[list[float], int]:
@@ -325,23 +315,21 @@ class ESEvolver(Evolver):
         round_index: int | None = None,
         rollout: Rollout | None = None,
     ) -> ContextScore | None:
-        """Score a candidate context under the unperturbed centre: roll the centre out with ``values`` pinned
-        (context key -> value, or a :class:`~coevo.context.ContextValue`) on a generation's cases.
+        """Score a candidate context under the unperturbed centre: the ES rollout (or ``rollout``) with
+        ``values`` pinned (context key -> value) on a generation's cases (:func:`coevo.evolvers.base.score_context`).
 
-        Cached by key: the trajectories are recorded under ``evolver`` (the calling evolver, its space) with
+        Cached by key: the trajectories are recorded under ``evolver`` (the calling evolver, in its space) with
         keys ``<run>/<evolver>/score/<this ES>/g<generation>/<label>/...``; calling again with the same
-        ``evolver``, ``label``, ``split`` and ``generation`` (e.g. a step re-run after a resume) returns the
-        stored trajectories without sampling. Give each distinct candidate its own ``label``.
+        ``evolver``, ``label``, ``split`` and ``generation`` (e.g. a step re-run after a resume) returns the stored
+        score without sampling. Give each distinct candidate its own ``label``.
 
         Args:
-            values: the candidate context; keys the rollout does not declare are ignored. A plain value is
-                recorded with version -1 (a candidate, not published); the other declared keys keep their
-                current published versions.
+            values: the candidate context (plain values: version -1 in the trajectories' ``ContextRef``).
             evolver: the calling evolver's name (owner of the trajectories and their samples).
             label: names the candidate in the keys (e.g. ``"r3-c1"``).
             split: ``"train"`` (default: the generation's training cases) or ``"test"`` (held-out).
-            generation: whose train cases (default: the last completed generation's, ``generation - 1``,
-                the cases the latest member trajectories ran on; 0 before any).
+            generation: whose train cases (default: the last completed generation's, ``generation - 1``: the
+                cases its members ran on; 0 before any).
             round_index: recorded round (default: ``ctx.round``).
             rollout: score with this rollout instead of the ES rollout (e.g. a gate's variant of it).
 
@@ -351,33 +339,19 @@ class ESEvolver(Evolver):
         Raises:
             RuntimeError: called while a perturbation is active (inside a member's rollout).
         """
-        ro = rollout or self.rollout
+        if self._replica is not None and self._replica.active:
+            raise RuntimeError("a perturbation is active: a context cannot be scored under the centre now")
         g = max(0, self.generation - 1) if generation is None else generation
-        prefix = self.ctx.traj_key(evolver, "score", self.name, f"g{g:05d}", label)
-        ts = self._cached(prefix)
-        if ts is None:
-            if self.replica.active:
-                raise RuntimeError("a perturbation is active: a context cannot be scored under the centre now")
-            need = ro.n_cases(split) or 1
-            if self.ctx.budget.allow(need) < need:
-                return None
-            pinned = {
-                k: v if isinstance(v, ContextValue) else ContextValue(k, -1, v)
-                for k, v in values.items()
-                if k in ro.declared_context()
-            }
-            with ro.pinned_context(pinned):
-                ts = ro.run(
-                    self.replica.policy,
-                    generation=g,
-                    member=None,
-                    key_prefix=prefix,
-                    split=split,
-                    evolver=evolver,
-                    round_index=self.ctx.round if round_index is None else round_index,
-                )
-            ts = self._record(prefix, ts, None)
-        return ContextScore(ro.member_reward(ts), ts)
+        return score_context(
+            self.ctx,
+            rollout or self.rollout,
+            values,
+            evolver=evolver,
+            key_prefix=self.ctx.traj_key(evolver, "score", self.name, f"g{g:05d}", label),
+            split=split,
+            generation=g,
+            round_index=round_index,
+        )
 
     def evaluate_centre(self, generation: int, round_index: int) -> tuple[list[Trajectory], float]:
         """Held-out evaluation of the current centre (cached by key); returns (trajectories, test reward)."""

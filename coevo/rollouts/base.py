@@ -127,7 +127,8 @@ class Rollout(ABC):
 
     def current_context(self) -> RolloutContext:
         """The context of the next call: per slot, the pinned value, else the run context's current version,
-        else :meth:`context_defaults` (version 0)."""
+        else :meth:`context_defaults` (version 0; a version without a value, e.g. nothing published, also
+        reads the default)."""
         defaults = self.context_defaults()
         values: dict[str, Any] = {}
         versions: dict[str, int] = {}
@@ -139,7 +140,7 @@ class Rollout(ABC):
                 cv = self.ctx.context(key)
             else:
                 cv = ContextValue(key, 0, None)
-            values[slot] = defaults.get(slot) if cv.version == 0 or cv.value is None else cv.value
+            values[slot] = defaults.get(slot) if cv.value is None else cv.value
             versions[key] = cv.version
         return RolloutContext(values, versions)
 

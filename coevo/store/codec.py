@@ -235,7 +235,7 @@ def trajectory_from_row(row: sqlite3.Row, steps: list[Step]) -> Trajectory:
             skill_version=row["skill_version"],
             heuristic_id=row["heuristic_id"],
             prompt=row["prompt"],
-            versions=loads_json(row["context_versions"]),
+            versions=loads_json(row["context_versions"]) if "context_versions" in row.keys() else {},  # noqa: SIM118 (sqlite3.Row: `in` tests values)
         ),
         llm_calls=row["llm_calls"],
         prompt_tokens=row["prompt_tokens"],

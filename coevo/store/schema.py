@@ -185,11 +185,12 @@ def migrate(
 
 
 def check_version(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> None:
-    """For read-only connections: raise :class:`SchemaError` unless the file is at version ``target``."""
+    """For read-only connections: raise :class:`SchemaError` unless the file is at version ``target`` or older
+    (readers fill columns an older file lacks with their defaults, e.g. ``context_versions`` -> ``{}``)."""
     found = read_version(conn)
     if found is None:
         raise SchemaError("not a coevo trajectory store (no schema_version table)")
-    if found != target:
+    if found > target:
         raise SchemaError(
             f"store schema_version {found} differs from this coevo's ({target}); "
             "open it once without readonly=True to migrate, or upgrade coevo"

@@ -277,6 +277,19 @@ class TrajectoryStore:
             ).fetchone()
         return int(row[0])
 
+    def run_identity(self, folder_name: str | None = None) -> str | None:
+        """The id of the run this store belongs to: the one recorded when the run was created (artifact
+        ``run_identity``, so a copied or renamed run folder keeps it); for stores written before that, the only
+        run id among the trajectories; else ``folder_name`` (None when not given)."""
+        from coevo.artifacts import RUN_IDENTITY
+
+        with self._read() as conn:
+            art = _artifacts.get_artifact(conn, RUN_IDENTITY, "run", None)
+            if art is not None:
+                return str(art.content["run_id"])
+            ids = [r[0] for r in conn.execute("SELECT DISTINCT run_id FROM trajectories LIMIT 2")]
+        return ids[0] if len(ids) == 1 else folder_name
+
     def run_ids(self) -> list[str]:
         """Distinct run ids with at least one trajectory, sorted."""
         with self._read() as conn:
