@@ -15,6 +15,7 @@ keys, timing, context and the member bookkeeping are here.
 
 from __future__ import annotations
 
+import random
 import time
 from abc import abstractmethod
 from typing import Any, ClassVar
@@ -136,9 +137,25 @@ class EpisodeRollout(Rollout):
     def episodes(self, split: Split, generation: int = 0) -> list[TurnEpisode]:
         """Fresh episodes of one call."""
 
-    @abstractmethod
     def sampling(self, split: Split, generation: int, turn: int) -> SamplingParams:
-        """Decoding of one turn (the same for every member of a generation: common random numbers)."""
+        """Decoding of one turn from the config's ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k`` (and
+        ``stop`` when it has one); the seed depends on (seed, split, generation, turn), not on the member, so every
+        member of a generation draws the same random numbers (common random numbers)."""
+        cfg = self.config
+        salt = 7_919 if split == "test" else 0
+        return SamplingParams(
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            stop=tuple(getattr(cfg, "stop", ())),
+            seed=(cfg.seed * 1_000_003 + generation * 1_009 + turn + salt) % 2**31,
+        )
+
+    def draw(self, pool: list[Any], k: int, generation: int) -> list[Any]:
+        """Generation ``generation``'s ``k`` train items from ``pool`` (seeded by the config's ``seed`` and the
+        generation: the same for every member)."""
+        return [pool[i] for i in random.Random(f"{self.config.seed}/draw/{generation}").sample(range(len(pool)), k)]
 
     @abstractmethod
     def task_id(self, episode: TurnEpisode) -> str:

@@ -11,12 +11,10 @@ the held-out split plays each of ``test_problems`` problems ``samples_per_proble
 
 from __future__ import annotations
 
-import random
 from collections import defaultdict
 
 from pydantic import Field, field_validator
 
-from coevo.backends.base import SamplingParams
 from coevo.envs.react_math import FAMILIES, MathEpisode, Problem, PythonTool, mean_and_pass_at_k, problems
 from coevo.rollouts.base import RolloutConfig, Split, register_rollout
 from coevo.rollouts.batched import EpisodeRollout
@@ -94,21 +92,8 @@ class ReactMathRollout(EpisodeRollout):
         if split == "test":
             chosen = [p for p in pool for _ in range(cfg.samples_per_problem)]
         else:
-            k = min(cfg.problems_per_member, cfg.train_pool)
-            chosen = [pool[i] for i in random.Random(f"{cfg.seed}/draw/{generation}").sample(range(cfg.train_pool), k)]
+            chosen = self.draw(pool, min(cfg.problems_per_member, cfg.train_pool), generation)
         return [self.episode(p) for p in chosen]
-
-    def sampling(self, split: Split, generation: int, turn: int) -> SamplingParams:
-        cfg = self.config
-        salt = 7_919 if split == "test" else 0
-        return SamplingParams(
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            stop=tuple(cfg.stop),
-            seed=(cfg.seed * 1_000_003 + generation * 1_009 + turn + salt) % 2**31,
-        )
 
     def episode_meta(self, episode: MathEpisode) -> dict:
         return {"question": episode.problem.question, **episode.summary()}

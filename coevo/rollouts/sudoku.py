@@ -15,12 +15,10 @@ environment's terminal 0/1; ``R_i`` = mean over the member's episodes (success r
 
 from __future__ import annotations
 
-import random
 from typing import Literal
 
 from pydantic import Field, model_validator
 
-from coevo.backends.base import SamplingParams
 from coevo.envs.sudoku import BOX, Puzzle, SudokuEpisode, puzzles
 from coevo.rollouts.base import RolloutConfig, Split, register_rollout
 from coevo.rollouts.batched import EpisodeRollout
@@ -87,21 +85,8 @@ class SudokuRollout(EpisodeRollout):
         if split == "test":
             chosen = pool * cfg.test_repeats
         else:
-            idx = random.Random(f"{cfg.seed}/draw/{generation}").sample(range(cfg.train_pool), cfg.puzzles_per_member)
-            chosen = [pool[i] for i in idx]
+            chosen = self.draw(pool, cfg.puzzles_per_member, generation)
         return [self.episode(p) for p in chosen]
-
-    def sampling(self, split: Split, generation: int, turn: int) -> SamplingParams:
-        """Decoding of one turn; the seed depends on (seed, split, generation, turn), not on the member."""
-        cfg = self.config
-        salt = 7_919 if split == "test" else 0
-        return SamplingParams(
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            seed=(cfg.seed * 1_000_003 + generation * 1_009 + turn + salt) % 2**31,
-        )
 
     def turn_context(self) -> str:
         return self.config.context
