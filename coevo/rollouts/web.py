@@ -124,7 +124,7 @@ class WebRolloutConfig(RolloutConfig):
         None, ge=200, description="catalog mode: cut a loaded skill at this many characters, with a note (None = whole)"
     )
     timeout_ms: int | None = Field(None, gt=0, description="Playwright timeout per browser action (ms)")
-    use_skills: bool = Field(False, description="run the agent under the current skill (ctx.shared['skill'])")
+    use_skills: bool = Field(False, description="run the agent under the current skill (context 'skill')")
     skill_mode: Literal["preload", "catalog"] = Field(
         "preload", description="preload: current skill's body in the system prompt; catalog: names only"
     )
