@@ -314,21 +314,26 @@ def validate_rollout_spec(spec: Any, where: str = "rollout") -> dict[str, Any]:
         raise ValueError(
             "; ".join(f"{'.'.join([where, *map(str, e['loc'])])}: {e['msg']}" for e in exc.errors())
         ) from None
-    unknown = sorted(set(cfg.context_keys) - set(cls.context_slots))
-    if unknown:
-        raise ValueError(
-            f"{where}.context_keys: {unknown} are not context slots of rollout {spec['type']!r} "
-            f"(its slots: {sorted(cls.context_slots)})"
-        )
+    _check_slots(cls, cfg, where)
     return cfg.model_dump()
 
 
+def _check_slots(cls: type[Rollout], cfg: RolloutConfig, where: str) -> None:
+    unknown = sorted(set(cfg.context_keys) - set(cls.context_slots))
+    if unknown:
+        raise ValueError(
+            f"{where}.context_keys: {unknown} are not context slots of rollout {cfg.type!r} "
+            f"(its slots: {sorted(cls.context_slots)})"
+        )
+
+
 def build_rollout(spec: dict[str, Any], ctx: RunContext | None) -> Rollout:
-    """Validate a ``rollout:`` config mapping (:func:`validate_rollout_spec`) and instantiate it.
+    """Validate a ``rollout:`` config mapping and instantiate it (checks as :func:`validate_rollout_spec`).
 
     Raises:
-        ValueError: unknown type or invalid fields.
+        pydantic.ValidationError: invalid fields. ValueError: unknown type, unknown ``context_keys`` slots.
     """
-    checked = validate_rollout_spec(spec)
-    cls = resolve_rollout(checked["type"])
-    return cls(cls.Config.model_validate(checked), ctx)
+    cls = resolve_rollout(str(spec.get("type", "")))
+    cfg = cls.Config.model_validate(spec)
+    _check_slots(cls, cfg, "rollout")
+    return cls(cfg, ctx)
