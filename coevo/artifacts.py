@@ -34,6 +34,9 @@ HEURISTIC = "heuristic"
 ES_MEMBER = "es_member"
 LOOP_STEP = "loop_step"
 REPORT_SECTION = "report_section"
+CONTEXT = "context"
+RUN_IDENTITY = "run_identity"
+CONTEXT_SCORE = "context_score"
 
 ARTIFACT_KINDS: dict[str, ArtifactKind] = {
     a.kind: a
@@ -88,6 +91,37 @@ ARTIFACT_KINDS: dict[str, ArtifactKind] = {
             {
                 "samples, trajectories, best_reward, reward_unit, metrics, stop, stop_reason": "the step's StepReport",
                 "round, evolver, space, samples_total, wall_s": "when and how long",
+            },
+        ),
+        ArtifactKind(
+            CONTEXT,
+            "coevo.context",
+            "the published context key (e.g. ``system_prompt``, ``skill``)",
+            {
+                "key": "the context key",
+                "value": "the published JSON value (a prompt text, a skill's {name, version, path, source}, ...)",
+                "evolver": "the evolver that published it",
+                "round": "the loop round it was published in",
+            },
+        ),
+        ArtifactKind(
+            CONTEXT_SCORE,
+            "coevo.evolvers.base",
+            "key prefix of the scored call (``<run>/<evolver>/score/...``)",
+            {
+                "keys": "trajectory keys of the call",
+                "score": "the rollout's member reward of them",
+                "versions": "context key -> version scored (-1: an unpublished candidate)",
+                "split, generation": "which cases",
+            },
+        ),
+        ArtifactKind(
+            RUN_IDENTITY,
+            "coevo.loop",
+            "``run``",
+            {
+                "run_id": "the run's id, fixed when the run was created (a copied folder keeps it)",
+                "folder": "the folder name the run was created in",
             },
         ),
         ArtifactKind(

@@ -55,7 +55,7 @@ def _check_only(args: argparse.Namespace) -> int:
     else:
         if not args.config:
             raise UsageError("give a CONFIG file, or --resume RUN_DIR")
-        cfg, _ = load_config(args.config, args.set)
+        cfg, _ = load_config(args.config, args.set, plugins=args.imports)
         source = args.config
     check_runnable(cfg)
     names = ", ".join(f"{e.name} ({e.type})" for e in cfg.evolvers)
@@ -79,14 +79,17 @@ def _open_run(args: argparse.Namespace):
         "log_file": args.log_file,
     }
     if args.resume:
-        if args.config or args.set or args.out:
-            raise UsageError("--resume takes the config and folder saved in the run folder; drop CONFIG/--set/--out")
+        if args.config or args.set or args.out or args.imports:
+            raise UsageError(
+                "--resume takes the config (plugins included) and folder saved in the run folder; "
+                "drop CONFIG/--set/--out/--import"
+            )
         run_dir, raw = Path(args.resume), None
         cfg = load_run_config(run_dir)
     else:
         if not args.config:
             raise UsageError("give a CONFIG file, or --resume RUN_DIR")
-        cfg, raw = load_config(args.config, args.set)
+        cfg, raw = load_config(args.config, args.set, plugins=args.imports)
         check_runnable(cfg)
         out = Path(args.out) if args.out else None
         if out and out.exists() and not (out / "store.sqlite").exists() and (not out.is_dir() or any(out.iterdir())):
@@ -104,16 +107,13 @@ def _open_run(args: argparse.Namespace):
 @contextmanager
 def _setup_signals():
     """SIGINT / SIGTERM raise RunInterrupted (restored to the previous handlers after)."""
+    from coevo.loop import signal_handlers
 
     def handler(signum, _frame):
         raise RunInterrupted(f"interrupted by {signal.Signals(signum).name}", signum)
 
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with signal_handlers(handler):
         yield
-    finally:
-        for sig, h in old.items():
-            signal.signal(sig, h)
 
 
 def resume_command(run_dir: Path) -> str:
@@ -173,9 +173,7 @@ def _cmd_runs_show(args: argparse.Namespace) -> int:
     report = run_dir / "report.md"
     if args.report or not report.exists():
         with _open_store(db) as store:
-            ids = store.run_ids()
-            run_id = run_dir.name if run_dir.name in ids or not ids else ids[0]
-            write_report(run_dir, store, run_id)
+            write_report(run_dir, store, store.run_identity(run_dir.name))
     print(report.read_text())
     return 0
 
@@ -204,6 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config", nargs="?", help="YAML run config")
     run.add_argument("--set", action="append", default=[], metavar="A.B=VALUE", help="override a config field")
     run.add_argument("--out", help="run folder (default: <run.out_dir>/<run.name>-<time>)")
+    run.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import a module of your evolvers / rollouts first (added to the config's plugins; the current "
+        "folder is importable)",
+    )
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     run.add_argument("--no-progress", action="store_true", help="no progress bars or lines")
     run.add_argument(

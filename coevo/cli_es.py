@@ -78,8 +78,7 @@ def open_es_run(run_dir: str | Path, evolver: str | None = None):
             else f"{run_dir}: the run has no ES evolver (type: es)"
         )
     with TrajectoryStore(run_dir / "store.sqlite", readonly=True) as store:
-        ids = store.run_ids()
-        run_id = run_dir.name if run_dir.name in ids or len(ids) != 1 else ids[0]
+        run_id = store.run_identity(run_dir.name)
         rows = store.es_history(run_id, evolver)
     if not rows:
         raise RunError(f"{run_dir}: no ES history rows for evolver {evolver!r} (run {run_id!r})")

@@ -13,9 +13,16 @@ fields involved, before any model is loaded or any API called (:func:`check_comb
 * a field named ``evolver`` or ``evolvers`` (in an evolver's params or its nested ``rollout`` / ``gate``
   specs: the convention for references to other evolvers of the run) naming an evolver the config does not
   have, or the evolver itself;
-* ``workers >= 1`` (members rolled out on Ray actors, which have no run context) with a rollout that needs
-  the run context: one that references another evolver (``rollout.evolver``, e.g. ``eoh_children``) or reads
-  the published skill (``rollout.use_skills: true``); and ``workers >= 1`` on a backend other than ``hf``.
+* ``workers >= 1`` (members rolled out on Ray actors, which have no run context) with a rollout that calls
+  another evolver of the run (``rollout.evolver``, e.g. ``eoh_children``); and ``workers >= 1`` on a backend
+  other than ``hf``. (Published context, e.g. a prompt or a skill, is sent with each Ray job.)
+* each evolver config's :meth:`~coevo.evolvers.base.EvolverConfig.link` (cross-evolver checks of its own).
+
+Plug-ins: ``plugins: [mymodule, mypkg.evolvers]`` (or ``coevo run --import mymodule``) imports user modules
+before any type is resolved, so classes they register (``@register_evolver("name")``, ``@register_rollout``)
+can be named by ``type:`` anywhere in the config; the current folder is on the import path for them. Types
+are resolved independently of the order evolvers are listed: plug-ins first, then every dotted-path type
+(whose import may register further names), then registered names.
 
 Example::
 
@@ -32,6 +39,9 @@ Example::
 from __future__ import annotations
 
 import copy
+import importlib
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +129,9 @@ class ReportConfig(_Strict):
 
 
 class RunConfig(_Strict):
+    plugins: list[str] = Field(
+        default_factory=list, description="modules imported before types are resolved (user evolvers, rollouts)"
+    )
     run: RunSection = Field(default_factory=RunSection)
     model: ModelConfig | None = Field(None, description="the policy; omit for runs without a model")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -153,24 +166,55 @@ def _format_errors(exc: ValidationError, prefix: str = "") -> list[str]:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
+        if err["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+            last = str(err["loc"][-1]) if err["loc"] else ""
+            head = msg.split(": ", 1)[0]
+            if last and " " not in head and (head == last or head.startswith(f"{last}.")):  # nested field-named
+                lines.extend(f"{where[: -len(last)]}{part}" for part in msg.split("; "))
+                continue
         lines.append(f"{where}: {msg}")
     return lines
 
 
-def _validate_evolvers(cfg: RunConfig) -> list[str]:
-    """Validate each evolver's params with its type's Config; returns the errors (field-named)."""
-    errors: list[str] = []
-    for spec in cfg.evolvers:
-        prefix = f"evolvers.{spec.name}."
-        try:
-            cls = resolve_evolver(spec.type)
-        except ValueError as exc:
-            errors.append(f"{prefix}type: {exc}")
+def import_plugins(modules: Any) -> list[str]:
+    """Import the ``plugins`` modules (with the current folder on ``sys.path``); returns field-named errors."""
+    if not isinstance(modules, list):
+        return [] if modules is None else ["plugins: a list of module names"]
+    errors = []
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.append(cwd)
+    for i, name in enumerate(modules):
+        if not isinstance(name, str) or not name:
+            errors.append(f"plugins.{i}: a module name (e.g. mypkg.evolvers)")
             continue
         try:
-            spec._params = cls.Config.model_validate(spec.raw_params())
+            importlib.import_module(name)
+        except ImportError as exc:
+            errors.append(f"plugins.{i}: cannot import {name!r} ({exc})")
+    return errors
+
+
+def _validate_evolvers(cfg: RunConfig) -> list[str]:
+    """Validate each evolver's params with its type's Config; returns the errors (field-named).
+
+    Types are resolved in an order that does not depend on the config's: dotted paths first (importing them
+    may register names), then registered names."""
+    errors: list[str] = []
+    classes: dict[str, type] = {}
+    for spec in sorted(cfg.evolvers, key=lambda s: not (":" in s.type or "." in s.type)):
+        try:
+            classes[spec.name] = resolve_evolver(spec.type)
+        except ValueError as exc:
+            errors.append(f"evolvers.{spec.name}.type: {exc}")
+    for spec in cfg.evolvers:
+        if spec.name not in classes:
+            continue
+        try:
+            spec._params = classes[spec.name].Config.model_validate(spec.raw_params())
         except ValidationError as exc:
-            errors.extend(_format_errors(exc, prefix))
+            errors.extend(_format_errors(exc, f"evolvers.{spec.name}."))
     return errors
 
 
@@ -182,6 +226,9 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> RunConfig:
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a run config must be a YAML mapping, got {type(data).__name__}")
+    plugin_errors = import_plugins(data.get("plugins"))
+    if plugin_errors:
+        raise ConfigError(f"invalid run config {source}:\n  " + "\n  ".join(plugin_errors))
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as exc:
@@ -189,9 +236,8 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> RunConfig:
         evolver_errors = _evolver_errors_raw(data.get("evolvers"))
         raise ConfigError(f"invalid run config {source}:\n  " + "\n  ".join(errors + evolver_errors)) from None
     errors = _validate_evolvers(cfg)
-    for spec in cfg.evolvers if not errors else ():  # cross-section checks: an evolver Config's link(name, cfg)
-        if callable(getattr(spec.params, "link", None)):
-            errors += spec.params.link(spec.name, cfg)
+    for spec in cfg.evolvers if not errors else ():  # cross-evolver checks: EvolverConfig.link(name, cfg)
+        errors += spec.params.link(spec.name, cfg)
     if not errors:
         errors = check_combinations(cfg)
     if errors:
@@ -199,9 +245,9 @@ def parse_config(data: dict[str, Any], source: str = "<config>") -> RunConfig:
     return cfg
 
 
-#: rollout fields whose (truthy) value means the rollout needs the run context (``ctx``), which Ray actors
-#: (``workers >= 1``) do not have: references to other evolvers, and reading the published skill
-_CONTEXT_FIELDS = ("evolver", "evolvers", "use_skills")
+#: rollout fields whose (truthy) value means the rollout calls other evolvers through the run context
+#: (``ctx.evolvers``), which Ray actors (``workers >= 1``) do not have (published context travels with each job)
+_CONTEXT_FIELDS = ("evolver", "evolvers")
 
 
 def _evolver_refs(node: Any, path: str) -> list[tuple[str, str | list[str]]]:
@@ -255,8 +301,8 @@ def check_combinations(cfg: RunConfig) -> list[str]:
             if needs:
                 errors.append(
                     f"{where}.workers / {where}.rollout.{needs[0]}: rollout {rollout.get('type')!r} with "
-                    f"{needs[0]}={rollout[needs[0]]!r} needs the run context, which the Ray actors of "
-                    f"workers={workers} do not have; set workers: 0"
+                    f"{needs[0]}={rollout[needs[0]]!r} calls another evolver of the run, which the Ray actors "
+                    f"of workers={workers} cannot reach; set workers: 0"
                 )
             if backend is not None and backend != "hf":
                 errors.append(
@@ -329,8 +375,10 @@ def _list_index(node: list, key: str, item: str) -> int:
     raise ConfigError(f"--set {item!r}: no list item named {key!r}")
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> tuple[RunConfig, dict[str, Any]]:
-    """Read, override and validate a YAML run config.
+def load_config(
+    path: str | Path, overrides: list[str] | None = None, plugins: list[str] | None = None
+) -> tuple[RunConfig, dict[str, Any]]:
+    """Read, override and validate a YAML run config; ``plugins`` are appended to its ``plugins`` list.
 
     Returns:
         (validated config, the resolved mapping to save in the run folder).
@@ -353,4 +401,8 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> tuple[R
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the config file ({exc})") from None
     data = apply_overrides(data, overrides or [])
+    if plugins:
+        if not isinstance(data.get("plugins", []), list):
+            raise ConfigError(f"{path}: plugins must be a list of module names")
+        data["plugins"] = list(dict.fromkeys([*data.get("plugins", []), *plugins]))
     return parse_config(data, str(path)), data

@@ -12,6 +12,13 @@ rounds; wall clock) and the wall clock also before every LLM call inside a step 
 boundary, :meth:`~coevo.evolvers.base.RunContext.sample_boundary`): a step cut short by the wall-clock budget
 keeps the samples it finished in the store and is re-run, finding them, when the run is resumed.
 
+Run identity: a new run's id is its folder's name at creation, recorded in its store (``run_identity``
+artifact); a resumed run takes the recorded id, so a run folder that was copied or renamed keeps its id (its
+keys, seeds and ES history stay one run's).
+
+Wiring: every evolver is constructed (``ctx.evolvers`` is filled after the last one), then each one's
+``setup()`` runs, then checkpoints are restored.
+
 Run lifecycle (:meth:`CoEvolutionLoop.run`):
 
 * **one owner**: the loop holds an exclusive lock on the run folder (:class:`~coevo.lock.RunLock`) from
@@ -41,6 +48,7 @@ from typing import Any
 import yaml
 
 from coevo.artifacts import LOOP_STEP as STEP_KIND
+from coevo.artifacts import RUN_IDENTITY
 from coevo.budget import Budget
 from coevo.checkpoint import CheckpointDir
 from coevo.config import RunConfig, parse_config
@@ -140,6 +148,17 @@ def check_runnable(config: RunConfig, policy_factory=None) -> None:
             )
 
 
+@contextmanager
+def signal_handlers(handler):
+    """``handler(signum, frame)`` for SIGINT and SIGTERM inside the block; the previous handlers after."""
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
 def resume_command(run_dir: Path) -> str:
     """The shell command that resumes ``run_dir``."""
     import shlex
@@ -204,7 +223,6 @@ class CoEvolutionLoop:
             raise
 
     def _open(self, config: RunConfig, raw_config, resume: bool, policy_factory) -> None:
-        self.run_id = self.run_dir.name
         try:
             self.store = TrajectoryStore(self.run_dir / "store.sqlite")
         except sqlite3.DatabaseError as exc:
@@ -214,6 +232,14 @@ class CoEvolutionLoop:
         # checked again under the lock: another process may have run here since the caller looked
         if not resume and (self.store.count() or (self.run_dir / "checkpoints" / "LATEST").exists()):
             raise RunFolderError(f"{self.run_dir} already holds a run; use --resume {self.run_dir} to continue it")
+        self.run_id = self.store.run_identity(self.run_dir.name) if resume else self.run_dir.name
+        self.store.put_artifact(
+            self.run_id,
+            RUN_IDENTITY,
+            "run",
+            {"run_id": self.run_id, "folder": self.run_dir.name},
+            key=f"run_identity/{self.run_id}",
+        )
         if not resume and raw_config is not None:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(raw_config, sort_keys=False))
         self.checkpoints = CheckpointDir(self.run_dir / "checkpoints")
@@ -238,6 +264,8 @@ class CoEvolutionLoop:
             cls = resolve_evolver(spec.type)
             self.evolvers[spec.name] = cls(spec.name, spec.params, self.ctx)
         self.ctx.evolvers = self.evolvers
+        for ev in self.evolvers.values():
+            ev.setup()
         self.schedule = config.resolved_schedule()
         self.round = 0
         self.slot = 0
@@ -345,12 +373,8 @@ class CoEvolutionLoop:
             else:
                 raise RunInterrupted(f"interrupted by {name} (second signal: step aborted)", signum)
 
-        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
+        with signal_handlers(handler):
             yield
-        finally:
-            for sig, h in old.items():
-                signal.signal(sig, h)
 
     @contextmanager
     def _run_log(self):

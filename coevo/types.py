@@ -73,12 +73,22 @@ class ESMember:
 
 @dataclass
 class ContextRef:
-    """The context version a trajectory ran under (all optional)."""
+    """The context a trajectory ran under (all optional).
+
+    Attributes:
+        skill_name, skill_version: the Agent Skill the agent ran with (version 0: the initial folder).
+        heuristic_id: the heuristic a trajectory evaluated or was derived from.
+        prompt: the system prompt the policy was given (text), when the rollout had one.
+        versions: published context key -> version the rollout read (``coevo.context``: 0 = the rollout's
+            default, nothing published; ``k >= 1``: the k-th value published under that key; -1: a candidate
+            value being scored, not published, e.g. by ``ESEvolver.score_context``).
+    """
 
     skill_name: str | None = None
     skill_version: int | None = None
     heuristic_id: str | None = None
     prompt: str | None = None
+    versions: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass

@@ -156,8 +156,8 @@ def test_workers_with_a_rollout_that_needs_the_run_context_or_a_non_hf_backend()
     es = _es(workers=2, rollout={"type": "eoh_children", "evolver": "eoh"})
     msg = _errors(_combo(TINY, EOH, es))
     assert (
-        "evolvers.es.workers / evolvers.es.rollout.evolver: rollout 'eoh_children' with evolver='eoh' needs the "
-        "run context, which the Ray actors of workers=2 do not have; set workers: 0" in msg
+        "evolvers.es.workers / evolvers.es.rollout.evolver: rollout 'eoh_children' with evolver='eoh' calls "
+        "another evolver of the run, which the Ray actors of workers=2 cannot reach; set workers: 0" in msg
     )
     vllm = {"name": "tiny:micro", "backend": "vllm"}
     assert "workers=1 builds HF replicas on Ray actors and needs model.backend hf, not 'vllm'" in _errors(

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from coevo.dashboard.reader import DashboardError, heuristic_id, is_heuristic, open_run
-from coevo.store import TrajectoryStore
+from coevo.store import SCHEMA_VERSION, TrajectoryStore
 
 pytestmark = pytest.mark.slow  # two real tiny-model runs per module (about 40 s of CPU)
 
@@ -115,8 +115,9 @@ def test_bad_input_is_one_message_and_exit_2(tmp_path, runs):
     newer = tmp_path / "newer"
     shutil.copytree(runs["es"], newer)
     with sqlite3.connect(newer / "store.sqlite") as conn:
-        conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (2, 0)")
-    assert "schema version 2, newer than this coevo's (1); upgrade coevo" in _serve_fails(newer, env)
+        conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, 0)", (SCHEMA_VERSION + 1,))
+    expected = f"schema version {SCHEMA_VERSION + 1}, newer than this coevo's ({SCHEMA_VERSION}); upgrade coevo"
+    assert expected in _serve_fails(newer, env)
 
     busy = tmp_path / "busy"
     shutil.copytree(runs["es"], busy)

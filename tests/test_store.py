@@ -358,16 +358,17 @@ def test_schema_version_and_migration_hook(tmp_path: Path):
     db = tmp_path / "s.db"
     TrajectoryStore(db).close()
     conn = sqlite3.connect(db, isolation_level=None)
-    assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+    assert conn.execute("SELECT MAX(version) FROM schema_version").fetchone() == (SCHEMA_VERSION,)
+    nxt = SCHEMA_VERSION + 1
 
     def add_notes_column(c: sqlite3.Connection) -> None:
         c.execute("ALTER TABLE trajectories ADD COLUMN notes TEXT")
 
-    with pytest.raises(SchemaError, match="no migration from schema_version 1 to 2"):
-        migrate(conn, target=2, migrations={})
-    assert migrate(conn, target=2, migrations={1: add_notes_column}) == 1
+    with pytest.raises(SchemaError, match=f"no migration from schema_version {SCHEMA_VERSION} to {nxt}"):
+        migrate(conn, target=nxt, migrations={})
+    assert migrate(conn, target=nxt, migrations={SCHEMA_VERSION: add_notes_column}) == SCHEMA_VERSION
     columns = [r[1] for r in conn.execute("PRAGMA table_info(trajectories)")]
-    assert "notes" in columns and conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 2
+    assert "notes" in columns and conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == nxt
     conn.close()
     with pytest.raises(SchemaError, match="newer than this coevo"):
         TrajectoryStore(db)

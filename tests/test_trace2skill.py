@@ -14,6 +14,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -93,7 +94,7 @@ class PoolWriter(Evolver):
                         meta=meta,
                         context=ContextRef(
                             **{
-                                k: self.ctx.shared.get("skill", {}).get(k2)
+                                k: (self.ctx.context("skill").value or {}).get(k2)
                                 for k, k2 in (("skill_name", "name"), ("skill_version", "version"))
                             }
                         ),
@@ -110,13 +111,14 @@ class SkillTextRolloutConfig(RolloutConfig):
 
 
 class SkillTextRollout(Rollout):
-    """Held-out score from the skill it is given in ``ctx.shared["skill"]``: 0.5, +0.5 if the SKILL.md holds
+    """Held-out score from the skill it reads in context slot ``skill``: 0.5, +0.5 if the SKILL.md holds
     ``good``, -0.5 if it holds ``bad``; one trajectory per case, no model calls."""
 
     Config = SkillTextRolloutConfig
+    context_slots: ClassVar[dict[str, str]] = {"skill": "the skill {name, version, path}"}
 
     def run(self, policy, *, generation, member, key_prefix, split="train", evolver="es", round_index=0):
-        skill = self.ctx.shared["skill"]
+        skill = self.current_context().values["skill"]
         text = (Path(skill["path"]) / "SKILL.md").read_text()
         c = self.config
         reward = 0.5 + 0.5 * bool(c.good and c.good in text) - 0.5 * bool(c.bad and c.bad in text)
@@ -251,6 +253,13 @@ def _run(run_dir: Path, data: dict, policy: Policy | None, resume: bool = False)
     return loop
 
 
+def _published_version(loop: CoEvolutionLoop) -> int:
+    """The skill version Trace2Skill published on the context channel (0: none yet, the initial folder)."""
+    value = loop.ctx.context("skill").value
+    assert value is None or value["version"] == loop.ctx.context("skill").version  # one version per new skill
+    return 0 if value is None else value["version"]
+
+
 def _t2s_metrics(store: TrajectoryStore, run_id: str) -> dict:
     return [s for s in step_records(store, run_id) if s["evolver"] == "t2s"][-1]["metrics"]
 
@@ -261,12 +270,12 @@ def test_new_version_from_pooled_trajectories(tmp_path, skills_dir):
     run_dir = tmp_path / "run"
     loop = _run(run_dir, _config(skills_dir), policy)
     v1 = run_dir / "skills" / "form-filling" / "v1" / "form-filling"
-    assert {k: v for k, v in loop.ctx.shared["skill"].items() if k != "source"} == {
+    assert {k: v for k, v in loop.ctx.context("skill").value.items() if k != "source"} == {
         "name": "form-filling",
         "version": 1,
         "path": str(v1),
     }
-    assert loop.ctx.shared["skill"]["source"].endswith("form-filling")  # the folder version 0 was copied from
+    assert loop.ctx.context("skill").value["source"].endswith("form-filling")  # the folder version 0 was copied from
     assert (run_dir / "skills" / "form-filling" / "v0" / "form-filling" / "SKILL.md").read_text() == SKILL_MD
     assert validate_skill(v1) == []
     text = (v1 / "SKILL.md").read_text()
@@ -309,7 +318,7 @@ def test_second_step_reads_only_new_trajectories_and_builds_on_the_last_version(
         assert v2.parent_version == 1 and set(v2.content["trajectory_ids"]) <= new_ids
         assert v2.content["files"]["SKILL.md"].count("- L-A: type names in full.") == 2
         assert v2.content["diff"].count("\n+- L-A") == 1  # the diff is against v1, not v0
-    assert loop.ctx.shared["skill"]["version"] == 2
+    assert _published_version(loop) == 2
     assert loop.evolvers["t2s"].state_dict()["cursor"] == max(new_ids)
 
 
@@ -337,7 +346,7 @@ def test_budget_cuts_calls_and_the_step_goes_on(tmp_path, skills_dir):
         assert store.count_llm_calls("run") == 8
         assert store.get_artifact("skill", "form-filling") is None
         assert _t2s_metrics(store, "run")["analysed"] == 2
-    assert loop.ctx.shared["skill"]["version"] == 0
+    assert _published_version(loop) == 0
 
 
 def test_merge_falls_back_to_programmatic_merger(tmp_path, skills_dir):
@@ -381,9 +390,9 @@ def test_fix_rounds_repair_or_discard(tmp_path, skills_dir, fixed):
         assert _t2s_metrics(store, "run")["fix_calls"] == (1 if fixed else 2)
     if fixed:
         assert art.content["files"]["references/names.md"] == "Full names.\n"
-        assert validate_skill(loop.ctx.shared["skill"]["path"]) == []
+        assert validate_skill(loop.evolvers["t2s"].path) == []
     else:
-        assert art is None and loop.ctx.shared["skill"]["version"] == 0
+        assert art is None and _published_version(loop) == 0
 
 
 @pytest.mark.parametrize(("gate", "kept"), [({"bad": "L-C"}, False), ({"good": "L-A"}, True)])
@@ -394,11 +403,13 @@ def test_gate_keeps_only_versions_that_do_not_lower_the_held_out_score(tmp_path,
     with TrajectoryStore(tmp_path / "run" / "store.sqlite") as store:
         m = _t2s_metrics(store, "run")
         art = store.get_artifact("skill", "form-filling")
-        gated = [t for t in store.query(run_id="run", evolver="t2s") if t.meta.get("t2s_role") == "gate"]
+        gated = [t for t in store.query(run_id="run", evolver="t2s") if "/gate/" in t.key]
+        scores = sorted(store.list_artifacts(kind="context_score"), key=lambda a: a.id)
     assert m["gate_current"] == 0.5 and m["gate_candidate"] == (1.0 if kept else 0.0)
-    # 3 cases under v0, then 3 under the candidate (published as the next version while the gate runs)
+    # 3 cases under v0, then 3 under the candidate (pinned as context `skill` while the gate scores it)
     assert [t.context.skill_version for t in gated] == [0, 0, 0, 1, 1, 1]
-    assert loop.ctx.shared["skill"]["version"] == (1 if kept else 0)
+    assert [s.content["versions"] for s in scores] == [{"skill": 0}, {"skill": -1}]  # -1: a candidate
+    assert _published_version(loop) == (1 if kept else 0)
     assert (art is not None) == kept
     assert "| 0 | – | – | 0.5 |" in (tmp_path / "run" / "report.md").read_text()
     if kept:
@@ -421,7 +432,7 @@ def test_resume_reuses_cached_calls(tmp_path, skills_dir):
         assert [a.version for a in store.list_artifacts("skill", "form-filling")] == [1]
         m2 = _t2s_metrics(store, "run")
     assert {k: m2[k] for k in m1} == m1
-    assert loop.ctx.shared["skill"]["version"] == 1
+    assert _published_version(loop) == 1
 
 
 def test_config_errors_name_the_field(tmp_path, skills_dir):
@@ -468,7 +479,7 @@ def test_nothing_to_analyse_is_a_quiet_step(tmp_path, skills_dir):
     data["evolvers"] = data["evolvers"][1:]  # no agent: an empty pool
     policy = ScriptedPolicy()
     loop = _run(tmp_path / "run", data, policy)
-    assert policy.calls == [] and loop.ctx.shared["skill"]["version"] == 0
+    assert policy.calls == [] and _published_version(loop) == 0
     with TrajectoryStore(tmp_path / "run" / "store.sqlite") as store:
         assert _t2s_metrics(store, "run")["analysed"] == 0
 
@@ -485,4 +496,4 @@ def test_tiny_qwen2_analyst_model_garbage_is_rejected_without_a_new_version(tmp_
         assert store.count_llm_calls("run") == 3 * 2 + 3
         assert store.get_artifact("skill", "form-filling") is None
         assert _t2s_metrics(store, "run")["patches_valid"] == 0
-    assert loop.ctx.shared["skill"]["version"] == 0 and loop.ctx._policy is None
+    assert _published_version(loop) == 0 and loop.ctx._policy is None

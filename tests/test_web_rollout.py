@@ -175,17 +175,18 @@ def test_skill_context_follows_the_published_skill(ctx, tmp_path):
     spec = {"type": "web", "use_skills": True}
     ro = build_rollout(spec, ctx)
     library, text, context, meta = ro.skill_context()
-    assert context == ContextRef(skill_name="miniwob-forms", skill_version=0)  # initial folders = version 0
+    # initial folders = skill version 0, nothing published on the context channel (key version 0)
+    assert context == ContextRef(skill_name="miniwob-forms", skill_version=0, versions={"skill": 0})
     assert set(library.names()) == {"web-navigation", "miniwob-forms"}
     assert "## Skill miniwob-forms (already loaded)" in text and MARKER not in text
-    ctx.shared["skill"] = published_skill(tmp_path)
+    ctx.publish("skill", published_skill(tmp_path), evolver="t2s")
     library, text, context, meta = ro.skill_context()
-    assert context == ContextRef(skill_name="miniwob-forms", skill_version=3)
-    assert MARKER in text and meta["skill_path"] == ctx.shared["skill"]["path"]
+    assert context == ContextRef(skill_name="miniwob-forms", skill_version=3, versions={"skill": 1})
+    assert MARKER in text and meta["skill_path"] == ctx.context("skill").value["path"]
     assert MARKER in library.activate("miniwob-forms") and "web-navigation" in library.names()
     catalog = build_rollout({**spec, "skill_mode": "catalog"}, ctx).skill_context()[1]
     assert MARKER not in catalog and "- miniwob-forms:" in catalog
-    assert build_rollout({"type": "web"}, ctx).skill_context() == (None, None, ContextRef(), {})
+    assert build_rollout({"type": "web"}, ctx).skill_context() == (None, None, ContextRef(versions={"skill": 1}), {})
     with pytest.raises(ValueError, match="skill_name"):
         build_rollout({**spec, "skill_name": "webarena-sites"}, ctx).skill_context()
 
@@ -219,7 +220,7 @@ def test_member_reward_leaves_out_browser_failures():
 @pytest.mark.browser
 @browser
 def test_web_rollout_on_click_button(ctx, tmp_path):
-    ctx.shared["skill"] = published_skill(tmp_path)
+    ctx.publish("skill", published_skill(tmp_path), evolver="t2s")
     ro = build_rollout(
         {
             "type": "web",
@@ -245,7 +246,7 @@ def test_web_rollout_on_click_button(ctx, tmp_path):
         assert [(t.meta["task"], t.meta["seed"]) for t in ts] == ro.episodes("train", 3, member)
         for t in ts:
             assert t.member == member and t.space == "parameter" and (t.round, t.generation) == (2, 3)
-            assert t.context == ContextRef(skill_name="miniwob-forms", skill_version=3)
+            assert t.context == ContextRef(skill_name="miniwob-forms", skill_version=3, versions={"skill": 1})
             assert t.valid and t.reward == 1.0 and t.meta["raw_reward"] == 1.0 and t.llm_calls == 1
             assert t.meta["split"] == "train" and t.meta["seed"] in MINIWOB_TASKSETS["miniwob_smoke"].train_seeds
         assert ro.member_reward(ts) == 1.0
@@ -286,7 +287,7 @@ def test_tiny_qwen2_member_gets_recorded_zero_rewards(ctx, tiny_model_dir):
         ro.close()
     (t,) = ts
     assert t.valid and t.reward == 0.0 and len(t.steps) == 1 and t.steps[0].model_output is not None
-    assert t.context == ContextRef() and ro.member_reward(ts) == 0.0
+    assert t.context == ContextRef(versions={"skill": 0}) and ro.member_reward(ts) == 0.0
 
 
 # -- the report section ------------------------------------------------------------------------------------

@@ -13,6 +13,15 @@ stored trajectory for a key that exists, so a re-run neither loses nor duplicate
 the budget. (:class:`~coevo.context.RunContext` lives in :mod:`coevo.context`, below the rollouts that use
 it too; it is re-exported here.)
 
+Wiring: the loop constructs every evolver (``ctx.evolvers`` is empty inside ``__init__``), then calls each
+evolver's :meth:`Evolver.setup` once all exist (check and look up cooperating evolvers there), then restores
+checkpoints. Cross-evolver checks that need only the config belong in :meth:`EvolverConfig.link`, which
+:func:`coevo.config.parse_config` calls for every evolver before anything is built.
+
+Scoring a candidate context: :func:`score_context` rolls a policy out under a candidate context (pinned on the
+rollout) and records the trajectories once, cached by key for resume; ``ESEvolver.score_context`` calls it
+with the ES centre.
+
 Report sections: at the end of a run the loop calls :func:`record_report_sections`, which stores each
 evolver's :meth:`Evolver.report_markdown` in the run's store; the run report (:mod:`coevo.report`) only
 reads the store, so ``coevo runs show RUN --report`` rebuilds the same report later.
@@ -21,19 +30,21 @@ reads the store, so ``coevo runs show RUN --report`` rebuilds the same report la
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from coevo.artifacts import REPORT_SECTION
-from coevo.context import RunContext
+from coevo.artifacts import CONTEXT_SCORE, REPORT_SECTION
+from coevo.context import ContextValue, RunContext
 from coevo.registry import Registry
-from coevo.types import Space
+from coevo.types import Space, Trajectory
 
 if TYPE_CHECKING:
+    from coevo.backends.base import Policy
+    from coevo.rollouts.base import Rollout
     from coevo.store import TrajectoryStore
 
 
@@ -41,6 +52,12 @@ class EvolverConfig(BaseModel):
     """Base of every evolver's config. Unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid")
+
+    def link(self, name: str, run_config: Any) -> list[str]:
+        """Cross-evolver checks against the whole run config (``coevo.config.RunConfig``, every evolver's params
+        validated), called by :func:`coevo.config.parse_config` before anything is built; may fill in derived
+        fields. Returns field-named errors (``evolvers.<name>.<field>: ...``); default none."""
+        return []
 
 
 @dataclass
@@ -83,6 +100,14 @@ class Evolver(ABC):
         self.name = name
         self.config = config
         self.ctx = ctx
+
+    def setup(self) -> None:
+        """Called once by the loop after every evolver of the run exists (``ctx.evolvers`` filled), before
+        checkpoints are restored and before the first step: look up and check cooperating evolvers here.
+
+        Raises:
+            ConfigError: a wiring the run cannot work with (named by field), so it fails before any step.
+        """
 
     @abstractmethod
     def step(self, round_index: int) -> StepReport:
@@ -156,3 +181,82 @@ def record_report_sections(store: TrajectoryStore, run_id: str, evolvers: dict[s
             store.put_artifact(run_id, REPORT_SECTION, f"{run_id}/{name}", {"evolver": name, "markdown": section})
             written += 1
     return written
+
+
+@dataclass
+class ContextScore:
+    """What :func:`score_context` measured: ``score`` (the rollout's member reward under the candidate
+    context) and the recorded ``trajectories``."""
+
+    score: float
+    trajectories: list[Trajectory]
+
+
+def score_context(
+    ctx: RunContext,
+    rollout: Rollout,
+    values: Mapping[str, Any],
+    *,
+    evolver: str,
+    key_prefix: str,
+    split: str = "train",
+    generation: int = 0,
+    round_index: int | None = None,
+    policy: Policy | None = None,
+) -> ContextScore | None:
+    """Roll ``policy`` (default ``ctx.policy``) out with ``values`` pinned on ``rollout`` and record the result
+    once: a call with a ``key_prefix`` already scored returns the stored trajectories and score (a
+    ``context_score`` artifact under that prefix) without sampling.
+
+    Args:
+        values: context key -> candidate value (recorded with version -1: not published) or a
+            :class:`~coevo.context.ContextValue` (e.g. the current one, to score it too); keys the rollout
+            does not declare are ignored, undeclared ones keep their current published versions.
+        evolver: the calling evolver (owner of the trajectories, its space).
+        key_prefix: unique per candidate and case set (build it with ``ctx.traj_key``).
+        split, generation: which cases (the rollout's ``run`` arguments).
+
+    Returns:
+        The score and the trajectories, or None when the sample budget cannot pay for ``rollout.n_cases``.
+    """
+    art = ctx.store.get_artifact(CONTEXT_SCORE, key_prefix)
+    if art is not None:
+        stored = [ctx.cached(k) for k in art.content["keys"]]
+        if all(t is not None for t in stored):
+            return ContextScore(float(art.content["score"]), stored)  # type: ignore[arg-type]
+    need = rollout.n_cases(split) or 1
+    if ctx.budget.allow(need) < need:
+        return None
+    declared = rollout.declared_context()
+    pinned = {
+        k: v if isinstance(v, ContextValue) else ContextValue(k, -1, v) for k, v in values.items() if k in declared
+    }
+    with rollout.pinned_context(pinned):
+        versions = dict(rollout.current_context().versions)
+        trajs = rollout.run(
+            policy if policy is not None else ctx.policy,
+            generation=generation,
+            member=None,
+            key_prefix=key_prefix,
+            split=split,
+            evolver=evolver,
+            round_index=ctx.round if round_index is None else round_index,
+        )
+    for t in trajs:
+        t.run_id = t.run_id or ctx.run_id
+    stored = [ctx.record(t) for t in trajs]
+    score = float(rollout.member_reward(stored))
+    ctx.store.put_artifact(
+        ctx.run_id,
+        CONTEXT_SCORE,
+        key_prefix,
+        {
+            "keys": [t.key for t in stored],
+            "score": score,
+            "versions": versions,
+            "split": split,
+            "generation": generation,
+        },
+        key=f"{CONTEXT_SCORE}/{key_prefix}",
+    )
+    return ContextScore(score, stored)

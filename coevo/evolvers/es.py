@@ -37,14 +37,21 @@ uninterrupted run.
 Ray (``workers >= 1``): members are rolled out on Ray actors, each a replica built from the run's model
 (``coevo.rollouts.ray_pool``); the driver keeps its own replica (``ctx.policy``), updated identically and
 hash-checked against the actors after every generation, which serves the held-out evaluation, the snapshots
-and the other evolvers of the run. Rollouts run in the actors without a run context (``ctx=None``), so
-rollouts that call cooperating evolvers (EoH children) need ``workers: 0``.
+and the other evolvers of the run. Rollouts run in the actors without a run context (``ctx=None``); each job
+carries the current value of every context key the rollout declares (:mod:`coevo.context`), so a published
+prompt or skill reaches the actors; rollouts that call cooperating evolvers (EoH children) need ``workers: 0``.
+
+Public for other evolvers (between steps): :attr:`ESEvolver.generation` (generations completed = updates
+applied), :attr:`ESEvolver.rollout`, ``ctx.policy`` (the centre: no perturbation is active between steps),
+:meth:`ESEvolver.members`, :meth:`ESEvolver.key_prefix`, :meth:`ESEvolver.perturbed` and
+:meth:`ESEvolver.score_context` (score a candidate context under the centre, cached for resume).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import asdict
 from pathlib import Path
@@ -56,8 +63,8 @@ from coevo.artifacts import ES_MEMBER as MEMBER_KIND
 from coevo.es import GenerationRecord, Schedule, ScopeSpec, normalize_rewards
 from coevo.es.checkpoint import rebuild_plan, snapshot_path
 from coevo.es.replica import ESReplica
-from coevo.evolvers.base import Evolver, EvolverConfig, StepReport, register_evolver
-from coevo.rollouts.base import build_rollout, resolve_rollout
+from coevo.evolvers.base import ContextScore, Evolver, EvolverConfig, StepReport, register_evolver, score_context
+from coevo.rollouts.base import Rollout, Split, build_rollout, validate_rollout_spec
 from coevo.rollouts.ray_pool import RayReplicaPool
 from coevo.types import ESMember, Trajectory
 
@@ -108,10 +115,7 @@ class ESConfig(EvolverConfig):
     @field_validator("rollout")
     @classmethod
     def _rollout(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if not isinstance(v.get("type"), str) or not v["type"]:
-            raise ValueError("rollout.type is required (a registered rollout, e.g. target_logprob, countdown)")
-        rcls = resolve_rollout(v["type"])
-        return rcls.Config.model_validate(v).model_dump()
+        return validate_rollout_spec(v)
 
     @model_validator(mode="after")
     def _check(self) -> ESConfig:
@@ -262,6 +266,7 @@ class ESEvolver(Evolver):
                     generation=generation,
                     evolver=self.name,
                     round_index=round_index,
+                    context=self._job_context(),
                 )
             else:
                 with self.replica.population(members, self.config.rank) as pop:
@@ -284,6 +289,7 @@ class ESEvolver(Evolver):
                     "round_index": round_index,
                     "key_prefix": prefixes[i],
                     "evolver": self.name,
+                    "context": self._job_context(),
                 }
                 for i in todo
             ]
@@ -293,6 +299,59 @@ class ESEvolver(Evolver):
             for i in todo:
                 out[i] = self._record(prefixes[i], self._run_member(members[i], generation, round_index), members[i])
         return out  # type: ignore[return-value]
+
+    def _job_context(self) -> dict[str, dict[str, Any]]:
+        """The current value of every context key the rollout declares, as plain data for a Ray job."""
+        return {k: self.ctx.context(k).to_dict() for k in self.rollout.declared_context()}
+
+    def score_context(
+        self,
+        values: Mapping[str, Any],
+        *,
+        evolver: str,
+        label: str,
+        split: Split = "train",
+        generation: int | None = None,
+        round_index: int | None = None,
+        rollout: Rollout | None = None,
+    ) -> ContextScore | None:
+        """Score a candidate context under the unperturbed centre: the ES rollout (or ``rollout``) with
+        ``values`` pinned (context key -> value) on a generation's cases (:func:`coevo.evolvers.base.score_context`).
+
+        Cached by key: the trajectories are recorded under ``evolver`` (the calling evolver, in its space) with
+        keys ``<run>/<evolver>/score/<this ES>/g<generation>/<label>/...``; calling again with the same
+        ``evolver``, ``label``, ``split`` and ``generation`` (e.g. a step re-run after a resume) returns the stored
+        score without sampling. Give each distinct candidate its own ``label``.
+
+        Args:
+            values: the candidate context (plain values: version -1 in the trajectories' ``ContextRef``).
+            evolver: the calling evolver's name (owner of the trajectories and their samples).
+            label: names the candidate in the keys (e.g. ``"r3-c1"``).
+            split: ``"train"`` (default: the generation's training cases) or ``"test"`` (held-out).
+            generation: whose train cases (default: the last completed generation's, ``generation - 1``: the
+                cases its members ran on; 0 before any).
+            round_index: recorded round (default: ``ctx.round``).
+            rollout: score with this rollout instead of the ES rollout (e.g. a gate's variant of it).
+
+        Returns:
+            The score and trajectories, or None when the sample budget cannot pay for the cases.
+
+        Raises:
+            RuntimeError: called while a perturbation is active (inside a member's rollout).
+        """
+        if self._replica is not None and self._replica.active:
+            raise RuntimeError("a perturbation is active: a context cannot be scored under the centre now")
+        g = max(0, self.generation - 1) if generation is None else generation
+        return score_context(
+            self.ctx,
+            rollout or self.rollout,
+            values,
+            evolver=evolver,
+            key_prefix=self.ctx.traj_key(evolver, "score", self.name, f"g{g:05d}", label),
+            split=split,
+            generation=g,
+            round_index=round_index,
+        )
 
     def evaluate_centre(self, generation: int, round_index: int) -> tuple[list[Trajectory], float]:
         """Held-out evaluation of the current centre (cached by key); returns (trajectories, test reward)."""

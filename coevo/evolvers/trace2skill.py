@@ -14,13 +14,14 @@ Trace2Skill (arXiv 2603.25158; docs/references.md §3), one step:
    output is unusable;
 5. the merged patch is applied to a copy (:func:`coevo.skills.apply.apply_and_validate`); a result that
    violates the spec gets up to ``fix_rounds`` LLM fix patches, else it is discarded;
-6. optional gate: the run's policy is rolled out on the held-out split with the current and the candidate
-   skill (published on ``ctx.shared["skill"]`` while it runs); the candidate is kept only if
-   ``score(candidate) - score(current) >= min_delta``;
+6. optional gate: the unperturbed policy is rolled out on the held-out split with the current and the
+   candidate skill pinned as context ``skill`` (``ESEvolver.score_context`` of the gated ES evolver, cached by
+   key; :func:`coevo.evolvers.base.score_context` with the run's policy when the run has no ES evolver); the
+   candidate is kept only if ``score(candidate) - score(current) >= min_delta``;
 7. the new version is stored (:func:`coevo.skills.versions.write_skill_version`, with its diff and the ids of
    the trajectories whose analyses produced it), written to ``run_dir/skills/<name>/v<k>/<name>/`` (a skill
-   folder must be named after the skill) and published as
-   ``ctx.shared["skill"] = {"name", "version": k, "path"}`` for the next ES generation / web agent.
+   folder must be named after the skill) and published on the context channel,
+   ``ctx.publish("skill", {"name", "version": k, "path", "source"})``, for the next ES generation / web agent.
 
 One skill library per run: version 0 is the folder the analysed evolvers' rollouts attach for ``skill`` (their
 ``skill_dirs``), else ``skills_dir/<skill>`` (default: the repository's ``skills/``). When both name a folder
@@ -49,9 +50,19 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from coevo.artifacts import SKILL_GATE as GATE_KIND
 from coevo.backends.base import Completion, Policy
 from coevo.backends.spec import ModelConfig
+from coevo.context import ContextValue
 from coevo.errors import ConfigError
-from coevo.evolvers.base import Evolver, EvolverConfig, RunContext, StepReport, register_evolver
-from coevo.rollouts.base import build_rollout, resolve_rollout
+from coevo.evolvers.base import (
+    ContextScore,
+    Evolver,
+    EvolverConfig,
+    RunContext,
+    StepReport,
+    register_evolver,
+    resolve_evolver,
+    score_context,
+)
+from coevo.rollouts.base import build_rollout, resolve_rollout, validate_rollout_spec
 from coevo.skills import (
     SHIPPED_SKILLS_DIR,
     SKILL_ARTIFACT_KIND,
@@ -80,10 +91,23 @@ class GateConfig(BaseModel):
     rollout: dict[str, Any] | None = Field(
         None,
         description="overrides of the gated evolver's rollout spec (default: that rollout as is); it reads "
-        "ctx.shared['skill']; fields that select tasks must not differ",
+        "context 'skill'; fields that select tasks must not differ",
+    )
+    evolver: str | None = Field(
+        None,
+        description="the ES evolver whose centre scores the skills (default: the first analysed evolver with "
+        "score_context; none: the run's policy)",
     )
     split: Literal["train", "test"] = Field("test", description="cases the gate scores on")
     min_delta: float = Field(0.0, description="keep iff score(candidate) - score(current) >= min_delta")
+
+    @field_validator("rollout")
+    @classmethod
+    def _rollout(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is None or "type" not in v:
+            return v  # overrides only: checked merged with the gated rollout (Trace2SkillConfig.link)
+        validate_rollout_spec(v, "rollout")
+        return v
 
 
 class Trace2SkillConfig(EvolverConfig):
@@ -167,7 +191,36 @@ class Trace2SkillConfig(EvolverConfig):
             self._source = folder
         if self.gate is not None and rollouts:
             errors += self._link_gate(name, *rollouts[0][:3])
+        if self.gate is not None:
+            errors += self._link_gate_evolver(name, run_config)
+        if self.gate is not None and self.gate.rollout is None:
+            errors.append(
+                f"evolvers.{name}.gate.rollout: required when no analysed evolver has a rollout to gate "
+                "(give the gate's rollout spec with its type)"
+            )
         return errors
+
+    def _link_gate_evolver(self, name: str, run_config: Any) -> list[str]:
+        """``gate.evolver``: named, or the first analysed evolver that can score a context (ESEvolver)."""
+        scorers = [
+            s.name
+            for s in run_config.evolvers
+            if s.name != name
+            and (self.evolvers is None or s.name in self.evolvers)
+            and callable(getattr(resolve_evolver(s.type), "score_context", None))
+        ]
+        if self.gate.evolver is None:
+            self.gate.evolver = scorers[0] if scorers else None
+            return []
+        spec = next((s for s in run_config.evolvers if s.name == self.gate.evolver), None)
+        if spec is not None and not callable(getattr(resolve_evolver(spec.type), "score_context", None)):
+            what = f"{self.gate.evolver!r} (type {spec.type!r})"
+            msg = (
+                f"evolvers.{name}.gate.evolver: {what} cannot score a context under its centre (no "
+                "score_context); name an es evolver or drop gate.evolver"
+            )
+            return [msg]
+        return []  # an unknown name is reported by coevo.config.check_combinations
 
     def _link_gate(self, name: str, where: str, base: dict[str, Any], rcls: Any) -> list[str]:
         own = dict(self.gate.rollout or {})
@@ -247,14 +300,9 @@ class Trace2SkillEvolver(Evolver):
             )
         if config.gate is not None:  # fail at start-up, not at the first gate
             try:
-                resolve_rollout(str(config.gate.rollout.get("type", ""))).Config.model_validate(config.gate.rollout)
-            except ValidationError as exc:
-                where = f"evolvers.{name}.gate.rollout"
-                raise ConfigError(
-                    "; ".join(f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-                ) from None
+                validate_rollout_spec(config.gate.rollout, f"evolvers.{name}.gate.rollout")
             except ValueError as exc:
-                raise ConfigError(f"evolvers.{name}.gate.rollout.type: {exc}") from None
+                raise ConfigError(str(exc)) from None
         self.source = source
         self.root = ctx.run_dir / "skills" / config.skill
         self.version, self.path = 0, self.root / "v0" / config.skill
@@ -265,7 +313,25 @@ class Trace2SkillEvolver(Evolver):
         self._analyst: Policy | None = None
         self._tmp: Path | None = None
         self._made: list[Trajectory] = []
-        ctx.shared.setdefault("skill", self._published())
+        self._gate_made: list[Trajectory] = []
+        self._scorer: Any = None
+
+    def setup(self) -> None:
+        """Check the analysed evolvers exist and find the gate's scorer (``gate.evolver``, an ES evolver)."""
+        unknown = sorted(set(self.config.evolvers or ()) - set(self.ctx.evolvers))
+        if unknown:
+            raise ConfigError(
+                f"evolvers.{self.name}.evolvers: unknown {unknown}; the run has {sorted(self.ctx.evolvers)}"
+            )
+        gate = self.config.gate
+        if gate is not None and gate.evolver is not None:
+            scorer = self.ctx.evolvers.get(gate.evolver)
+            if not callable(getattr(scorer, "score_context", None)):
+                raise ConfigError(
+                    f"evolvers.{self.name}.gate.evolver: {gate.evolver!r} is not an evolver of this run that "
+                    f"can score a context (evolvers: {sorted(self.ctx.evolvers)})"
+                )
+            self._scorer = scorer
 
     def _published(self) -> dict[str, Any]:
         return {
@@ -407,11 +473,6 @@ class Trace2SkillEvolver(Evolver):
     # ------------------------------------------------------------------ the step
     def _select(self, round_index: int) -> tuple[list[Trajectory], int]:
         c = self.config
-        unknown = set(c.evolvers or ()) - set(self.ctx.evolvers)
-        if self.ctx.evolvers and unknown:
-            raise ValueError(
-                f"evolvers.{self.name}.evolvers: unknown {sorted(unknown)}; the run has {sorted(self.ctx.evolvers)}"
-            )
         pool = [
             t
             for t in self.ctx.store.query(run_id=self.ctx.run_id, with_steps=False)
@@ -432,7 +493,7 @@ class Trace2SkillEvolver(Evolver):
     def step(self, round_index: int) -> StepReport:
         """One Trace2Skill step (module docstring); returns metrics analysed, patches_valid, edits_applied,
         edits_rejected, version, new_version and, with a gate, gate_current / gate_candidate."""
-        self._made = []
+        self._made, self._gate_made = [], []
         m = dict.fromkeys(
             (
                 "analysed",
@@ -467,9 +528,8 @@ class Trace2SkillEvolver(Evolver):
         self.cursor = cursor
         self.steps_done += 1
         m["version"] = float(self.version)
-        return StepReport(
-            samples=sum(t.llm_calls for t in self._made), trajectories=len(self._made), best_reward=best, metrics=m
-        )
+        made = self._made + self._gate_made
+        return StepReport(samples=sum(t.llm_calls for t in made), trajectories=len(made), best_reward=best, metrics=m)
 
     def _evolve(self, selected: list[Trajectory], round_index: int, m: dict[str, float]):
         """Steps 2-5: analyse, propose, merge, apply (+ fix). Returns (candidate dir | None, source ids,
@@ -580,55 +640,58 @@ class Trace2SkillEvolver(Evolver):
 
     # ------------------------------------------------------------------ gate and versions
     def _gate(self, candidate: Path, round_index: int) -> tuple[float | None, float | None]:
-        """Step 6: held-out scores (mean reward) of the current version and the candidate."""
+        """Step 6: scores (mean reward on the gate's split) of the current version and the candidate, each
+        pinned as context ``skill`` (the current one as published; version 0: the initial copy)."""
         rollout = build_rollout(self.config.gate.rollout, self.ctx)
         try:
             latest = self.ctx.store.get_artifact(SKILL_ARTIFACT_KIND, self.config.skill)
-            current = self._gate_score(rollout, f"v{self.version}", self.version, self.path, round_index)
+            published = self.ctx.context("skill")
+            current_value = published if published.version else ContextValue("skill", 0, self._published())
+            current = self._gate_score(rollout, f"v{self.version}", self.version, current_value, round_index)
             next_version = (latest.version if latest else 0) + 1
-            label = f"r{round_index}-candidate"
-            return current, self._gate_score(rollout, label, next_version, candidate, round_index)
+            value = {**self._published(), "version": next_version, "path": str(candidate)}
+            return current, self._gate_score(rollout, f"r{round_index}-candidate", next_version, value, round_index)
         finally:
             rollout.close()
 
-    def _gate_score(self, rollout, label: str, version: int, path: Path, round_index: int) -> float | None:
+    def _gate_score(self, rollout, label: str, version: int, value: Any, round_index: int) -> float | None:
         name = f"{self.config.skill}/{self.name}"
         for art in self.ctx.store.list_artifacts(kind=GATE_KIND, name=name, run_id=self.ctx.run_id):
             if art.meta.get("label") == label:
                 return art.content["score"]
         split = self.config.gate.split
-        need = rollout.n_cases(split) or 1
-        if self.ctx.budget.allow(need) < need:
-            return None
-        previous = self.ctx.shared.get("skill")
-        self.ctx.shared["skill"] = {**self._published(), "version": version, "path": str(path)}
-        try:
-            trajs = rollout.run(
-                self.ctx.policy,
-                generation=self.steps_done,
-                member=None,
-                split=split,
-                key_prefix=self.ctx.traj_key(self.name, "gate", label),
-                evolver=self.name,
-                round_index=round_index,
+        result: ContextScore | None
+        if self._scorer is not None:
+            result = self._scorer.score_context(
+                {"skill": value}, evolver=self.name, label=f"gate/{label}", split=split, rollout=rollout
             )
-        finally:
-            self.ctx.shared["skill"] = previous
-        stored = [
-            self.ctx.record(Trajectory.from_dict({**t.to_dict(), "meta": {**t.meta, "t2s_role": "gate"}}))
-            for t in trajs
-        ]
-        self._made += stored
-        score = rollout.member_reward(stored)
+        else:
+            result = score_context(
+                self.ctx,
+                rollout,
+                {"skill": value},
+                evolver=self.name,
+                key_prefix=self.ctx.traj_key(self.name, "gate", label),
+                split=split,
+                generation=self.steps_done,
+            )
+        if result is None:
+            return None  # the sample budget cannot pay for the gate
+        self._gate_made += result.trajectories
         self.ctx.store.put_artifact(
             self.ctx.run_id,
             GATE_KIND,
             name,
-            {"score": score, "version": version, "split": split, "trajectory_ids": [t.id for t in stored]},
+            {
+                "score": result.score,
+                "version": version,
+                "split": split,
+                "trajectory_ids": [t.id for t in result.trajectories],
+            },
             key=f"{self.ctx.run_id}/{self.name}/gate/{label}",
             meta={"label": label},
         )
-        return score
+        return result.score
 
     def _store_version(
         self,
@@ -648,7 +711,7 @@ class Trace2SkillEvolver(Evolver):
             "rejected": int(m["edits_rejected"]),
             "gate_current": scores[0] if scores else None,
             "gate_candidate": scores[1] if scores else None,
-            "call_ids": [t.id for t in self._made if t.meta.get("t2s_role") != "gate"],
+            "call_ids": [t.id for t in self._made],
         }
         art = write_skill_version(
             self.ctx.store,
@@ -662,7 +725,7 @@ class Trace2SkillEvolver(Evolver):
         )
         self.version = art.version
         self.path = materialize(art, self.root / f"v{art.version}", overwrite=True)
-        self.ctx.shared["skill"] = self._published()
+        self.ctx.publish("skill", self._published(), evolver=self.name, round_index=round_index)
         m["new_version"] = 1.0
 
     # ------------------------------------------------------------------ state and report

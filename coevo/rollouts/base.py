@@ -6,18 +6,28 @@ ES normalises (Agentic ESOpt, docs/references.md §1 step 3: the mean task rewar
 
 Rollouts do not write to the store: the caller records what they return. They build deterministic keys with
 the ``key_prefix`` they are given, and a caller that resumes may skip cases whose key is already stored.
+
+Context: a rollout declares the context slots it reads (:attr:`Rollout.context_slots`, e.g. ``system_prompt``);
+each slot reads the published context key of the same name (``ctx.publish(key, value)``, :mod:`coevo.context`)
+unless the config's ``context_keys`` maps it to another key. :meth:`Rollout.current_context` resolves them:
+a pinned value (:meth:`Rollout.pinned_context`: what a Ray job carries, or a candidate being scored), else the
+run context's current version, else the rollout's own default (version 0). Every trajectory records the
+versions it ran under (``Trajectory.context.versions``).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from coevo.context import ContextValue
 from coevo.registry import Registry
-from coevo.types import ESMember, Trajectory
+from coevo.types import ContextRef, ESMember, Space, Trajectory
 
 if TYPE_CHECKING:
     from coevo.backends.base import Policy
@@ -32,21 +42,128 @@ class RolloutConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     type: str
+    context_keys: dict[str, str] = Field(
+        default_factory=dict,
+        description="context slot -> the published context key it reads (default: the slot's own name)",
+    )
+
+
+@dataclass(frozen=True)
+class RolloutContext:
+    """The context of one rollout call.
+
+    Attributes:
+        values: slot -> value (the published one, or the rollout's default at version 0).
+        versions: published context key -> version read (0 = nothing published, the default was used).
+    """
+
+    values: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+
+    def ref(self, **fields: Any) -> ContextRef:
+        """A :class:`ContextRef` with these versions, the ``system_prompt`` slot's text (when non-empty) as
+        ``prompt``, and ``fields`` (skill_name, ...)."""
+        fields.setdefault("prompt", self.values.get("system_prompt") or None)
+        return ContextRef(versions=dict(self.versions), **fields)
+
+
+@dataclass(frozen=True)
+class RolloutCall:
+    """Provenance shared by the trajectories of one rollout call (for :meth:`Rollout.case_trajectory`).
+
+    ``space`` is the calling evolver's space; ``context`` what the call runs under."""
+
+    generation: int
+    member: ESMember | None
+    key_prefix: str
+    split: Split
+    evolver: str
+    round_index: int
+    space: Space
+    context: RolloutContext
 
 
 class Rollout(ABC):
     """Evaluates a policy on task cases.
 
     Constructed as ``cls(config, ctx)``; ``ctx`` is the run's :class:`~coevo.context.RunContext`
-    (for the run id, rng, the shared board and cooperating evolvers) and may be ``None`` inside Ray actors.
+    (for the run id, rng, the published context and cooperating evolvers) and may be ``None`` inside Ray actors,
+    where the context of each job is pinned instead (:meth:`pinned_context`).
     """
 
     Config: ClassVar[type[RolloutConfig]] = RolloutConfig
     type_name: ClassVar[str] = ""
+    #: context slots this rollout reads: slot -> what it holds (documented per rollout)
+    context_slots: ClassVar[dict[str, str]] = {}
 
     def __init__(self, config: RolloutConfig, ctx: RunContext | None):
         self.config = config
         self.ctx = ctx
+        self._pinned: dict[str, ContextValue] | None = None
+
+    # ------------------------------------------------------------------ context
+    def context_defaults(self) -> dict[str, Any]:
+        """Slot -> the value used while nothing is published (version 0); default: None for every slot."""
+        return dict.fromkeys(self.context_slots)
+
+    def context_key(self, slot: str) -> str:
+        """The published context key slot ``slot`` reads (``config.context_keys``, default the slot name)."""
+        return self.config.context_keys.get(slot, slot)
+
+    def declared_context(self) -> list[str]:
+        """The published context keys this rollout reads (what a Ray job must carry)."""
+        return [self.context_key(s) for s in self.context_slots]
+
+    @contextmanager
+    def pinned_context(self, values: Mapping[str, ContextValue] | None) -> Iterator[Rollout]:
+        """``with rollout.pinned_context({key: ContextValue}):`` calls inside read these values for the given
+        keys (instead of the run context's current ones); restored on exit."""
+        old = self._pinned
+        self._pinned = {**(old or {}), **(values or {})}
+        try:
+            yield self
+        finally:
+            self._pinned = old
+
+    def current_context(self) -> RolloutContext:
+        """The context of the next call: per slot, the pinned value, else the run context's current version,
+        else :meth:`context_defaults` (version 0; a version without a value, e.g. nothing published, also
+        reads the default)."""
+        defaults = self.context_defaults()
+        values: dict[str, Any] = {}
+        versions: dict[str, int] = {}
+        for slot in self.context_slots:
+            key = self.context_key(slot)
+            if self._pinned is not None and key in self._pinned:
+                cv = self._pinned[key]
+            elif self.ctx is not None:
+                cv = self.ctx.context(key)
+            else:
+                cv = ContextValue(key, 0, None)
+            values[slot] = defaults.get(slot) if cv.value is None else cv.value
+            versions[key] = cv.version
+        return RolloutContext(values, versions)
+
+    def space_of(self, evolver: str) -> Space:
+        """The space of the calling evolver ``evolver`` (from the run context; "parameter" when unknown, e.g.
+        inside a Ray actor, where only ES members run)."""
+        ev = self.ctx.evolvers.get(evolver) if self.ctx is not None else None
+        return getattr(ev, "space", None) or "parameter"
+
+    def call(
+        self, *, generation: int, member: ESMember | None, key_prefix: str, split: Split, evolver: str, round_index: int
+    ) -> RolloutCall:
+        """The provenance of one call (the calling evolver's space, the current context)."""
+        return RolloutCall(
+            generation=generation,
+            member=member if isinstance(member, ESMember) else None,
+            key_prefix=key_prefix,
+            split=split,
+            evolver=evolver,
+            round_index=round_index,
+            space=self.space_of(evolver),
+            context=self.current_context(),
+        )
 
     @abstractmethod
     def run(
@@ -105,29 +222,20 @@ class Rollout(ABC):
             for m, kp in zip(members, key_prefixes, strict=True)
         ]
 
-    def case_trajectory(
-        self,
-        *,
-        key_prefix: str,
-        split: Split,
-        index: int,
-        generation: int,
-        member: ESMember | None,
-        evolver: str,
-        round_index: int,
-        **fields: Any,
-    ) -> Trajectory:
-        """A parameter-space trajectory for case ``index`` of ``split`` with this rollout's provenance filled in
-        (key ``{key_prefix}/{split}/{index}``, run id, evolver, round, generation, member); ``fields`` are the
-        remaining :class:`~coevo.types.Trajectory` fields."""
+    def case_trajectory(self, call: RolloutCall, index: int, **fields: Any) -> Trajectory:
+        """The trajectory of case ``index`` of ``call``: key ``{key_prefix}/{split}/{index}``, run id, the calling
+        evolver and its space, round, generation, member, ``meta["split"]`` and the call's context (unless
+        ``fields`` gives ``context``); ``fields`` are the remaining :class:`~coevo.types.Trajectory` fields."""
+        fields.setdefault("context", call.context.ref())
+        fields["meta"] = {"split": call.split, **fields.get("meta", {})}
         return Trajectory(
-            key=f"{key_prefix}/{split}/{index}",
+            key=f"{call.key_prefix}/{call.split}/{index}",
             run_id=self.ctx.run_id if self.ctx is not None else "",
-            evolver=evolver,
-            space="parameter",
-            round=round_index,
-            generation=generation,
-            member=member if isinstance(member, ESMember) else None,
+            evolver=call.evolver,
+            space=call.space,
+            round=call.round_index,
+            generation=call.generation,
+            member=call.member,
             **fields,
         )
 
@@ -186,11 +294,46 @@ def resolve_rollout(type_name: str) -> type[Rollout]:
     return ROLLOUTS.resolve(type_name)
 
 
-def build_rollout(spec: dict[str, Any], ctx: RunContext | None) -> Rollout:
-    """Validate a ``rollout:`` config mapping and instantiate it.
+def validate_rollout_spec(spec: Any, where: str = "rollout") -> dict[str, Any]:
+    """A ``rollout:`` mapping validated by its type's Config (defaults filled in), wherever it appears in a run
+    config (an ES evolver's ``rollout``, a skill gate's ``rollout``, a user evolver's).
 
     Raises:
-        ValueError / pydantic.ValidationError: unknown type or invalid fields.
+        ValueError: naming ``where`` and the field: not a mapping, no or unknown ``type``, an invalid field, a
+            ``context_keys`` slot the rollout does not declare.
+    """
+    if not isinstance(spec, dict) or not isinstance(spec.get("type"), str) or not spec["type"]:
+        raise ValueError(f"{where}.type is required (a registered rollout, e.g. target_logprob, countdown)")
+    try:
+        cls = resolve_rollout(spec["type"])
+    except ValueError as exc:
+        raise ValueError(f"{where}.type: {exc}") from None
+    try:
+        cfg = cls.Config.model_validate(spec)
+    except ValidationError as exc:
+        raise ValueError(
+            "; ".join(f"{'.'.join([where, *map(str, e['loc'])])}: {e['msg']}" for e in exc.errors())
+        ) from None
+    _check_slots(cls, cfg, where)
+    return cfg.model_dump()
+
+
+def _check_slots(cls: type[Rollout], cfg: RolloutConfig, where: str) -> None:
+    unknown = sorted(set(cfg.context_keys) - set(cls.context_slots))
+    if unknown:
+        raise ValueError(
+            f"{where}.context_keys: {unknown} are not context slots of rollout {cfg.type!r} "
+            f"(its slots: {sorted(cls.context_slots)})"
+        )
+
+
+def build_rollout(spec: dict[str, Any], ctx: RunContext | None) -> Rollout:
+    """Validate a ``rollout:`` config mapping and instantiate it (checks as :func:`validate_rollout_spec`).
+
+    Raises:
+        pydantic.ValidationError: invalid fields. ValueError: unknown type, unknown ``context_keys`` slots.
     """
     cls = resolve_rollout(str(spec.get("type", "")))
-    return cls(cls.Config.model_validate(spec), ctx)
+    cfg = cls.Config.model_validate(spec)
+    _check_slots(cls, cfg, "rollout")
+    return cls(cfg, ctx)

@@ -16,14 +16,14 @@ from __future__ import annotations
 import ast
 import random
 import re
-import time
 from fractions import Fraction
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from coevo.backends.base import Completion, SamplingParams
-from coevo.rollouts.base import Rollout, RolloutConfig, Split, register_rollout
+from coevo.rollouts.base import Split, register_rollout
+from coevo.rollouts.batched import SingleTurnConfig, SingleTurnRollout
 from coevo.rollouts.logprob import target_logprobs
 from coevo.types import Step
 
@@ -31,7 +31,7 @@ _INT = re.compile(r"-?\d+")
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
-class CountdownConfig(RolloutConfig):
+class CountdownConfig(SingleTurnConfig):
     type: str = "countdown"
     task: Literal["arithmetic", "countdown"] = Field("arithmetic", description="which task family")
     cases_per_member: int = Field(8, ge=1, description="train cases per population member (and generation)")
@@ -141,8 +141,9 @@ def score_case(task: str, case: dict, text: str) -> tuple[float, str]:
 
 
 @register_rollout("countdown")
-class CountdownRollout(Rollout):
-    """Arithmetic / Countdown cases with exact checkers (see module docstring)."""
+class CountdownRollout(SingleTurnRollout):
+    """Arithmetic / Countdown cases with exact checkers (see module docstring). Context slots
+    ``system_prompt`` and ``instruction`` (:class:`~coevo.rollouts.batched.SingleTurnRollout`)."""
 
     Config = CountdownConfig
 
@@ -157,116 +158,49 @@ class CountdownRollout(Rollout):
             n = cfg.cases_per_member
         return [make_case(cfg.task, rng, cfg.max_operand, cfg.n_numbers) for _ in range(n)]
 
-    def _request(self, split: Split, generation: int, member) -> tuple[list[dict], list[list[dict]]]:
-        cases = self.cases(split, generation, member.index if member else 0)
-        return cases, [[{"role": "user", "content": c["prompt"]}] for c in cases]
-
     def _sampling(self, generation: int) -> SamplingParams:
         cfg = self.config
         return SamplingParams(
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0, seed=cfg.seed + generation
         )
 
-    def _needs(self, split: Split) -> tuple[bool, bool]:
-        """(generate completions, score the answer's log-probability) for a call on ``split``."""
+    def answer(self, policy, rows, cases, split: Split, generation: int) -> list[tuple[Completion | None, Any]]:
+        """``(completion or None, (log p(answer), tokens) or None)`` per row: completions unless the reward is
+        dense and the split is train; the answer's log-probability with ``reward: answer_logprob``."""
         dense = self.config.reward == "answer_logprob"
-        return split == "test" or not dense, dense
+        outs = policy.generate(rows, self._sampling(generation)) if split == "test" or not dense else [None] * len(rows)
+        scored = target_logprobs(policy, rows, [str(c["answer"]) for c in cases]) if dense else [None] * len(rows)
+        return list(zip(outs, scored, strict=True))
 
-    def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
-        cases, convs = self._request(split, generation, member)
-        gen, dense = self._needs(split)
-        t0 = time.time()
-        outs = policy.generate(convs, self._sampling(generation)) if gen else [None] * len(cases)
-        scored = target_logprobs(policy, convs, [str(c["answer"]) for c in cases]) if dense else []
-        return self._trajectories(
-            cases,
-            outs,
-            scored,
-            time.time() - t0,
-            generation=generation,
-            member=member,
-            key_prefix=key_prefix,
-            split=split,
-            evolver=evolver,
-            round_index=round_index,
-        )
-
-    def run_population(
-        self, population, members, *, generation, key_prefixes, split: Split = "train", evolver="es", round_index=0
-    ):
-        """Every member's cases as rows of one batched generation (and one batched scoring pass)."""
-        requests = [self._request(split, generation, m) for m in members]
-        rows = [(m, conv) for m, (_, convs) in zip(members, requests, strict=True) for conv in convs]
-        answers = (
-            [str(c["answer"]) for cases, _ in requests for c in cases] if self.config.reward == "answer_logprob" else []
-        )
-        gen, dense = self._needs(split)
-        t0 = time.time()
-        outs = population.generate(rows, self._sampling(generation)) if gen else [None] * len(rows)
-        scored = target_logprobs(population, rows, answers) if dense else []
-        dt = (time.time() - t0) / len(members)
-        result, start = [], 0
-        for m, kp, (cases, _) in zip(members, key_prefixes, requests, strict=True):
-            stop = start + len(cases)
-            result.append(
-                self._trajectories(
-                    cases,
-                    outs[start:stop],
-                    scored[start:stop] if dense else [],
-                    dt,
-                    generation=generation,
-                    member=m,
-                    key_prefix=kp,
-                    split=split,
-                    evolver=evolver,
-                    round_index=round_index,
-                )
-            )
-            start = stop
-        return result
-
-    def _trajectories(self, cases, outs, scored, dt, *, generation, member, key_prefix, split, evolver, round_index):
+    def case_fields(self, case: dict, output, call, index: int) -> dict:
         cfg = self.config
-        dense = cfg.reward == "answer_logprob"
-        trajs = []
-        for i, (case, out) in enumerate(zip(cases, outs, strict=True)):
-            exact, feedback = score_case(cfg.task, case, out.text) if out is not None else (None, "")
-            reward = scored[i][0] / scored[i][1] if dense else exact
-            if dense:
-                feedback = f"log p(answer) per token = {reward:.4f}" + (f"; greedy answer: {feedback}" if out else "")
-            if out is None:
-                out = Completion(text="", prompt_tokens=0, completion_tokens=0)
-            trajs.append(
-                self.case_trajectory(
-                    key_prefix=key_prefix,
-                    split=split,
-                    index=i,
-                    generation=generation,
-                    member=member,
-                    evolver=evolver,
-                    round_index=round_index,
-                    task_id=f"{cfg.task}:{split}:{generation if split == 'train' else 0}:{i}",
-                    steps=[
-                        Step(
-                            observation=case["prompt"],
-                            model_output=out.text,
-                            action=extract_answer(out.text),
-                            tool_result=feedback,
-                            reward=reward,
-                        )
-                    ],
+        out, dense_score = output
+        exact, feedback = score_case(cfg.task, case, out.text) if out is not None else (None, "")
+        reward = dense_score[0] / dense_score[1] if dense_score is not None else exact
+        if dense_score is not None:
+            feedback = f"log p(answer) per token = {reward:.4f}" + (f"; greedy answer: {feedback}" if out else "")
+        if out is None:
+            out = Completion(text="", prompt_tokens=0, completion_tokens=0)
+        return {
+            "task_id": f"{cfg.task}:{call.split}:{call.generation if call.split == 'train' else 0}:{index}",
+            "steps": [
+                Step(
+                    observation=case["prompt"],
+                    model_output=out.text,
+                    action=extract_answer(out.text),
+                    tool_result=feedback,
                     reward=reward,
-                    valid=out.error is None,
-                    failure="llm_error" if out.error else None,
-                    failure_detail=out.error,
-                    llm_calls=1,
-                    prompt_tokens=out.prompt_tokens,
-                    completion_tokens=out.completion_tokens,
-                    duration_s=dt / max(1, len(cases)),
-                    meta={"split": split, "case": case, "exact": exact},
                 )
-            )
-        return trajs
+            ],
+            "reward": reward,
+            "valid": out.error is None,
+            "failure": "llm_error" if out.error else None,
+            "failure_detail": out.error,
+            "llm_calls": 1,
+            "prompt_tokens": out.prompt_tokens,
+            "completion_tokens": out.completion_tokens,
+            "meta": {"case": case, "exact": exact},
+        }
 
     def n_cases(self, split: Split = "train") -> int:
         return self.config.cases_per_member if split == "train" else self.config.test_cases

@@ -8,15 +8,14 @@ function of the weights and ES must raise it on any model (used by the tiny-mode
 
 from __future__ import annotations
 
-import time
-
 from pydantic import Field
 
-from coevo.rollouts.base import Rollout, RolloutConfig, Split, register_rollout
+from coevo.rollouts.base import Split, register_rollout
+from coevo.rollouts.batched import SingleTurnConfig, SingleTurnRollout
 from coevo.types import Step
 
 
-class LogProbConfig(RolloutConfig):
+class LogProbConfig(SingleTurnConfig):
     type: str = "target_logprob"
     prompts: list[str] = Field(
         default_factory=lambda: ["Say hello.", "Greet the user.", "Write a greeting."],
@@ -40,80 +39,30 @@ def target_logprobs(policy, conversations, targets: list[str]) -> list[tuple[flo
 
 
 @register_rollout("target_logprob")
-class TargetLogProbRollout(Rollout):
-    """Reward = per-token log-probability of ``target`` after each prompt (needs a policy with ``logprob``)."""
+class TargetLogProbRollout(SingleTurnRollout):
+    """Reward = per-token log-probability of ``target`` after each prompt (needs a policy with ``logprob``).
+    Context slots ``system_prompt`` and ``instruction`` (:class:`~coevo.rollouts.batched.SingleTurnRollout`)."""
 
     Config = LogProbConfig
 
-    def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
-        prompts = self._prompts(split)
-        t0 = time.time()
-        scored = target_logprobs(
-            policy, [[{"role": "user", "content": p}] for p in prompts], [self.config.target] * len(prompts)
-        )
-        return self._trajectories(
-            scored,
-            time.time() - t0,
-            generation=generation,
-            member=member,
-            key_prefix=key_prefix,
-            split=split,
-            evolver=evolver,
-            round_index=round_index,
-        )
+    def cases(self, split: Split, generation: int, member_index: int = 0) -> list[dict]:
+        return [{"prompt": p} for p in (self.config.prompts if split == "train" else self.config.test_prompts)]
 
-    def run_population(
-        self, population, members, *, generation, key_prefixes, split: Split = "train", evolver="es", round_index=0
-    ):
-        """All members' prompts as rows of one batched forward pass (``population.logprob``)."""
-        prompts = self._prompts(split)
-        rows = [(m, [{"role": "user", "content": p}]) for m in members for p in prompts]
-        t0 = time.time()
-        scored = target_logprobs(population, rows, [self.config.target] * len(rows))
-        dt = (time.time() - t0) / len(members)
-        n = len(prompts)
-        return [
-            self._trajectories(
-                scored[i * n : (i + 1) * n],
-                dt,
-                generation=generation,
-                member=m,
-                key_prefix=kp,
-                split=split,
-                evolver=evolver,
-                round_index=round_index,
-            )
-            for i, (m, kp) in enumerate(zip(members, key_prefixes, strict=True))
-        ]
+    def answer(self, policy, rows, cases, split: Split, generation: int) -> list[tuple[float, int]]:
+        return target_logprobs(policy, rows, [self.config.target] * len(rows))
 
-    def _prompts(self, split: Split) -> list[str]:
-        return self.config.prompts if split == "train" else self.config.test_prompts
-
-    def _trajectories(self, scored, dt, *, generation, member, key_prefix, split, evolver, round_index):
-        prompts = self._prompts(split)
-        out = []
-        for i, (p, (v, n_tok)) in enumerate(zip(prompts, scored, strict=True)):
-            r = v / n_tok
-            out.append(
-                self.case_trajectory(
-                    key_prefix=key_prefix,
-                    split=split,
-                    index=i,
-                    generation=generation,
-                    member=member,
-                    evolver=evolver,
-                    round_index=round_index,
-                    task_id=f"{split}:{i}",
-                    steps=[Step(observation=p, model_output=self.config.target, reward=r)],
-                    reward=r,
-                    llm_calls=1,
-                    prompt_tokens=0,
-                    completion_tokens=n_tok,
-                    duration_s=dt / len(prompts),
-                    meta={"split": split, "logprob": v},
-                )
-            )
-        return out
+    def case_fields(self, case: dict, output: tuple[float, int], call, index: int) -> dict:
+        v, n_tok = output
+        r = v / n_tok
+        return {
+            "task_id": f"{call.split}:{index}",
+            "steps": [Step(observation=case["prompt"], model_output=self.config.target, reward=r)],
+            "reward": r,
+            "llm_calls": 1,
+            "prompt_tokens": 0,
+            "completion_tokens": n_tok,
+            "meta": {"logprob": v},
+        }
 
     def n_cases(self, split: Split = "train") -> int:
         return len(self.config.prompts if split == "train" else self.config.test_prompts)

@@ -62,11 +62,19 @@ class ReplicaWorker:
         self.rollout = build_rollout(spec["rollout"], None)
         self.pid = os.getpid()
 
+    def _context(self, job: dict[str, Any]):
+        """The job's context (``{key: ContextValue dict}``) pinned on the rollout for the job's duration."""
+        from coevo.context import ContextValue
+
+        return self.rollout.pinned_context(
+            {k: ContextValue.from_dict(v) for k, v in (job.get("context") or {}).items()}
+        )
+
     def evaluate(self, job: dict[str, Any]) -> list[dict[str, Any]]:
-        """Evaluate one member job ``{member, generation, key_prefix, evolver, round_index}`` (perturb, roll out
-        on the train split, restore)."""
+        """Evaluate one member job ``{member, generation, key_prefix, evolver, round_index, context}`` (perturb,
+        roll out on the train split under the job's context, restore)."""
         member = ESMember(**job["member"])
-        with self.replica.perturbed(member) as policy:
+        with self._context(job), self.replica.perturbed(member) as policy:
             trajs = self.rollout.run(
                 policy,
                 generation=job["generation"],
@@ -80,9 +88,10 @@ class ReplicaWorker:
 
     def evaluate_population(self, job: dict[str, Any]) -> list[list[dict[str, Any]]]:
         """Roll out a group of low-rank members together ``{members, key_prefixes, rank, generation, evolver,
-        round_index}`` (``HFReplica.population`` + ``rollout.run_population``); one trajectory list per member."""
+        round_index, context}`` (``HFReplica.population`` + ``rollout.run_population``); one trajectory list per
+        member."""
         members = [ESMember(**m) for m in job["members"]]
-        with self.replica.population(members, int(job["rank"])) as pop:
+        with self._context(job), self.replica.population(members, int(job["rank"])) as pop:
             groups = self.rollout.run_population(
                 pop,
                 members,
@@ -186,10 +195,12 @@ class RayReplicaPool:
         generation: int,
         evolver: str,
         round_index: int,
+        context: dict[str, dict[str, Any]] | None = None,
     ) -> list[list[Trajectory]]:
         """Roll out a low-rank population on the actors: the members are cut into ``len(actors)`` contiguous
         groups (sizes differ by at most one; always the same groups for the same population), each rolled out
-        together on one actor. Returns the trajectories per member, in order."""
+        together on one actor under ``context`` (context key -> ``ContextValue.to_dict()``). Returns the
+        trajectories per member, in order."""
         import ray
 
         k = len(self.actors)
@@ -204,6 +215,7 @@ class RayReplicaPool:
                     "generation": generation,
                     "evolver": evolver,
                     "round_index": round_index,
+                    "context": context or {},
                 }
                 futures.append(actor.evaluate_population.remote(job))
         return [[Trajectory.from_dict(d) for d in ds] for group in ray.get(futures) for ds in group]

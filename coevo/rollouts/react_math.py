@@ -11,16 +11,13 @@ the held-out split plays each of ``test_problems`` problems ``samples_per_proble
 
 from __future__ import annotations
 
-import random
-import time
 from collections import defaultdict
 
 from pydantic import Field, field_validator
 
-from coevo.backends.base import SamplingParams
-from coevo.envs.multiturn import drive, turns_to_steps
 from coevo.envs.react_math import FAMILIES, MathEpisode, Problem, PythonTool, mean_and_pass_at_k, problems
-from coevo.rollouts.base import Rollout, RolloutConfig, Split, register_rollout
+from coevo.rollouts.base import RolloutConfig, Split, register_rollout
+from coevo.rollouts.batched import EpisodeRollout
 from coevo.types import Trajectory
 
 
@@ -58,8 +55,9 @@ class ReactMathConfig(RolloutConfig):
 
 
 @register_rollout("react_math")
-class ReactMathRollout(Rollout):
-    """ReAct math episodes with a sandboxed Python tool and exact answer checking (module docstring)."""
+class ReactMathRollout(EpisodeRollout):
+    """ReAct math episodes with a sandboxed Python tool and exact answer checking (module docstring); context slot
+    ``system_prompt`` (:class:`~coevo.rollouts.batched.EpisodeRollout`)."""
 
     Config = ReactMathConfig
 
@@ -94,55 +92,11 @@ class ReactMathRollout(Rollout):
         if split == "test":
             chosen = [p for p in pool for _ in range(cfg.samples_per_problem)]
         else:
-            k = min(cfg.problems_per_member, cfg.train_pool)
-            chosen = [pool[i] for i in random.Random(f"{cfg.seed}/draw/{generation}").sample(range(cfg.train_pool), k)]
+            chosen = self.draw(pool, min(cfg.problems_per_member, cfg.train_pool), generation)
         return [self.episode(p) for p in chosen]
 
-    def sampling(self, split: Split, generation: int, turn: int) -> SamplingParams:
-        cfg = self.config
-        salt = 7_919 if split == "test" else 0
-        return SamplingParams(
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            stop=tuple(cfg.stop),
-            seed=(cfg.seed * 1_000_003 + generation * 1_009 + turn + salt) % 2**31,
-        )
-
-    def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
-        episodes = self.episodes(split, generation)
-        t0 = time.time()
-        all_turns = drive(
-            episodes, lambda convs, turn: policy.generate(convs, self.sampling(split, generation, turn)), "history"
-        )
-        dt = time.time() - t0
-        trajs = []
-        for i, (ep, turns) in enumerate(zip(episodes, all_turns)):
-            errors = [t.error for t in turns if t.error]
-            trajs.append(
-                self.case_trajectory(
-                    key_prefix=key_prefix,
-                    split=split,
-                    index=i,
-                    generation=generation,
-                    member=member,
-                    evolver=evolver,
-                    round_index=round_index,
-                    task_id=self.task_id(ep),
-                    steps=turns_to_steps(turns),
-                    reward=ep.reward(),
-                    valid=not errors,
-                    failure="llm_error" if errors else None,
-                    failure_detail=errors[0] if errors else None,
-                    llm_calls=len(turns),
-                    prompt_tokens=sum(t.prompt_tokens for t in turns),
-                    completion_tokens=sum(t.completion_tokens for t in turns),
-                    duration_s=dt / max(1, len(episodes)),
-                    meta={"split": split, "question": ep.problem.question, **ep.summary()},
-                )
-            )
-        return trajs
+    def episode_meta(self, episode: MathEpisode) -> dict:
+        return {"question": episode.problem.question, **episode.summary()}
 
     def metrics(self, trajectories: list[Trajectory], k: int | None = None) -> dict[str, float]:
         """Mean@k and Pass@k over held-out trajectories grouped by problem (k defaults to samples_per_problem)."""

@@ -15,16 +15,13 @@ environment's terminal 0/1; ``R_i`` = mean over the member's episodes (success r
 
 from __future__ import annotations
 
-import random
-import time
 from typing import Literal
 
 from pydantic import Field, model_validator
 
-from coevo.backends.base import SamplingParams
-from coevo.envs.multiturn import drive, turns_to_steps
 from coevo.envs.sudoku import BOX, Puzzle, SudokuEpisode, puzzles
-from coevo.rollouts.base import Rollout, RolloutConfig, Split, register_rollout
+from coevo.rollouts.base import RolloutConfig, Split, register_rollout
+from coevo.rollouts.batched import EpisodeRollout
 
 
 class SudokuConfig(RolloutConfig):
@@ -61,8 +58,9 @@ class SudokuConfig(RolloutConfig):
 
 
 @register_rollout("sudoku")
-class SudokuRollout(Rollout):
-    """Sudoku episodes with terminal 0/1 reward (module docstring)."""
+class SudokuRollout(EpisodeRollout):
+    """Sudoku episodes with terminal 0/1 reward (module docstring); context slot ``system_prompt``
+    (:class:`~coevo.rollouts.batched.EpisodeRollout`)."""
 
     Config = SudokuConfig
 
@@ -87,57 +85,14 @@ class SudokuRollout(Rollout):
         if split == "test":
             chosen = pool * cfg.test_repeats
         else:
-            idx = random.Random(f"{cfg.seed}/draw/{generation}").sample(range(cfg.train_pool), cfg.puzzles_per_member)
-            chosen = [pool[i] for i in idx]
+            chosen = self.draw(pool, cfg.puzzles_per_member, generation)
         return [self.episode(p) for p in chosen]
 
-    def sampling(self, split: Split, generation: int, turn: int) -> SamplingParams:
-        """Decoding of one turn; the seed depends on (seed, split, generation, turn), not on the member."""
-        cfg = self.config
-        salt = 7_919 if split == "test" else 0
-        return SamplingParams(
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            top_k=cfg.top_k,
-            seed=(cfg.seed * 1_000_003 + generation * 1_009 + turn + salt) % 2**31,
-        )
+    def turn_context(self) -> str:
+        return self.config.context
 
-    def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
-        cfg = self.config
-        episodes = self.episodes(split, generation)
-        t0 = time.time()
-        all_turns = drive(
-            episodes, lambda convs, turn: policy.generate(convs, self.sampling(split, generation, turn)), cfg.context
-        )
-        dt = time.time() - t0
-        trajs = []
-        for i, (ep, turns) in enumerate(zip(episodes, all_turns)):
-            errors = [t.error for t in turns if t.error]
-            reward = ep.reward()
-            trajs.append(
-                self.case_trajectory(
-                    key_prefix=key_prefix,
-                    split=split,
-                    index=i,
-                    generation=generation,
-                    member=member,
-                    evolver=evolver,
-                    round_index=round_index,
-                    task_id=self.task_id(ep),
-                    steps=turns_to_steps(turns),
-                    reward=reward,
-                    valid=not errors,
-                    failure="llm_error" if errors else None,
-                    failure_detail=errors[0] if errors else None,
-                    llm_calls=len(turns),
-                    prompt_tokens=sum(t.prompt_tokens for t in turns),
-                    completion_tokens=sum(t.completion_tokens for t in turns),
-                    duration_s=dt / max(1, len(episodes)),
-                    meta={"split": split, "context": cfg.context, **ep.summary()},
-                )
-            )
-        return trajs
+    def episode_meta(self, episode: SudokuEpisode) -> dict:
+        return {"context": self.config.context, **episode.summary()}
 
     def n_cases(self, split: Split = "train") -> int:
         cfg = self.config

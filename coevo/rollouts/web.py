@@ -15,9 +15,10 @@ any site (``benchmark: openended``: a start URL, a goal and a reward rule, :mod:
   over the episodes whose browser and evaluator worked: an episode that failed because the *browser* failed
   (``failure == "runtime"``) or its *evaluator* failed (``failure == "evaluation"``, e.g. an LLM judge without
   its key) says nothing about the weights and is left out; a model failure counts 0.
-* Skills (``use_skills``): the agent runs under the CURRENT skill published by a skill evolver on
-  ``ctx.shared["skill"] = {"name", "version", "path"}`` (Trace2Skill, :mod:`coevo.evolvers.trace2skill`), or
-  under the configured initial skill folders (version 0) when nothing is published. ``skill_mode: preload``
+* Skills (``use_skills``): the agent runs under the CURRENT skill published by a skill evolver on the context
+  channel, key ``skill`` (context slot ``skill``, value ``{"name", "version", "path", "source"}``;
+  ``ctx.publish("skill", ...)``, done by Trace2Skill, :mod:`coevo.evolvers.trace2skill`), or under the
+  configured initial skill folders (version 0) when nothing is published. ``skill_mode: preload``
   puts the current skill's body into the system prompt (a small model rarely chooses to load a skill);
   ``catalog`` only lists names and descriptions and lets the agent call ``load_skill`` (progressive
   disclosure). Each trajectory records ``context=ContextRef(skill_name, skill_version)``. ``skill_dirs`` entries
@@ -38,7 +39,7 @@ import os
 import random
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -47,7 +48,7 @@ from coevo.backends.base import SamplingParams
 from coevo.envs.openended import OpenEndedSpec
 from coevo.envs.web import WEB_ACTION_NAMES, WebEnv
 from coevo.resources import shipped_root
-from coevo.rollouts.base import Rollout, RolloutConfig, Split, register_rollout
+from coevo.rollouts.base import Rollout, RolloutConfig, RolloutContext, Split, register_rollout
 from coevo.types import ContextRef, ESMember, Trajectory
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class WebRolloutConfig(RolloutConfig):
         None, ge=200, description="catalog mode: cut a loaded skill at this many characters, with a note (None = whole)"
     )
     timeout_ms: int | None = Field(None, gt=0, description="Playwright timeout per browser action (ms)")
-    use_skills: bool = Field(False, description="run the agent under the current skill (ctx.shared['skill'])")
+    use_skills: bool = Field(False, description="run the agent under the current skill (context 'skill')")
     skill_mode: Literal["preload", "catalog"] = Field(
         "preload", description="preload: current skill's body in the system prompt; catalog: names only"
     )
@@ -278,6 +279,9 @@ class WebRollout(Rollout):
     """
 
     Config = WebRolloutConfig
+    context_slots: ClassVar[dict[str, str]] = {
+        "skill": "the current skill {name, version, path, source} (None: the initial folders)"
+    }
     #: fields that choose the tasks, the held-out split and the skills: a skill gate over this rollout keeps them
     selection_keys = (
         "benchmark",
@@ -391,19 +395,23 @@ class WebRollout(Rollout):
             env.close()
 
     # ------------------------------------------------------------------ skills
-    def skill_context(self) -> tuple[SkillLibrary | None, str | None, ContextRef, dict[str, Any]]:
+    def skill_context(
+        self, context: RolloutContext | None = None
+    ) -> tuple[SkillLibrary | None, str | None, ContextRef, dict[str, Any]]:
         """The skills for the next episodes: ``(library, system-prompt skill text, context, meta)``.
 
-        The library holds the initial folders with the published skill's folder in place of the initial one
-        of the same name. ``(None, None, ContextRef(), {})`` when ``use_skills`` is off.
+        The library holds the initial folders with the published skill's folder (slot ``skill`` of ``context``,
+        default :meth:`current_context`) in place of the initial one of the same name.
+        ``(None, None, ContextRef(versions), {})`` when ``use_skills`` is off.
         """
         from coevo.skills import SkillLibrary
         from coevo.skills.spec import read_skill_document
 
         cfg = self.config
+        context = context or self.current_context()
         if not cfg.use_skills:
-            return None, None, ContextRef(), {}
-        published = (self.ctx.shared.get("skill") if self.ctx is not None else None) or None
+            return None, None, context.ref(), {}
+        published = context.values.get("skill") or None
         dirs = {read_skill_document(d).name: d for d in self.initial_skill_dirs}
         if published:
             source = published.get("source")
@@ -428,7 +436,7 @@ class WebRollout(Rollout):
         meta = {"skill_path": str(dirs[name]), "skill_mode": cfg.skill_mode}
         if published and published["name"] == name and published.get("source"):
             meta["skill_source"] = str(published["source"])
-        return library, text, ContextRef(skill_name=name, skill_version=version), meta
+        return library, text, context.ref(skill_name=name, skill_version=version), meta
 
     # ------------------------------------------------------------------ rollout API
     def sampling_params(self, split: Split, generation: int) -> SamplingParams:
@@ -460,8 +468,16 @@ class WebRollout(Rollout):
             PolicyError: the backend cannot serve at all. WebArenaConfigError: site URLs not configured.
         """
         cfg = self.config
+        call = self.call(
+            generation=generation,
+            member=member,
+            key_prefix=key_prefix,
+            split=split,
+            evolver=evolver,
+            round_index=round_index,
+        )
         episodes = self.episodes(split, generation, member)
-        library, skill_text, context, skill_meta = self.skill_context()
+        library, skill_text, context, skill_meta = self.skill_context(call.context)
         agent = WebAgent(
             policy,
             sampling=self.sampling_params(split, generation),
@@ -472,16 +488,12 @@ class WebRollout(Rollout):
             history_len=cfg.history_len,
             max_skill_chars=cfg.max_skill_chars,
         )
-        run_id = self.ctx.run_id if self.ctx is not None else ""
-        space = None
-        if self.ctx is not None and evolver in self.ctx.evolvers:
-            space = self.ctx.evolvers[evolver].space
         prov = Provenance(
-            run_id=run_id,
+            run_id=self.ctx.run_id if self.ctx is not None else "",
             evolver=evolver,
             round=round_index,
             generation=generation,
-            space=space or ("parameter" if member is not None else "context"),
+            space=call.space,
             context=context,
         )
         keys = [f"{key_prefix}/{split}/{i}" for i in range(len(episodes))]

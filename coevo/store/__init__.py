@@ -7,7 +7,8 @@ settings and the single-writer rule, :mod:`coevo.store.schema` for the tables, a
 """
 
 from coevo.store.artifacts import Artifact
+from coevo.store.queries import TrajectoryFilter
 from coevo.store.schema import SCHEMA_VERSION, SchemaError
 from coevo.store.store import TrajectoryStore
 
-__all__ = ["SCHEMA_VERSION", "Artifact", "SchemaError", "TrajectoryStore"]
+__all__ = ["SCHEMA_VERSION", "Artifact", "SchemaError", "TrajectoryFilter", "TrajectoryStore"]

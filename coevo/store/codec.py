@@ -37,6 +37,7 @@ TRAJECTORY_COLUMNS = (
     "skill_version",
     "heuristic_id",
     "prompt",
+    "context_versions",
     "llm_calls",
     "prompt_tokens",
     "completion_tokens",
@@ -162,6 +163,7 @@ def trajectory_row(t: Trajectory, created_at: float) -> tuple[Any, ...]:
         check_int(c.skill_version, "context.skill_version", optional=True),
         check_str(c.heuristic_id, "context.heuristic_id", optional=True),
         c.prompt,
+        dumps_json(_check_versions(c.versions), "context.versions"),
         check_int(t.llm_calls, "llm_calls"),
         check_int(t.prompt_tokens, "prompt_tokens"),
         check_int(t.completion_tokens, "completion_tokens"),
@@ -171,6 +173,17 @@ def trajectory_row(t: Trajectory, created_at: float) -> tuple[Any, ...]:
         dumps_json(t.meta if t.meta is not None else {}, "meta"),
         created_at,
     )
+
+
+def _check_versions(versions: Any) -> dict[str, int]:
+    """``versions`` if it maps non-empty str keys to ints >= -1 (-1: a scored candidate, not published); else
+    raise naming ``context.versions``."""
+    if not isinstance(versions, dict):
+        raise TypeError(f"context.versions must be a dict, got {type(versions).__name__}")
+    for k, v in versions.items():
+        check_str(k, "context.versions key")
+        check_int(v, f"context.versions[{k!r}]", minimum=-1)
+    return versions
 
 
 def step_rows(trajectory_id: int, steps: list[Step]) -> Iterator[tuple[Any, ...]]:
@@ -222,6 +235,7 @@ def trajectory_from_row(row: sqlite3.Row, steps: list[Step]) -> Trajectory:
             skill_version=row["skill_version"],
             heuristic_id=row["heuristic_id"],
             prompt=row["prompt"],
+            versions=loads_json(row["context_versions"]) if "context_versions" in row.keys() else {},  # noqa: SIM118 (sqlite3.Row: `in` tests values)
         ),
         llm_calls=row["llm_calls"],
         prompt_tokens=row["prompt_tokens"],

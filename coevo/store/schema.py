@@ -11,7 +11,10 @@ Layout (all in one SQLite file):
 - ``artifacts``: versioned context artifacts (skill versions, heuristics, prompts), version numbers counted
   per ``(kind, name)`` across the store, optional unique idempotency ``key``.
 - ``es_history``: one JSON row per ES generation, unique per ``(run_id, evolver, generation)``.
-- ``schema_version``: a single row holding the schema version of the file.
+- ``schema_version``: one row per schema version the file was created at or migrated to.
+
+Version 2 adds ``trajectories.context_versions`` (JSON: published context key -> version, see
+:class:`coevo.types.ContextRef`); a version-1 file is upgraded in place when opened for writing.
 
 Migrations: :data:`MIGRATIONS` maps a version ``v`` to a function that upgrades a connection's schema from
 ``v`` to ``v + 1`` (run inside one transaction by :func:`migrate`). A file with a newer version than
@@ -27,11 +30,17 @@ from collections.abc import Callable, Mapping
 from coevo.errors import UserError
 
 #: Schema version written by this code.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-#: ``{v: upgrade_from_v_to_v_plus_1(conn)}``. Empty while only version 1 exists; add an entry together with
-#: every change of :data:`SCHEMA_V1`'s successor and bump :data:`SCHEMA_VERSION`.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+
+def _add_context_versions(conn: sqlite3.Connection) -> None:
+    """1 -> 2: the published context versions of each trajectory (``{}`` for older rows)."""
+    conn.execute("ALTER TABLE trajectories ADD COLUMN context_versions TEXT NOT NULL DEFAULT '{}'")
+
+
+#: ``{v: upgrade_from_v_to_v_plus_1(conn)}``; add an entry with every schema change and bump
+#: :data:`SCHEMA_VERSION` (a new file is created at version 1 and migrated, so both paths are the same code).
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_context_versions}
 
 SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS schema_version (
@@ -176,11 +185,12 @@ def migrate(
 
 
 def check_version(conn: sqlite3.Connection, target: int = SCHEMA_VERSION) -> None:
-    """For read-only connections: raise :class:`SchemaError` unless the file is at version ``target``."""
+    """For read-only connections: raise :class:`SchemaError` unless the file is at version ``target`` or older
+    (readers fill columns an older file lacks with their defaults, e.g. ``context_versions`` -> ``{}``)."""
     found = read_version(conn)
     if found is None:
         raise SchemaError("not a coevo trajectory store (no schema_version table)")
-    if found != target:
+    if found > target:
         raise SchemaError(
             f"store schema_version {found} differs from this coevo's ({target}); "
             "open it once without readonly=True to migrate, or upgrade coevo"

@@ -47,7 +47,7 @@ from coevo.store.codec import (
     step_rows,
     trajectory_row,
 )
-from coevo.store.queries import load_trajectories, order_clause, where_clause
+from coevo.store.queries import TrajectoryFilter, load_trajectories, order_clause
 from coevo.store.schema import check_version, migrate
 from coevo.types import Trajectory
 
@@ -216,45 +216,29 @@ class TrajectoryStore:
 
     def query(
         self,
-        run_id: str | None = None,
-        evolver: str | None = None,
-        space: str | None = None,
-        round: int | None = None,
-        generation: int | None = None,
-        valid: bool | None = None,
-        min_reward: float | None = None,
-        max_reward: float | None = None,
-        task_id: str | None = None,
+        *,
         order_by: str = "id",
         descending: bool = False,
         limit: int | None = None,
         with_steps: bool = True,
+        **filters: Any,
     ) -> list[Trajectory]:
-        """Trajectories matching all given filters (``None`` = no filter).
+        """Trajectories matching all given filters.
 
         Args:
-            run_id, evolver, space, round, generation, task_id: equality filters.
-            valid: ``True`` for valid rollouts only, ``False`` for failures only.
-            min_reward, max_reward: inclusive reward bounds (rows with ``reward`` NULL never match).
+            filters: :class:`~coevo.store.queries.TrajectoryFilter` fields: ``run_id``, ``evolver``, ``space``,
+                ``round``, ``generation``, ``task_id`` (equality), ``valid``, ``min_reward`` / ``max_reward``
+                (inclusive; NULL rewards never match), ``split`` (``meta["split"]``) and ``member`` (True:
+                ES members only, False: unperturbed only).
             order_by: ``"id"`` (insertion order) or ``"reward"`` (NULL rewards last; ties by id).
             descending: reverse the order.
             limit: at most this many rows (``>= 0``).
             with_steps: load each trajectory's steps (``False`` leaves ``steps=[]``, much cheaper).
 
         Raises:
-            TypeError / ValueError: a bad filter value (named).
+            TypeError / ValueError: an unknown filter or a bad value (named).
         """
-        where, params = where_clause(
-            run_id=run_id,
-            evolver=evolver,
-            space=space,
-            round=round,
-            generation=generation,
-            valid=valid,
-            min_reward=min_reward,
-            max_reward=max_reward,
-            task_id=task_id,
-        )
+        where, params = TrajectoryFilter.of(filters).where()
         tail = order_clause(order_by, descending, limit)
         with self._read() as conn:
             return load_trajectories(conn, where + tail, params, with_steps=with_steps)
@@ -276,7 +260,7 @@ class TrajectoryStore:
 
     def count(self, **filters: Any) -> int:
         """Number of trajectories matching :meth:`query`'s filters (``run_id``, ``valid``, ...)."""
-        where, params = where_clause(**filters)
+        where, params = TrajectoryFilter.of(filters).where()
         with self._read() as conn:
             return int(conn.execute(f"SELECT COUNT(*) FROM trajectories {where}", params).fetchone()[0])
 
@@ -293,6 +277,19 @@ class TrajectoryStore:
             ).fetchone()
         return int(row[0])
 
+    def run_identity(self, folder_name: str | None = None) -> str | None:
+        """The id of the run this store belongs to: the one recorded when the run was created (artifact
+        ``run_identity``, so a copied or renamed run folder keeps it); for stores written before that, the only
+        run id among the trajectories; else ``folder_name`` (None when not given)."""
+        from coevo.artifacts import RUN_IDENTITY
+
+        with self._read() as conn:
+            art = _artifacts.get_artifact(conn, RUN_IDENTITY, "run", None)
+            if art is not None:
+                return str(art.content["run_id"])
+            ids = [r[0] for r in conn.execute("SELECT DISTINCT run_id FROM trajectories LIMIT 2")]
+        return ids[0] if len(ids) == 1 else folder_name
+
     def run_ids(self) -> list[str]:
         """Distinct run ids with at least one trajectory, sorted."""
         with self._read() as conn:
@@ -306,7 +303,7 @@ class TrajectoryStore:
         check_int(batch_size, "batch_size", minimum=1)
         last_id = 0
         while True:
-            where, params = where_clause(run_id=run_id)
+            where, params = TrajectoryFilter(run_id=run_id).where()
             where = f"{where} AND id > ?" if where else "WHERE id > ?"
             with self._read() as conn:
                 batch = load_trajectories(conn, f"{where} ORDER BY id LIMIT {batch_size}", [*params, last_id], True)

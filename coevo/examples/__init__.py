@@ -1,0 +1,1 @@
+"""Worked examples shipped with coevo (importable as plug-ins: ``plugins: [coevo.examples.prompt_evolver]``)."""
