@@ -102,7 +102,7 @@ def open_run(run_dir: str | Path, busy_timeout_s: float = 2.0) -> RunReader:
     if found < SCHEMA_VERSION:
         raise DashboardError(
             f"{db} has store schema version {found}, older than this coevo's ({SCHEMA_VERSION}); the dashboard "
-            "never migrates a store: run `coevo runs show RUN_DIR` once (it upgrades the file), then serve it"
+            "never migrates a store: run `coevo runs show --report RUN_DIR` once (it opens the store for writing, which upgrades the file), then serve it"
         )
     try:
         return RunReader(run_dir, TrajectoryStore(db, readonly=True, busy_timeout_s=busy_timeout_s))
