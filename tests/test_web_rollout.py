@@ -470,9 +470,14 @@ def test_the_users_skill_is_the_one_trace2skill_evolves_and_the_agent_sees(ctx, 
         [traj] = ro.run(ScriptedPolicy(click_button_solver), generation=0, member=None, key_prefix="k", split="test")
     finally:
         ro.close()
-    assert traj.reward == 1.0 and traj.context == ContextRef(skill_name="miniwob-forms", skill_version=0)
+    assert traj.reward == 1.0 and traj.context == ContextRef(
+        skill_name="miniwob-forms", skill_version=0, versions={"skill": 0}
+    )
     assert MARKER in traj.steps[0].meta["system_prompt"]
-    assert traj.meta["skill_path"] == str(t2s.path) and traj.meta["skill_source"] == str(Path(mine).resolve())
+    # version 0 is published by nobody: the agent reads the user's folder itself, whose text Trace2Skill's v0
+    # working copy holds (a published version k > 0 points the rollout at Trace2Skill's copy instead)
+    assert Path(traj.meta["skill_path"]).resolve() == Path(mine).resolve() and "skill_source" not in traj.meta
+    assert (t2s.path / "SKILL.md").read_text() == (Path(mine) / "SKILL.md").read_text()
 
 
 @pytest.mark.browser
