@@ -37,25 +37,17 @@ class FlakyLogProbRollout(TargetLogProbRollout):
 
     Config = FlakyConfig
 
-    def run(self, policy, *, generation, member, key_prefix, split="train", evolver="es", round_index=0):
+    def run_call(self, policy, call):
         cfg = self.config
         log = Path(cfg.log_file)
-        index = None if member is None else member.index
+        index = None if call.member is None else call.member.index
         with log.open("a") as fh:
-            fh.write(json.dumps({"generation": generation, "index": index, "split": split}) + "\n")
+            fh.write(json.dumps({"generation": call.generation, "index": index, "split": call.split}) + "\n")
         failed = log.with_suffix(".failed")
-        if cfg.fail_at == [generation, index] and not failed.exists():
+        if cfg.fail_at == [call.generation, index] and not failed.exists():
             failed.write_text("1")
             raise PolicyError("backend died in the middle of a member's rollout")
-        return super().run(
-            policy,
-            generation=generation,
-            member=member,
-            key_prefix=key_prefix,
-            split=split,
-            evolver=evolver,
-            round_index=round_index,
-        )
+        return super().run_call(policy, call)
 
 
 @pytest.fixture(autouse=True, scope="module")
