@@ -114,9 +114,7 @@ SMALL_AHD = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def shipped(ahd: str, model: str, **over) -> list[str]:

@@ -12,7 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.slow  # two real tiny-model runs, then the same grid twice more (about 40 s of CPU)
+# two real tiny-model runs, then the same grid twice more (about 40 s of CPU)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("private_cache")]
 
 
 def _bench():
@@ -24,11 +25,6 @@ def _bench():
 
 
 BENCH = _bench()
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
 
 
 def test_parse_sizes_per_problem_or_for_all():

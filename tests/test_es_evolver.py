@@ -50,13 +50,7 @@ class FlakyLogProbRollout(TargetLogProbRollout):
         return super().run_call(policy, call)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Two-thread BLAS on this shared 2-core machine is ~20x slower for a tiny model; results do not depend on it."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def es_config(model_dir, *, dtype="float32", max_rounds=20, max_samples=None, **es):

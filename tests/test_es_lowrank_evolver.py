@@ -52,12 +52,7 @@ class KillingLogProbRollout(TargetLogProbRollout):
         return super().run_population(population, members, **kw)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def lowrank_config(model_dir, **es):

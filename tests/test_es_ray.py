@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 ray = pytest.importorskip("ray")
 
@@ -19,7 +18,8 @@ from coevo.rollouts.ray_pool import RayReplicaPool, ReplicaDivergenceError
 from coevo.store import TrajectoryStore
 from coevo.types import ESMember
 
-pytestmark = pytest.mark.slow  # Ray start-up plus actors importing torch: ~30 s on 2 busy cores
+# Ray start-up plus actors importing torch: ~30 s on 2 busy cores
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +30,6 @@ def local_ray():
     yield
     if started:
         ray.shutdown()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # the actors run with one thread too (ReplicaWorker torch_threads)
-    yield
-    torch.set_num_threads(old)
 
 
 def _spec(model_dir):

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from coevo.config import load_config
@@ -24,15 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "examples" / "prompt_es_tiny.yaml"
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the subprocesses (OMP_NUM_THREADS=1) and the Ray actors
-    yield
-    torch.set_num_threads(old)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def _api_run(run_dir: Path, overrides: list[str] | None = None) -> Path:
