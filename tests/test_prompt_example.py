@@ -91,6 +91,19 @@ def _spawn(args: list[str], env=ENV) -> subprocess.Popen:
     )
 
 
+def _replay_check(run_dir: Path) -> None:
+    """``coevo es replay RUN_DIR --check`` (a fresh process) replays the run's ES history hash-exactly."""
+    check = subprocess.run(
+        [sys.executable, "-m", "coevo.cli", "es", "replay", str(run_dir), "--check"],
+        env=ENV,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def test_coevo_run_killed_with_sigkill_resumes_bit_identically(ref, tmp_path):
     run_dir = tmp_path / "killed"
     proc = _spawn([str(CONFIG), "--out", str(run_dir)])
@@ -113,15 +126,7 @@ def test_coevo_run_killed_with_sigkill_resumes_bit_identically(ref, tmp_path):
     assert resumed.returncode == 0, out
     assert "resumed" in out
     assert _snapshot(run_dir) == _snapshot(ref)
-    check = subprocess.run(
-        [sys.executable, "-m", "coevo.cli", "es", "replay", str(run_dir), "--check"],
-        env=ENV,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
+    _replay_check(run_dir)
 
 
 def test_a_copied_run_folder_keeps_its_run_id(ref, tmp_path):
@@ -132,15 +137,7 @@ def test_a_copied_run_folder_keeps_its_run_id(ref, tmp_path):
     assert proc.returncode == 0, out
     with TrajectoryStore(copy / "store.sqlite", readonly=True) as s:
         assert s.run_ids() == ["ref"] and s.run_identity("copy-of-ref") == "ref"
-    check = subprocess.run(
-        [sys.executable, "-m", "coevo.cli", "es", "replay", str(copy), "--check"],
-        env=ENV,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
+    _replay_check(copy)
 
 
 def test_workers_2_send_the_published_prompt_to_the_ray_actors(ref, tmp_path):
