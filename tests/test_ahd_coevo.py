@@ -139,6 +139,19 @@ def make_loop(tmp_path: Path, config: str, sets: list[str], policy=None) -> CoEv
     )
 
 
+def es_first_eoh_loop(tmp_path: Path, model_dir: Path, **over) -> CoEvolutionLoop:
+    """The shipped EoH + ES config (``eoh_es/tsp_construct.yaml``) at test size on the model in ``model_dir``, ES
+    first in round 0 (the EoH population is still empty, so members fall back to i1 samples), the seed heuristic
+    included, 4 ES members, 28 samples; ``over`` are further ``--set`` overrides."""
+    sets = {
+        "evolvers.eoh.include_seed_heuristic": True,
+        "schedule": "[{evolver: es}, {evolver: eoh}]",
+        "evolvers.es.population_size": 4,
+        "budget.max_samples": 28,
+    }
+    return make_loop(tmp_path, "eoh_es/tsp_construct.yaml", shipped("eoh", str(model_dir), **sets, **over))
+
+
 def objectives(problem, instances, codes: dict[str, str]) -> dict[str, float]:
     """Reply text -> mean objective of its code on ``instances`` (evaluated independently of the run)."""
     out = {}
@@ -584,21 +597,13 @@ def test_scripted_sample_es_through_the_loop(tmp_path, tiny_model_dir):
 # ------------------------------------------------------------------------------- real tiny model
 def test_tiny_model_eoh_es_invalid_children(tmp_path, tiny_model_dir):
     # ES first in round 0: the EoH population is still empty, so members fall back to i1 samples
-    loop = make_loop(
+    loop = es_first_eoh_loop(
         tmp_path,
-        "eoh_es/tsp_construct.yaml",
-        shipped(
-            "eoh",
-            str(tiny_model_dir),
-            **{
-                "evolvers.eoh.include_seed_heuristic": True,
-                "schedule": "[{evolver: es}, {evolver: eoh}]",
-                "evolvers.es.population_size": 4,
-                "evolvers.es.total_generations": 2,
-                "evolvers.es.rollout.reward": "paper",  # this test checks the paper's rule on invalid children
-                "budget.max_samples": 28,
-            },
-        ),
+        tiny_model_dir,
+        **{
+            "evolvers.es.total_generations": 2,
+            "evolvers.es.rollout.reward": "paper",  # this test checks the paper's rule on invalid children
+        },
     )
     summary = loop.run()
     assert "sample budget reached (28/28" in summary.stop_reason
