@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,3 +56,21 @@ def pids_with_cmdline(token: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+def one_member_record(seed: int = 1, **fields: Any):
+    """A one-member ES generation record (:class:`coevo.es.GenerationRecord`): member ``seed`` with sign +1,
+    reward 1.0 and coefficient 1.0, generation 0, sigma 1e-3, alpha 1e-3; ``fields`` override or add fields."""
+    from coevo.es import GenerationRecord
+
+    base = {"generation": 0, "seeds": [seed], "signs": [1], "rewards": [1.0], "coeffs": [1.0]}
+    return GenerationRecord(**{**base, "sigma": 1e-3, "alpha": 1e-3, **fields})
+
+
+def antithetic_record(seed: int, **fields: Any):
+    """A two-member antithetic ES generation record: ``seed`` twice with signs +1 / -1, rewards 1.0 / 0.0 and
+    coefficients 1.0 / -1.0, generation 0, sigma 1e-3, alpha 1e-2; ``fields`` override or add fields."""
+    from coevo.es import GenerationRecord
+
+    base = {"generation": 0, "seeds": [seed, seed], "signs": [1, -1], "rewards": [1.0, 0.0], "coeffs": [1.0, -1.0]}
+    return GenerationRecord(**{**base, "sigma": 1e-3, "alpha": 1e-2, **fields})

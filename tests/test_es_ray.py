@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from support import antithetic_record
 
 ray = pytest.importorskip("ray")
 
@@ -57,16 +58,7 @@ def test_actor_noise_equals_in_process_and_divergence_is_detected(local_ray, tin
             assert pool.noise_hashes(member) == [expected, expected]  # ...identically in every process
         assert not local.active and pool.start_hashes[0] == local.weights_hash()
 
-        record = GenerationRecord(
-            generation=0,
-            seeds=[7, 7],
-            signs=[1, -1],
-            rewards=[1.0, 0.0],
-            coeffs=[1.0, -1.0],
-            sigma=1e-2,
-            alpha=1e-2,
-            master_dtype="float32",
-        )
+        record = antithetic_record(7, sigma=1e-2, master_dtype="float32")
         _, after = local.apply(record)
         assert pool.apply(record, expected=after) == (None, after) and pool.weights_hash() == after
         lowrank = GenerationRecord(
