@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from test_eoh import FARTHEST, FIRST_INDEX, NN, RETURNS_FLOAT, TOWARD_HOME
 
 from coevo.ahd.evaluate import evaluate_heuristic
 from coevo.ahd.problem import load_problem
@@ -37,34 +38,12 @@ from coevo.types import Step, Trajectory
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "ahd"
 
-NN = """import numpy as np
-
-def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
-    return int(unvisited_nodes[np.argmin(distance_matrix[current_node, unvisited_nodes])])
-"""
-TOWARD_HOME = """import numpy as np
-
-def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
-    score = distance_matrix[current_node, unvisited_nodes] - 0.3 * distance_matrix[destination_node, unvisited_nodes]
-    return int(unvisited_nodes[np.argmin(score)])
-"""
 TOWARD_HOME_2 = TOWARD_HOME.replace("0.3", "0.6")
 SECOND_NEAREST = """import numpy as np
 
 def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
     order = np.argsort(distance_matrix[current_node, unvisited_nodes])
     return int(unvisited_nodes[order[min(1, len(order) - 1)]])
-"""
-FIRST_INDEX = """def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
-    return int(unvisited_nodes[0])
-"""
-FARTHEST = """import numpy as np
-
-def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
-    return int(unvisited_nodes[np.argmax(distance_matrix[current_node, unvisited_nodes])])
-"""
-RETURNS_FLOAT = """def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
-    return 0.5
 """
 GARBAGE = "I would like to help, but here is no code."
 SYNTAX = "{A broken idea.}\n```python\ndef select_next_node(current_node:\n    return\n```\n"
