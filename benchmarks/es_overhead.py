@@ -383,55 +383,38 @@ def metrics(res: dict[str, dict]) -> list[dict]:
     """The JSON metric lines from the variants' results (metrics whose variants were not run are left out)."""
     inf, esi, esx, bp, lr = (res.get(v) for v in VARIANTS)
 
-    def ok(*variants) -> bool:
-        return all(v is not None for v in variants)
-
     def tput(r: dict, update: bool = False) -> float:
         plain = r["plain_tokens"] / r["plain_s"]
         es = r["es_tokens"] / (r["es_s"] + (r["update_s"] if update else 0.0))
         return es / plain
 
-    rows = []
-    if ok(esi):
-        rows.append(("es_throughput_ratio_inference_mode", tput(esi), ">= 0.95", lambda v: v >= 0.95))
-    if ok(esx):
-        rows += [
-            ("es_throughput_ratio_exact_mode", tput(esx), ">= 0.95", lambda v: v >= 0.95),
-            ("es_throughput_ratio_with_update_exact_mode", tput(esx, True), ">= 0.95", lambda v: v >= 0.95),
-        ]
-    if ok(inf, esi):
-        rows.append(
-            ("es_peak_memory_ratio_inference_mode", esi["peak_rss"] / inf["peak_rss"], "<= 1.05", lambda v: v <= 1.05)
-        )
-    if ok(inf, esx):
-        rows.append(
-            ("es_peak_memory_ratio_exact_mode", esx["peak_rss"] / inf["peak_rss"], "<= 1.05", lambda v: v <= 1.05)
-        )
-    if ok(esi, bp):
-        rows.append(
-            ("es_vs_backprop_peak_memory_ratio", esi["peak_rss"] / bp["peak_rss"], "<= 0.15", lambda v: v <= 0.15)
-        )
-    if ok(esx, bp):
-        rows.append(
-            ("es_exact_vs_backprop_peak_memory_ratio", esx["peak_rss"] / bp["peak_rss"], "<= 0.15", lambda v: v <= 0.15)
-        )
-    if ok(lr):
-        rows += [
-            ("lowrank_throughput_ratio", tput(lr), ">= 0.95", lambda v: v >= 0.95),
-            ("lowrank_throughput_ratio_with_update", tput(lr, True), ">= 0.95", lambda v: v >= 0.95),
-        ]
-    if ok(lr, esi):
-        rows.append(
-            (
-                "lowrank_vs_full_sequential_speedup",
-                (esi["es_s"] + esi["update_s"]) / (lr["es_s"] + lr["update_s"]),
-                ">= 3",
-                lambda v: v >= 3,
-            )
-        )
-    if ok(lr, inf):
-        rows.append(("lowrank_peak_memory_ratio", lr["peak_rss"] / inf["peak_rss"], "<= 1.05", lambda v: v <= 1.05))
-    return [{"metric": n, "value": round(v, 4), "goal": g, "met": bool(ok(v))} for n, v, g, ok in rows]
+    def mem(r: dict, base: dict) -> float:
+        return r["peak_rss"] / base["peak_rss"]
+
+    def seq_s(r: dict) -> float:
+        return r["es_s"] + r["update_s"]
+
+    # (metric, the variants it needs, its value, goal: ">=" or "<=" and the limit)
+    specs = [
+        ("es_throughput_ratio_inference_mode", (esi,), lambda: tput(esi), ">=", 0.95),
+        ("es_throughput_ratio_exact_mode", (esx,), lambda: tput(esx), ">=", 0.95),
+        ("es_throughput_ratio_with_update_exact_mode", (esx,), lambda: tput(esx, True), ">=", 0.95),
+        ("es_peak_memory_ratio_inference_mode", (inf, esi), lambda: mem(esi, inf), "<=", 1.05),
+        ("es_peak_memory_ratio_exact_mode", (inf, esx), lambda: mem(esx, inf), "<=", 1.05),
+        ("es_vs_backprop_peak_memory_ratio", (esi, bp), lambda: mem(esi, bp), "<=", 0.15),
+        ("es_exact_vs_backprop_peak_memory_ratio", (esx, bp), lambda: mem(esx, bp), "<=", 0.15),
+        ("lowrank_throughput_ratio", (lr,), lambda: tput(lr), ">=", 0.95),
+        ("lowrank_throughput_ratio_with_update", (lr,), lambda: tput(lr, True), ">=", 0.95),
+        ("lowrank_vs_full_sequential_speedup", (lr, esi), lambda: seq_s(esi) / seq_s(lr), ">=", 3),
+        ("lowrank_peak_memory_ratio", (lr, inf), lambda: mem(lr, inf), "<=", 1.05),
+    ]
+    out = []
+    for name, needs, value, op, limit in specs:
+        if all(r is not None for r in needs):
+            v = value()
+            met = v >= limit if op == ">=" else v <= limit
+            out.append({"metric": name, "value": round(v, 4), "goal": f"{op} {limit}", "met": bool(met)})
+    return out
 
 
 def table(res: dict[str, dict]) -> str:

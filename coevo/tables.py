@@ -1,13 +1,15 @@
-"""Markdown tables for reports: one formatter of cells, one table builder.
+"""Markdown tables for reports: one formatter of cells, one table builder, and the loop-step table.
 
 Used by the run report (:mod:`coevo.report`) and by every evolver's report section. Cells are formatted
 once (``None`` -> "–", floats to 4 significant digits) and escaped (``|`` and line breaks), so generated text
-such as an LLM's thought cannot break a table.
+such as an LLM's thought cannot break a table. :func:`step_table` is the table of the loop's step records that
+both the report and the dashboard show.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 
@@ -30,3 +32,37 @@ def md_table(headers: list[str], rows: list[list[Any]]) -> str:
     out = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
     return "\n".join(out)
+
+
+def step_reward_unit(step: dict[str, Any]) -> str:
+    """What a step record's ``best_reward`` measures (``reward_unit``, else by the evolver's space)."""
+    if step.get("reward_unit"):
+        return step["reward_unit"]
+    return "best ES member reward R_i of the generation" if step.get("space") == "parameter" else "reward"
+
+
+def step_table(
+    steps: list[dict[str, Any]], *, reward_unit: bool = True, fmt: Callable[[Any], str] = fmt
+) -> tuple[list[str], list[list[Any]]]:
+    """The loop-step table: ``(headers, rows)``, one row per step record (the loop's ``LOOP_STEP`` artifact
+    content: round, evolver, space, samples, trajectories, best_reward, samples_total, wall_s in seconds,
+    metrics); a missing field is ``None`` (wall time 0.0).
+
+    Args:
+        steps: the step records, in order.
+        reward_unit: include the "reward unit" column (:func:`step_reward_unit`) after "best reward".
+        fmt: how a metric's value is written in the "metrics" cell (``name=value, ...``).
+    """
+    headers = ["round", "evolver", "space", "samples", "trajectories", "best reward"]
+    headers += ["reward unit"] * reward_unit + ["samples total", "wall s", "metrics"]
+    rows = [
+        [s.get(k) for k in ("round", "evolver", "space", "samples", "trajectories", "best_reward")]
+        + [step_reward_unit(s)] * reward_unit
+        + [
+            s.get("samples_total"),
+            round(float(s.get("wall_s") or 0), 1),
+            ", ".join(f"{k}={fmt(v)}" for k, v in (s.get("metrics") or {}).items()),
+        ]
+        for s in steps
+    ]
+    return headers, rows

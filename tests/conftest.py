@@ -7,6 +7,29 @@ from pathlib import Path
 import pytest
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one thread for a module's tests, restored after them (use it as
+    ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``). Two-thread BLAS on a shared 2-core machine is
+    about 20x slower for a tiny model, and results do not depend on the thread count; the subprocesses
+    (``OMP_NUM_THREADS=1``) and the Ray actors (``ReplicaWorker`` ``torch_threads``) run with one thread too."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``COEVO_CACHE`` pointed at a fresh ``cache`` folder under the test's ``tmp_path`` (what coevo caches,
+    e.g. generated problem instances, stays out of the user's cache); returns that folder (not created)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("COEVO_CACHE", str(cache))
+    return cache
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen2ForCausalLM folder (hidden 32, 2 layers, 4 heads, 2 KV heads, tied embeddings,

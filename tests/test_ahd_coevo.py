@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from test_eoh import FARTHEST, FIRST_INDEX, NN, RETURNS_FLOAT, TOWARD_HOME
 
 from coevo.ahd.evaluate import evaluate_heuristic
 from coevo.ahd.problem import load_problem
@@ -37,34 +38,12 @@ from coevo.types import Step, Trajectory
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "ahd"
 
-NN = """import numpy as np
-
-def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
-    return int(unvisited_nodes[np.argmin(distance_matrix[current_node, unvisited_nodes])])
-"""
-TOWARD_HOME = """import numpy as np
-
-def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
-    score = distance_matrix[current_node, unvisited_nodes] - 0.3 * distance_matrix[destination_node, unvisited_nodes]
-    return int(unvisited_nodes[np.argmin(score)])
-"""
 TOWARD_HOME_2 = TOWARD_HOME.replace("0.3", "0.6")
 SECOND_NEAREST = """import numpy as np
 
 def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
     order = np.argsort(distance_matrix[current_node, unvisited_nodes])
     return int(unvisited_nodes[order[min(1, len(order) - 1)]])
-"""
-FIRST_INDEX = """def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
-    return int(unvisited_nodes[0])
-"""
-FARTHEST = """import numpy as np
-
-def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
-    return int(unvisited_nodes[np.argmax(distance_matrix[current_node, unvisited_nodes])])
-"""
-RETURNS_FLOAT = """def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
-    return 0.5
 """
 GARBAGE = "I would like to help, but here is no code."
 SYNTAX = "{A broken idea.}\n```python\ndef select_next_node(current_node:\n    return\n```\n"
@@ -114,9 +93,7 @@ SMALL_AHD = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def shipped(ahd: str, model: str, **over) -> list[str]:
@@ -139,6 +116,19 @@ def make_loop(tmp_path: Path, config: str, sets: list[str], policy=None) -> CoEv
     return CoEvolutionLoop(
         cfg, new_run_dir(cfg, tmp_path / "run"), raw_config=raw, progress=False, policy_factory=factory
     )
+
+
+def es_first_eoh_loop(tmp_path: Path, model_dir: Path, **over) -> CoEvolutionLoop:
+    """The shipped EoH + ES config (``eoh_es/tsp_construct.yaml``) at test size on the model in ``model_dir``, ES
+    first in round 0 (the EoH population is still empty, so members fall back to i1 samples), the seed heuristic
+    included, 4 ES members, 28 samples; ``over`` are further ``--set`` overrides."""
+    sets = {
+        "evolvers.eoh.include_seed_heuristic": True,
+        "schedule": "[{evolver: es}, {evolver: eoh}]",
+        "evolvers.es.population_size": 4,
+        "budget.max_samples": 28,
+    }
+    return make_loop(tmp_path, "eoh_es/tsp_construct.yaml", shipped("eoh", str(model_dir), **sets, **over))
 
 
 def objectives(problem, instances, codes: dict[str, str]) -> dict[str, float]:
@@ -586,21 +576,13 @@ def test_scripted_sample_es_through_the_loop(tmp_path, tiny_model_dir):
 # ------------------------------------------------------------------------------- real tiny model
 def test_tiny_model_eoh_es_invalid_children(tmp_path, tiny_model_dir):
     # ES first in round 0: the EoH population is still empty, so members fall back to i1 samples
-    loop = make_loop(
+    loop = es_first_eoh_loop(
         tmp_path,
-        "eoh_es/tsp_construct.yaml",
-        shipped(
-            "eoh",
-            str(tiny_model_dir),
-            **{
-                "evolvers.eoh.include_seed_heuristic": True,
-                "schedule": "[{evolver: es}, {evolver: eoh}]",
-                "evolvers.es.population_size": 4,
-                "evolvers.es.total_generations": 2,
-                "evolvers.es.rollout.reward": "paper",  # this test checks the paper's rule on invalid children
-                "budget.max_samples": 28,
-            },
-        ),
+        tiny_model_dir,
+        **{
+            "evolvers.es.total_generations": 2,
+            "evolvers.es.rollout.reward": "paper",  # this test checks the paper's rule on invalid children
+        },
     )
     summary = loop.run()
     assert "sample budget reached (28/28" in summary.stop_reason

@@ -3,32 +3,16 @@ finished runs skipped and an interrupted one resumed when the same command runs 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from support import load_script
 
-ROOT = Path(__file__).resolve().parents[1]
-
-pytestmark = pytest.mark.slow  # two real tiny-model runs, then the same grid twice more (about 40 s of CPU)
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("ahd_compare_e2e", ROOT / "benchmarks" / "ahd_compare.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+# two real tiny-model runs, then the same grid twice more (about 40 s of CPU)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("private_cache")]
 
 
-BENCH = _bench()
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+BENCH = load_script("benchmarks/ahd_compare.py", "ahd_compare_e2e")
 
 
 def test_parse_sizes_per_problem_or_for_all():

@@ -4,12 +4,11 @@ that budget, and the headline configs equal the eoh_es ones."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from support import load_script
 
 from coevo.config import load_config
 
@@ -20,15 +19,9 @@ PAIRS = {"eoh_es": "eoh", "sample_es": "sample"}
 ALL = sorted(ROOT.rglob("*.yaml"))
 
 
-def _import_benchmark():
-    spec = importlib.util.spec_from_file_location("ahd_compare", ROOT.parents[1] / "benchmarks" / "ahd_compare.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve their module
-    spec.loader.exec_module(mod)
-    return mod
-
-
-BENCH = _import_benchmark()  # plan_steps / fit_es_generations: the step plan the benchmark relies on
+BENCH = load_script(
+    "benchmarks/ahd_compare.py", "ahd_compare"
+)  # plan_steps / fit_es_generations: the step plan the benchmark relies on
 
 
 def _load(rel: str):

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import chromium_missing
 
 from coevo.dashboard.reader import DashboardError, heuristic_id, is_heuristic, open_run
 from coevo.store import SCHEMA_VERSION, TrajectoryStore
@@ -176,17 +177,6 @@ def test_reader_rows_match_the_store(runs):
 
 
 # ------------------------------------------------------------------------------------------- browser
-def _chromium_missing() -> str | None:
-    from coevo.envs.browser import BrowserSetupError, find_chromium
-
-    try:
-        find_chromium()
-        import playwright  # noqa: F401
-    except (BrowserSetupError, ImportError) as exc:
-        return f"headless Chromium unavailable: {exc}"
-    return None
-
-
 class Served:
     """A `coevo runs serve` process on a free port; ``url`` once it listens."""
 
@@ -230,7 +220,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def browser():
-    missing = _chromium_missing()
+    missing = chromium_missing(playwright=True)
     if missing:
         pytest.skip(missing)
     pytest.importorskip("dash", reason="the dashboard needs the dash extra (pip install 'coevo[dash]')")

@@ -107,9 +107,7 @@ SMALL = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _ctx(tmp_path, max_samples=None, policy=None):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -10,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "es_overhead.py"
@@ -29,10 +29,7 @@ METRICS = {
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("es_overhead", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "es_overhead")
 
 
 def _met(value: float, goal: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import antithetic_record, one_member_record
 
 from coevo.es import NOISE_SPEC, ESParams, GenerationRecord, NoiseBuffer, es_update, noise_layout, perturb
 from coevo.es.device_noise import (
@@ -52,16 +53,7 @@ def test_device_path_update_and_perturb_equal_the_canonical_ones():
 def test_record_drawn_on_another_device_is_refused_with_both_streams_named():
     params = ESParams(tensors())
     before = params.weights_hash()
-    rec = GenerationRecord(
-        generation=0,
-        seeds=[1, 1],
-        signs=[1, -1],
-        rewards=[1.0, 0.0],
-        coeffs=[1.0, -1.0],
-        sigma=1e-3,
-        alpha=1e-2,
-        noise_spec=H200,
-    )
+    rec = antithetic_record(1, noise_spec=H200)
     assert is_device_spec(H200)
     with pytest.raises(NoiseDeviceError, match=r"NVIDIA H200.*here the tensors are on cpu.*same GPU model"):
         rec.apply(params)
@@ -87,9 +79,7 @@ def test_cuda_stream_is_named_and_replays_on_the_same_device():
     a, b = ESParams([(n, x.clone()) for n, x in t]), ESParams([(n, x.clone()) for n, x in t])
     spec = use_device_noise(a)
     assert is_device_spec(spec) and spec == device_noise_spec("cuda")
-    rec = GenerationRecord(
-        generation=0, seeds=[4], signs=[1], rewards=[1.0], coeffs=[1.0], sigma=1e-3, alpha=1e-2, noise_spec=spec
-    )
+    rec = one_member_record(4, alpha=1e-2, noise_spec=spec)
     rec.apply(a)
     rec.apply(b)  # b draws the canonical stream by default; the record's spec selects the device stream
     assert a.weights_hash() == b.weights_hash()

@@ -37,34 +37,20 @@ class FlakyLogProbRollout(TargetLogProbRollout):
 
     Config = FlakyConfig
 
-    def run(self, policy, *, generation, member, key_prefix, split="train", evolver="es", round_index=0):
+    def run_call(self, policy, call):
         cfg = self.config
         log = Path(cfg.log_file)
-        index = None if member is None else member.index
+        index = None if call.member is None else call.member.index
         with log.open("a") as fh:
-            fh.write(json.dumps({"generation": generation, "index": index, "split": split}) + "\n")
+            fh.write(json.dumps({"generation": call.generation, "index": index, "split": call.split}) + "\n")
         failed = log.with_suffix(".failed")
-        if cfg.fail_at == [generation, index] and not failed.exists():
+        if cfg.fail_at == [call.generation, index] and not failed.exists():
             failed.write_text("1")
             raise PolicyError("backend died in the middle of a member's rollout")
-        return super().run(
-            policy,
-            generation=generation,
-            member=member,
-            key_prefix=key_prefix,
-            split=split,
-            evolver=evolver,
-            round_index=round_index,
-        )
+        return super().run_call(policy, call)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Two-thread BLAS on this shared 2-core machine is ~20x slower for a tiny model; results do not depend on it."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def es_config(model_dir, *, dtype="float32", max_rounds=20, max_samples=None, **es):

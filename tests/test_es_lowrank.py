@@ -29,12 +29,7 @@ from coevo.types import ESMember
 CONVS = [[{"role": "user", "content": t}] for t in ("Say hello.", "Add 2 and 3.", "def f(x):")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -52,12 +52,7 @@ class KillingLogProbRollout(TargetLogProbRollout):
         return super().run_population(population, members, **kw)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def lowrank_config(model_dir, **es):
@@ -241,23 +236,9 @@ def test_ray_lowrank_generations_and_resume_after_kill_9_of_the_driver(tiny_mode
 def test_eoh_children_under_lowrank_members(tmp_path, tiny_model_dir):
     """The AHD co-evolution config with perturbation lowrank: each member's children are sampled through its
     population view (no weight pass), recorded with the member, and the history rows are low-rank."""
-    from test_ahd_coevo import make_loop, shipped
+    from test_ahd_coevo import es_first_eoh_loop
 
-    loop = make_loop(
-        tmp_path,
-        "eoh_es/tsp_construct.yaml",
-        shipped(
-            "eoh",
-            str(tiny_model_dir),
-            **{
-                "evolvers.eoh.include_seed_heuristic": True,
-                "schedule": "[{evolver: es}, {evolver: eoh}]",
-                "evolvers.es.population_size": 4,
-                "evolvers.es.perturbation": "lowrank",
-                "budget.max_samples": 28,
-            },
-        ),
-    )
+    loop = es_first_eoh_loop(tmp_path, tiny_model_dir, **{"evolvers.es.perturbation": "lowrank"})
     start = loop.ctx.policy.es_replica(ScopeSpec("all_linear")).weights_hash()
     summary = loop.run()
     assert "sample budget reached (28/28" in summary.stop_reason

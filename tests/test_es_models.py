@@ -1,7 +1,7 @@
 """Small real models for the ES math tests (imported by the other tests/test_es_*.py files).
 
 ``tiny_qwen2``: a randomly initialised Qwen2 causal LM from transformers' ``Qwen2Config`` (hidden 32,
-2 layers, 4 heads / 2 KV heads, vocabulary 256), built in-process; no download.
+2 layers, 4 heads / 2 KV heads, vocabulary 256 unless given), built in-process; no download.
 """
 
 from __future__ import annotations
@@ -10,10 +10,13 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 
-def tiny_qwen2(dtype: torch.dtype = torch.float32, seed: int = 0, tie: bool = False) -> Qwen2ForCausalLM:
-    """A random tiny Qwen2 (same weights for the same seed), in ``dtype``, eval mode, on the CPU."""
+def tiny_qwen2(
+    dtype: torch.dtype = torch.float32, seed: int = 0, tie: bool = False, vocab: int = 256
+) -> Qwen2ForCausalLM:
+    """A random tiny Qwen2 (same weights for the same seed), in ``dtype``, eval mode, on the CPU, with ``vocab``
+    tokens; seeds torch's global RNG with ``seed``."""
     config = Qwen2Config(
-        vocab_size=256,
+        vocab_size=vocab,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,

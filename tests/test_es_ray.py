@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
+from support import antithetic_record
 
 ray = pytest.importorskip("ray")
 
@@ -19,7 +19,8 @@ from coevo.rollouts.ray_pool import RayReplicaPool, ReplicaDivergenceError
 from coevo.store import TrajectoryStore
 from coevo.types import ESMember
 
-pytestmark = pytest.mark.slow  # Ray start-up plus actors importing torch: ~30 s on 2 busy cores
+# Ray start-up plus actors importing torch: ~30 s on 2 busy cores
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +31,6 @@ def local_ray():
     yield
     if started:
         ray.shutdown()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # the actors run with one thread too (ReplicaWorker torch_threads)
-    yield
-    torch.set_num_threads(old)
 
 
 def _spec(model_dir):
@@ -65,16 +58,7 @@ def test_actor_noise_equals_in_process_and_divergence_is_detected(local_ray, tin
             assert pool.noise_hashes(member) == [expected, expected]  # ...identically in every process
         assert not local.active and pool.start_hashes[0] == local.weights_hash()
 
-        record = GenerationRecord(
-            generation=0,
-            seeds=[7, 7],
-            signs=[1, -1],
-            rewards=[1.0, 0.0],
-            coeffs=[1.0, -1.0],
-            sigma=1e-2,
-            alpha=1e-2,
-            master_dtype="float32",
-        )
+        record = antithetic_record(7, sigma=1e-2, master_dtype="float32")
         _, after = local.apply(record)
         assert pool.apply(record, expected=after) == (None, after) and pool.weights_hash() == after
         lowrank = GenerationRecord(

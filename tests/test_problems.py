@@ -25,10 +25,7 @@ from coevo.ahd.references import gap_percent, tour_length
 from coevo.sandbox.errors import InfeasibleSolution, InvalidReturn
 from coevo.types import EvalResult
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def compile_fn(code: str, name: str):

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from coevo.config import load_config
@@ -24,15 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "examples" / "prompt_es_tiny.yaml"
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "OMP_NUM_THREADS": "1"}
 
-pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the subprocesses (OMP_NUM_THREADS=1) and the Ray actors
-    yield
-    torch.set_num_threads(old)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def _api_run(run_dir: Path, overrides: list[str] | None = None) -> Path:
@@ -100,6 +91,19 @@ def _spawn(args: list[str], env=ENV) -> subprocess.Popen:
     )
 
 
+def _replay_check(run_dir: Path) -> None:
+    """``coevo es replay RUN_DIR --check`` (a fresh process) replays the run's ES history hash-exactly."""
+    check = subprocess.run(
+        [sys.executable, "-m", "coevo.cli", "es", "replay", str(run_dir), "--check"],
+        env=ENV,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
 def test_coevo_run_killed_with_sigkill_resumes_bit_identically(ref, tmp_path):
     run_dir = tmp_path / "killed"
     proc = _spawn([str(CONFIG), "--out", str(run_dir)])
@@ -122,15 +126,7 @@ def test_coevo_run_killed_with_sigkill_resumes_bit_identically(ref, tmp_path):
     assert resumed.returncode == 0, out
     assert "resumed" in out
     assert _snapshot(run_dir) == _snapshot(ref)
-    check = subprocess.run(
-        [sys.executable, "-m", "coevo.cli", "es", "replay", str(run_dir), "--check"],
-        env=ENV,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
+    _replay_check(run_dir)
 
 
 def test_a_copied_run_folder_keeps_its_run_id(ref, tmp_path):
@@ -141,15 +137,7 @@ def test_a_copied_run_folder_keeps_its_run_id(ref, tmp_path):
     assert proc.returncode == 0, out
     with TrajectoryStore(copy / "store.sqlite", readonly=True) as s:
         assert s.run_ids() == ["ref"] and s.run_identity("copy-of-ref") == "ref"
-    check = subprocess.run(
-        [sys.executable, "-m", "coevo.cli", "es", "replay", str(copy), "--check"],
-        env=ENV,
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert check.returncode == 0, check.stdout + check.stderr
+    _replay_check(copy)
 
 
 def test_workers_2_send_the_published_prompt_to_the_ray_actors(ref, tmp_path):

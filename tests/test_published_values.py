@@ -20,37 +20,22 @@ matrix (ReEvo's ``dist_mat.copy()``); the in-place edit of the bins is here.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from support import load_script
 
 from coevo.ahd import load_problem
 from coevo.ahd.cli import add_parser
 from coevo.ahd.evaluate import evaluate_heuristic
 from coevo.sandbox.runner import Sandbox, SandboxLimits
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("published_values", ROOT / "benchmarks" / "published_values.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-BENCH = _bench()
+BENCH = load_script("benchmarks/published_values.py", "published_values")
 CASES = {c.name: c for c in BENCH.CASES}
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 @pytest.fixture(scope="module")

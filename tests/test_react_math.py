@@ -11,6 +11,7 @@ import time
 import uuid
 
 import pytest
+from support import pids_with_cmdline
 
 from coevo.backends.base import Completion, Policy
 from coevo.envs.react_math import (
@@ -156,19 +157,6 @@ def test_tool_loop_is_stopped_by_the_timeout(tool):
     assert "start" in r.stdout  # output printed before the kill survives
 
 
-def _alive(marker: str) -> list[int]:
-    pids = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    if marker.encode() in fh.read():
-                        pids.append(int(pid))
-            except OSError:
-                continue
-    return pids
-
-
 def test_tool_forks_do_not_survive_the_call(tool):
     marker = f"{uuid.uuid4().int % 10**6}.{uuid.uuid4().int % 10**6}"  # a unique sleep argument
     code = (
@@ -178,7 +166,7 @@ def test_tool_forks_do_not_survive_the_call(tool):
     r = tool(code)
     assert r.stdout.strip() == "parent done"
     time.sleep(0.3)
-    assert _alive(marker) == []  # setsid'ed grandchildren are gone too
+    assert pids_with_cmdline(marker) == []  # setsid'ed grandchildren are gone too
 
 
 @needs_bwrap

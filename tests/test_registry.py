@@ -10,6 +10,7 @@ picked up by itself, so none ships untested."""
 from __future__ import annotations
 
 import pytest
+from support import chromium_missing
 
 from coevo.ahd.problem import available_problems
 from coevo.config import parse_config
@@ -138,16 +139,6 @@ def test_the_three_registries_use_the_helper():
 
 
 # ------------------------------------------------------------------------------ every rollout
-def _chromium_missing() -> str | None:
-    from coevo.envs.browser import BrowserSetupError, find_chromium
-
-    try:
-        find_chromium()
-    except BrowserSetupError as exc:
-        return f"headless Chromium unavailable: {exc}"
-    return None
-
-
 #: per registered rollout: (rollout spec, companion evolvers the rollout needs, what it needs to run or None)
 ROLLOUT_SMOKE = {
     "target_logprob": ({"type": "target_logprob", "target": "hi"}, [], None),
@@ -223,7 +214,7 @@ def test_one_es_generation_with_every_rollout(type_name, tiny_model_dir, tmp_pat
     import math
 
     spec, companions, needs = ROLLOUT_SMOKE[type_name]
-    if needs == "chromium" and (why := _chromium_missing()):
+    if needs == "chromium" and (why := chromium_missing()):
         pytest.skip(why)
     monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
     es = {

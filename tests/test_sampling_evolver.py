@@ -17,10 +17,7 @@ from coevo.evolvers.base import resolve_evolver
 from coevo.evolvers.sampling import RandomSamplingConfig, RandomSamplingEvolver
 from coevo.store import TrajectoryStore
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def test_registered_as_sample():

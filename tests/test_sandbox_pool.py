@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support import pids_with_cmdline
 
 from coevo.sandbox.plain import PlainEvaluator, evaluate_plain
 from coevo.sandbox.pool import Job, evaluate_many
@@ -20,19 +21,6 @@ from coevo.sandbox.runner import Sandbox, SandboxLimits
 
 CALL = "coevo.sandbox.targets:call_cases"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cmdline_pids(token: str) -> list[int]:
-    pids = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as fh:
-                    if token.encode() in fh.read():
-                        pids.append(int(name))
-            except OSError:
-                continue
-    return pids
 
 
 def test_order_preserved_and_failures_isolated():
@@ -95,7 +83,7 @@ def test_plain_baseline_matches_the_sandbox_and_leaks_grandchildren():
     start = time.monotonic()
     assert evaluate_plain(leaky, "f", CALL, payload, timeout_s=1).valid
     assert time.monotonic() - start >= 1.0  # it also waits for the grandchild's stdout until the timeout
-    survivors = cmdline_pids(token)
+    survivors = pids_with_cmdline(token)
     for pid in survivors:
         os.kill(pid, signal.SIGKILL)
     assert survivors, "the plain baseline was expected to leak its grandchild"

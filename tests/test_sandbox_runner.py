@@ -14,6 +14,7 @@ import time
 import uuid
 
 import pytest
+from support import pids_with_cmdline
 
 from coevo.sandbox import runner
 from coevo.sandbox.isolation import bwrap_status
@@ -32,23 +33,9 @@ def sandbox() -> Sandbox:
     return Sandbox(FAST, use_bwrap=True) if HAS_BWRAP else Sandbox(FAST)
 
 
-def processes_with(token: str) -> list[int]:
-    """Host pids whose command line contains ``token`` (zombies have an empty command line)."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/cmdline", "rb") as fh:
-                    if token.encode() in fh.read():
-                        found.append(int(name))
-            except OSError:
-                continue
-    return found
-
-
 def wait_gone(token: str, within_s: float = 2.0) -> list[int]:
     deadline = time.monotonic() + within_s
-    while (left := processes_with(token)) and time.monotonic() < deadline:
+    while (left := pids_with_cmdline(token)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
 

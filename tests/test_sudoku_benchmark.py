@@ -3,20 +3,13 @@ are the ES loop and the GRPO baseline, covered by test_sudoku.py and test_grpo.p
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from support import load_script
 
 
 @pytest.fixture(scope="module")
 def hs():
-    spec = importlib.util.spec_from_file_location("horizon_scaling", ROOT / "benchmarks/horizon_scaling.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/horizon_scaling.py", "horizon_scaling")
 
 
 def test_budgets_are_equal(hs):

@@ -29,9 +29,7 @@ SMALL = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def run_tiny(tmp_path: Path, *sets: str):

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support import one_member_record
 from vllm_standin import EngineHost, WorkerHost, hf_model, lora_wrapped, module_from, vllm_config, vllm_layout
 
 from coevo.backends.base import PolicyError
 from coevo.backends.vllm_engine import VLLMPolicy, engine_cache_settings
-from coevo.es import ESParams, GenerationRecord, ReplayMismatchError, ScopeSpec, perturb, select_params
+from coevo.es import ESParams, ReplayMismatchError, ScopeSpec, perturb, select_params
 from coevo.es.device_noise import NoiseDeviceError
 from coevo.types import ESMember
 
@@ -101,25 +102,11 @@ def test_worker_errors_keep_their_coevo_types_across_the_rpc(tmp_path):
         policy._rpc("es_perturb", 2, 1e-3, 1)  # past the driver's own guard: the worker's error
     assert type(info.value) is RuntimeError and "coevo-error" not in str(info.value)
     policy.es_restore()
-    bad = GenerationRecord(
-        generation=0,
-        seeds=[4],
-        signs=[1],
-        rewards=[1.0],
-        coeffs=[1.0],
-        sigma=1e-3,
-        alpha=1e-2,
-        weight_hash_after="0" * 64,
-    )
+    bad = one_member_record(4, alpha=1e-2, weight_hash_after="0" * 64)
     with pytest.raises(ReplayMismatchError, match="generation 0"):
         policy.es_update(bad, check_hash=True)
-    foreign = GenerationRecord(
-        generation=0,
-        seeds=[4],
-        signs=[1],
-        rewards=[1.0],
-        coeffs=[1.0],
-        sigma=1e-3,
+    foreign = one_member_record(
+        4,
         alpha=1e-2,
         noise_spec="blake2b64(seed:name:chunk)/chunk=2^22/torch-2.13-cuda-philox-randn-fp32/NVIDIA H200/sm_90/132SM/v1",
     )

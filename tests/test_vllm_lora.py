@@ -14,6 +14,7 @@ import json
 
 import pytest
 import torch
+from support import one_member_record
 
 lowrank = pytest.importorskip("coevo.es.lowrank", reason="needs coevo.es.lowrank (issue 9, engineer es)")
 pytest.importorskip("peft", reason="the PEFT reader of the adapter format (pip install peft)")
@@ -198,18 +199,8 @@ def test_lowrank_update_in_the_worker_equals_hf_bit_for_bit(dtype, masters):
 def test_full_rank_records_are_stamped_with_the_workers_device_stream(lora_engine):
     _, _, policy = lora_engine
     policy.noise_spec = "blake2b64(seed:name:chunk)/chunk=2^22/torch-2.13-cuda-philox-randn-fp32/X/sm_90/1SM/v1"
-    full = GenerationRecord(generation=0, seeds=[1], signs=[1], rewards=[1.0], coeffs=[1.0], sigma=1e-3, alpha=1e-3)
-    low = GenerationRecord(
-        generation=0,
-        seeds=[1],
-        signs=[1],
-        rewards=[1.0],
-        coeffs=[1.0],
-        sigma=1e-3,
-        alpha=1e-3,
-        perturbation="lowrank",
-        rank=1,
-    )
+    full = one_member_record()
+    low = one_member_record(perturbation="lowrank", rank=1)
     spec = low.noise_spec
     policy.stamp_noise(full)
     policy.stamp_noise(low)

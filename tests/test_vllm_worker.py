@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import antithetic_record, one_member_record
 from torch import nn
 from vllm_standin import EngineHost, WorkerHost, hf_model, module_from, vllm_layout
 
@@ -140,16 +141,7 @@ def test_update_from_hf_record_gives_identical_weights(pair):
         assert out["weights_hash"] == rec.weight_hash_after
         assert out["stats"]["update_norm"] == stats.update_norm > 0
         assert fused_equal(hf, vmod)
-    bad = GenerationRecord(
-        generation=2,
-        seeds=[1],
-        signs=[1],
-        rewards=[1.0],
-        coeffs=[1.0],
-        sigma=1e-3,
-        alpha=1e-3,
-        scope=ScopeSpec("full").to_dict(),
-    )
+    bad = one_member_record(generation=2, scope=ScopeSpec("full").to_dict())
     with pytest.raises(ValueError, match="record.scope"):
         worker.es_update(bad.to_dict())
 
@@ -163,11 +155,7 @@ def test_double_perturb_refused_and_first_stays_restorable(pair):
     with pytest.raises(RuntimeError, match="already active"):
         worker.es_perturb(2, 1e-2, 1)
     with pytest.raises(RuntimeError, match="active"):
-        worker.es_update(
-            GenerationRecord(
-                generation=0, seeds=[1], signs=[1], rewards=[1.0], coeffs=[1.0], sigma=1e-3, alpha=1e-3
-            ).to_dict()
-        )
+        worker.es_update(one_member_record().to_dict())
     worker.es_restore()
     assert unchanged(vmod, original)
     worker.es_restore()  # no-op when nothing is active
@@ -256,16 +244,7 @@ def test_vllm_replica_matches_hf_replica_and_snapshots_interchange(tiny_model_di
     with rep.perturbed(member), pytest.raises(RuntimeError, match="already active"):
         policy.es_perturb(1, 1e-3, 1)
     assert policy.es_active is None and engine.prefix_cache_resets == 2  # perturb + restore (noise_hash nets zero)
-    rec = GenerationRecord(
-        generation=0,
-        seeds=[4, 4],
-        signs=[1, -1],
-        rewards=[1.0, 0.0],
-        coeffs=[1.0, -1.0],
-        sigma=1e-3,
-        alpha=1e-2,
-        master_dtype="float32",
-    )
+    rec = antithetic_record(4, master_dtype="float32")
     (s_ref, h_ref), (s_vl, h_vl) = ref.apply(rec), rep.apply(rec)
     assert h_vl == h_ref and s_vl.update_norm == s_ref.update_norm > 0
     assert rep.save_snapshot(tmp_path / "vllm.safetensors", {"generation": 1}) == h_ref

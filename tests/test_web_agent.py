@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from support import chromium_missing
 
 from coevo.agents.actions import ActionParseError, parse_action
 from coevo.agents.prompts import system_prompt
@@ -23,20 +24,11 @@ from coevo.agents.web_agent import (
     run_episodes,
 )
 from coevo.backends.base import Completion, Policy, PolicyError, SamplingParams
-from coevo.envs.browser import BrowserSetupError, ensure_browser_env, find_chromium
+from coevo.envs.browser import ensure_browser_env
 from coevo.envs.miniwob import MiniWoBEnv
 from coevo.types import ESMember
 
-
-def _chromium_missing() -> str | None:
-    try:
-        find_chromium()
-    except BrowserSetupError as exc:
-        return f"headless Chromium unavailable: {exc}"
-    return None
-
-
-CHROMIUM_MISSING = _chromium_missing()
+CHROMIUM_MISSING = chromium_missing()
 SAMPLING = SamplingParams(max_new_tokens=32, temperature=0.0)
 
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import chromium_missing
 
 from coevo.envs import browser
 from coevo.envs.browser import (
@@ -39,15 +40,7 @@ from coevo.envs.webarena_lite import (
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _chromium_missing() -> str | None:
-    try:
-        browser.find_chromium()
-    except BrowserSetupError as exc:
-        return f"headless Chromium unavailable: {exc}"
-    return None
-
-
-CHROMIUM_MISSING = _chromium_missing()
+CHROMIUM_MISSING = chromium_missing()
 
 
 @pytest.fixture()

@@ -14,21 +14,12 @@ import threading
 
 import pytest
 from pydantic import ValidationError
+from support import chromium_missing
 
 from coevo.agents.scripted import ScriptedPolicy
-from coevo.envs.browser import BrowserSetupError, find_chromium
 from coevo.rollouts.base import build_rollout
 
-
-def _chromium_missing() -> str | None:
-    try:
-        find_chromium()
-    except BrowserSetupError as exc:
-        return f"headless Chromium unavailable: {exc}"
-    return None
-
-
-CHROMIUM_MISSING = _chromium_missing()
+CHROMIUM_MISSING = chromium_missing()
 browser = pytest.mark.skipif(CHROMIUM_MISSING is not None, reason=CHROMIUM_MISSING or "")
 
 INDEX = """<!doctype html><html><head><title>Corner shop</title></head><body>

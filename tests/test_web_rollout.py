@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from support import chromium_missing
 
 from coevo.agents.scripted import ScriptedPolicy
 from coevo.backends.base import SamplingParams
 from coevo.budget import Budget
 from coevo.config import SamplingConfig
-from coevo.envs.browser import BrowserSetupError, find_chromium
 from coevo.envs.miniwob import MINIWOB_TASKSETS
 from coevo.evolvers.base import RunContext
 from coevo.rollouts.base import build_rollout
@@ -24,16 +24,7 @@ from coevo.skills import SHIPPED_SKILLS_DIR
 from coevo.store import TrajectoryStore
 from coevo.types import ContextRef, ESMember, Trajectory
 
-
-def _chromium_missing() -> str | None:
-    try:
-        find_chromium()
-    except BrowserSetupError as exc:
-        return f"headless Chromium unavailable: {exc}"
-    return None
-
-
-CHROMIUM_MISSING = _chromium_missing()
+CHROMIUM_MISSING = chromium_missing()
 browser = pytest.mark.skipif(CHROMIUM_MISSING is not None, reason=CHROMIUM_MISSING or "")
 MARKER = "Marker line of skill version 3: match the whole button name."
 

@@ -25,8 +25,9 @@ import types
 from types import SimpleNamespace
 
 import torch
+from test_es_models import tiny_qwen2
 from torch import nn
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 from coevo.backends.vllm_worker import ESWorkerExtension
 
@@ -38,19 +39,10 @@ FUSED = {
 
 
 def hf_model(dtype: torch.dtype, vocab: int = 250) -> Qwen2ForCausalLM:
-    config = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
+    """:func:`test_es_models.tiny_qwen2` (seed 0, untied head) with a vocabulary that is no multiple of 64 (so
+    the stand-in pads it, as vLLM does), leaving torch's global RNG as it was."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        return Qwen2ForCausalLM(config).to(dtype).eval()
+        return tiny_qwen2(dtype, seed=0, vocab=vocab)
 
 
 def vllm_layout(named: dict[str, torch.Tensor], vocab: int) -> dict[str, torch.Tensor]:

@@ -27,6 +27,7 @@ from dash import Dash, Input, Output, State, dcc, html, no_update
 
 from coevo.dashboard import figures
 from coevo.dashboard.reader import RunReader
+from coevo.tables import step_table
 
 PAGES = (
     ("/", "Overview"),
@@ -174,21 +175,7 @@ def overview_panel(reader: RunReader) -> list[Any]:
         ]
         for e in o["evolvers"]
     ]
-    steps = reader.steps_records()
-    step_rows = [
-        [
-            s.get("round"),
-            s.get("evolver"),
-            s.get("space"),
-            s.get("samples"),
-            s.get("trajectories"),
-            s.get("best_reward"),
-            s.get("samples_total"),
-            round(float(s.get("wall_s") or 0), 1),
-            ", ".join(f"{k}={fmt(v)}" for k, v in (s.get("metrics") or {}).items()),
-        ]
-        for s in steps
-    ]
+    step_headers, step_rows = step_table(reader.steps_records(), reward_unit=False, fmt=fmt)
     return [
         html.H2(f"Run {o['run_id']}" + (f" ({o['name']})" if o["name"] else "")),
         cards,
@@ -202,17 +189,7 @@ def overview_panel(reader: RunReader) -> list[Any]:
         ),
         html.H3("Evolver steps"),
         table(
-            [
-                "round",
-                "evolver",
-                "space",
-                "samples",
-                "trajectories",
-                "best reward",
-                "samples total",
-                "wall s",
-                "metrics",
-            ],
+            step_headers,
             step_rows,
             "ov-steps-table",
         ),

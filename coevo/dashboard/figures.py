@@ -28,16 +28,25 @@ def _empty(title: str, note: str) -> go.Figure:
     return fig
 
 
-def reward_vs_samples(curves: dict[str, tuple[list[int], list[float]]]) -> go.Figure:
-    """Best reward so far per evolver (step lines) against the run's cumulative LLM samples."""
+def _best_vs_samples(
+    curves: dict[str, tuple[list[int], list[float]]], title: str, y_title: str, empty: tuple[str, str]
+) -> go.Figure:
+    """One step line per evolver (sorted by name): best value so far against the run's cumulative LLM samples;
+    ``empty`` (title, note) when there is no curve."""
     if not curves:
-        return _empty("Best reward vs LLM samples", "no valid trajectory yet")
-    fig = go.Figure(layout={**_LAYOUT, "title": "Best reward vs LLM samples"})
+        return _empty(*empty)
+    fig = go.Figure(layout={**_LAYOUT, "title": title})
     for name, (xs, ys) in sorted(curves.items()):
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line_shape="hv", name=name))
     fig.update_xaxes(title="LLM samples (run total)")
-    fig.update_yaxes(title="best reward so far (higher is better)")
+    fig.update_yaxes(title=y_title)
     return fig
+
+
+def reward_vs_samples(curves: dict[str, tuple[list[int], list[float]]]) -> go.Figure:
+    """Best reward so far per evolver (step lines) against the run's cumulative LLM samples."""
+    title = "Best reward vs LLM samples"
+    return _best_vs_samples(curves, title, "best reward so far (higher is better)", (title, "no valid trajectory yet"))
 
 
 def lineage(rows: list[dict[str, Any]], selected: str | None = None) -> go.Figure:
@@ -133,14 +142,12 @@ def lineage(rows: list[dict[str, Any]], selected: str | None = None) -> go.Figur
 
 def best_so_far(curves: dict[str, tuple[list[int], list[float]]]) -> go.Figure:
     """Training objective of the best heuristic so far, per heuristic-design evolver, vs LLM samples."""
-    if not curves:
-        return _empty("Best heuristic so far", "no valid heuristic yet")
-    fig = go.Figure(layout={**_LAYOUT, "title": "Best heuristic so far (training objective)"})
-    for name, (xs, ys) in sorted(curves.items()):
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line_shape="hv", name=name))
-    fig.update_xaxes(title="LLM samples (run total)")
-    fig.update_yaxes(title="objective of the best (problem units)")
-    return fig
+    return _best_vs_samples(
+        curves,
+        "Best heuristic so far (training objective)",
+        "objective of the best (problem units)",
+        ("Best heuristic so far", "no valid heuristic yet"),
+    )
 
 
 def es_generations(evolver: str, gens: list[dict[str, Any]]) -> go.Figure:

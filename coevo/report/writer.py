@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from coevo.artifacts import LOOP_STEP, REPORT_SECTION
 from coevo.report.web import web_report
-from coevo.tables import fmt, md_table
+from coevo.tables import md_table, step_table
 
 if TYPE_CHECKING:
     from coevo.store import TrajectoryStore
@@ -35,13 +35,6 @@ def trajectory_reward_unit(trajectories: list) -> str:
     if units:
         return "; ".join(units)
     return "rollout reward of one case" if trajectories and trajectories[0].space == "parameter" else "reward"
-
-
-def step_reward_unit(step: dict[str, Any]) -> str:
-    """What a step record's ``best_reward`` measures (``reward_unit``, else by the evolver's space)."""
-    if step.get("reward_unit"):
-        return step["reward_unit"]
-    return "best ES member reward R_i of the generation" if step.get("space") == "parameter" else "reward"
 
 
 def reward_curves(store: TrajectoryStore, run_id: str) -> dict[str, tuple[list[int], list[float]]]:
@@ -187,38 +180,7 @@ def write_report(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool
         ),
         "",
     ]
-    step_rows = [
-        [
-            s["round"],
-            s["evolver"],
-            s["space"],
-            s["samples"],
-            s["trajectories"],
-            s["best_reward"],
-            step_reward_unit(s),
-            s["samples_total"],
-            round(s["wall_s"], 1),
-            ", ".join(f"{k}={fmt(v)}" for k, v in (s.get("metrics") or {}).items()),
-        ]
-        for s in steps
-    ]
-    lines += [
-        md_table(
-            [
-                "round",
-                "evolver",
-                "space",
-                "samples",
-                "trajectories",
-                "best reward",
-                "reward unit",
-                "samples total",
-                "wall s",
-                "metrics",
-            ],
-            step_rows,
-        )
-    ]
+    lines += [md_table(*step_table(steps))]
     for name, section in _evolver_sections(store, run_id):
         lines += ["", f"## {name}", "", section]
     for section in _domain_sections(run_dir, store, run_id, plots):

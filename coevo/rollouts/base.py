@@ -17,7 +17,7 @@ versions it ran under (``Trajectory.context.versions``).
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -165,7 +165,6 @@ class Rollout(ABC):
             context=self.current_context(),
         )
 
-    @abstractmethod
     def run(
         self,
         policy: Policy,
@@ -179,6 +178,9 @@ class Rollout(ABC):
     ) -> list[Trajectory]:
         """Roll the policy out on this generation's cases (train) or on the held-out cases (test).
 
+        The default builds the call's provenance (:meth:`call`) and runs :meth:`run_call`; a rollout overrides
+        :meth:`run_call` (or, to see the raw arguments, this method).
+
         Args:
             policy: the (possibly perturbed) policy.
             generation: ES generation; train cases may change per generation (seeded by it).
@@ -189,6 +191,44 @@ class Rollout(ABC):
         Returns:
             Trajectories with ``reward`` set (higher is better) and ``llm_calls`` counted.
         """
+        return self.run_call(
+            policy,
+            self.call(
+                generation=generation,
+                member=member,
+                key_prefix=key_prefix,
+                split=split,
+                evolver=evolver,
+                round_index=round_index,
+            ),
+        )
+
+    def run_call(self, policy: Policy, call: RolloutCall) -> list[Trajectory]:
+        """Roll ``policy`` out for one call (its generation, member, key prefix, split, calling evolver, round
+        and context: :class:`RolloutCall`); returns what :meth:`run` returns.
+
+        Raises:
+            NotImplementedError: the rollout overrides neither this method nor :meth:`run`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} overrides neither run_call nor run")
+
+    def member_calls(
+        self,
+        members: list[ESMember],
+        key_prefixes: list[str],
+        *,
+        generation: int,
+        split: Split = "train",
+        evolver: str = "es",
+        round_index: int = 0,
+    ) -> list[RolloutCall]:
+        """One :meth:`call` per member of a population call, member ``i`` keyed by ``key_prefixes[i]``.
+
+        Raises:
+            ValueError: ``members`` and ``key_prefixes`` differ in length.
+        """
+        common = {"generation": generation, "split": split, "evolver": evolver, "round_index": round_index}
+        return [self.call(member=m, key_prefix=kp, **common) for m, kp in zip(members, key_prefixes, strict=True)]
 
     def run_population(
         self,
@@ -209,16 +249,9 @@ class Rollout(ABC):
         the members one after another through ``population.member_policy(member)``: the same math, still
         without any weight pass (for agents that drive the policy themselves, e.g. web episodes).
         """
+        common = {"generation": generation, "split": split, "evolver": evolver, "round_index": round_index}
         return [
-            self.run(
-                population.member_policy(m),
-                generation=generation,
-                member=m,
-                key_prefix=kp,
-                split=split,
-                evolver=evolver,
-                round_index=round_index,
-            )
+            self.run(population.member_policy(m), member=m, key_prefix=kp, **common)
             for m, kp in zip(members, key_prefixes, strict=True)
         ]
 

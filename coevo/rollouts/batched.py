@@ -81,27 +81,26 @@ class SingleTurnRollout(Rollout):
         user = user_message(context.values.get("instruction") or PROMPT_FIELD, case["prompt"])
         return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
 
-    def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
-        return self._batched(policy, [member], [key_prefix], False, generation, split, evolver, round_index)[0]
+    def run_call(self, policy, call: RolloutCall):
+        """The call's cases as rows of one batched pass."""
+        return self._batched(policy, [call], False)[0]
 
     def run_population(
         self, population, members, *, generation, key_prefixes, split: Split = "train", evolver="es", round_index=0
     ):
         """Every member's cases as rows of one batched pass (``population.generate`` / ``population.logprob``)."""
-        return self._batched(population, members, key_prefixes, True, generation, split, evolver, round_index)
+        calls = self.member_calls(
+            members, key_prefixes, generation=generation, split=split, evolver=evolver, round_index=round_index
+        )
+        return self._batched(population, calls, True)
 
-    def _batched(self, target, members, prefixes, paired: bool, generation, split, evolver, round_index):
-        calls = [
-            self.call(
-                generation=generation,
-                member=m,
-                key_prefix=kp,
-                split=split,
-                evolver=evolver,
-                round_index=round_index,
-            )
-            for m, kp in zip(members, prefixes, strict=True)
-        ]
+    def _batched(self, target, calls: list[RolloutCall], paired: bool):
+        """One trajectory list per call: every call's cases in one pass of ``target`` (a policy, or with
+        ``paired`` a population served ``(member, conversation)`` rows)."""
+        if not calls:
+            return []
+        split, generation = calls[0].split, calls[0].generation
+        members = [c.member for c in calls]
         per_member = [self.cases(split, generation, m.index if m is not None else 0) for m in members]
         rows, flat = [], []
         for m, call, cases in zip(members, calls, per_member, strict=True):
@@ -169,15 +168,9 @@ class EpisodeRollout(Rollout):
         """What each turn shows (:func:`coevo.envs.multiturn.drive`): ``"history"`` (default) or ``"board"``."""
         return "history"
 
-    def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
-        call = self.call(
-            generation=generation,
-            member=member,
-            key_prefix=key_prefix,
-            split=split,
-            evolver=evolver,
-            round_index=round_index,
-        )
+    def run_call(self, policy, call: RolloutCall):
+        """The call's episodes driven together, one batched ``generate`` per turn."""
+        split, generation = call.split, call.generation
         episodes = self.episodes(split, generation)
         system = call.context.values.get("system_prompt")
         for ep in episodes if system else ():

@@ -48,7 +48,7 @@ from coevo.backends.base import SamplingParams
 from coevo.envs.openended import OpenEndedSpec
 from coevo.envs.web import WEB_ACTION_NAMES, WebEnv
 from coevo.resources import shipped_root
-from coevo.rollouts.base import Rollout, RolloutConfig, RolloutContext, Split, register_rollout
+from coevo.rollouts.base import Rollout, RolloutCall, RolloutConfig, RolloutContext, Split, register_rollout
 from coevo.types import ContextRef, ESMember, Trajectory
 
 if TYPE_CHECKING:
@@ -450,32 +450,15 @@ class WebRollout(Rollout):
             return self.ctx.sampling_params(**over, seed=seed)
         return SamplingParams(**{k: v for k, v in over.items() if v is not None}, seed=seed)
 
-    def run(
-        self,
-        policy: Policy,
-        *,
-        generation: int,
-        member: ESMember | None,
-        key_prefix: str,
-        split: Split = "train",
-        evolver: str = "es",
-        round_index: int = 0,
-    ) -> list[Trajectory]:
+    def run_call(self, policy: Policy, call: RolloutCall) -> list[Trajectory]:
         """Run this call's episodes (:meth:`episodes`) with ``policy``; one trajectory per episode, keyed
-        ``<key_prefix>/<split>/<i>``, tagged with ``member`` and the skill context, reward 1.0 / 0.0.
+        ``<key_prefix>/<split>/<i>``, tagged with the call's member and the skill context, reward 1.0 / 0.0.
 
         Raises:
             PolicyError: the backend cannot serve at all. WebArenaConfigError: site URLs not configured.
         """
         cfg = self.config
-        call = self.call(
-            generation=generation,
-            member=member,
-            key_prefix=key_prefix,
-            split=split,
-            evolver=evolver,
-            round_index=round_index,
-        )
+        split, generation, member = call.split, call.generation, call.member
         episodes = self.episodes(split, generation, member)
         library, skill_text, context, skill_meta = self.skill_context(call.context)
         agent = WebAgent(
@@ -490,13 +473,13 @@ class WebRollout(Rollout):
         )
         prov = Provenance(
             run_id=self.ctx.run_id if self.ctx is not None else "",
-            evolver=evolver,
-            round=round_index,
+            evolver=call.evolver,
+            round=call.round_index,
             generation=generation,
             space=call.space,
             context=context,
         )
-        keys = [f"{key_prefix}/{split}/{i}" for i in range(len(episodes))]
+        keys = [f"{call.key_prefix}/{split}/{i}" for i in range(len(episodes))]
         trajs = agent.run_batch(
             self.envs(min(cfg.n_envs, len(episodes))), episodes, member=member, keys=keys, provenance=prov
         )

@@ -56,22 +56,24 @@ class _EditBase(BaseModel):
         return (self.file, "file", self.file)
 
 
-class InsertAfter(_EditBase):
+class _AnchorEdit(_EditBase):
+    """An edit at an ``anchor`` line (the subclass declares ``op``, ``anchor`` and ``content``, in that order,
+    so that its fields keep the order of its dump)."""
+
+    def target(self) -> tuple[str, str, str]:
+        return (self.file, "anchor", self.anchor.strip())
+
+
+class InsertAfter(_AnchorEdit):
     op: Literal["insert_after"]
     anchor: str = _NONEMPTY
     content: str = _NONEMPTY
 
-    def target(self) -> tuple[str, str, str]:
-        return (self.file, "anchor", self.anchor.strip())
 
-
-class InsertBefore(_EditBase):
+class InsertBefore(_AnchorEdit):
     op: Literal["insert_before"]
     anchor: str = _NONEMPTY
     content: str = _NONEMPTY
-
-    def target(self) -> tuple[str, str, str]:
-        return (self.file, "anchor", self.anchor.strip())
 
 
 class _SectionEdit(_EditBase):

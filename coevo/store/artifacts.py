@@ -17,7 +17,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-from coevo.store.codec import check_int, check_str, dumps_json, loads_json
+from coevo.store.codec import check_int, check_str, dumps_json, from_columns
 
 _COLUMNS = "id, run_id, kind, name, version, key, content, parent_version, meta, created_at"
 
@@ -52,18 +52,8 @@ class Artifact:
 
 
 def _from_row(row: sqlite3.Row) -> Artifact:
-    return Artifact(
-        id=row["id"],
-        run_id=row["run_id"],
-        kind=row["kind"],
-        name=row["name"],
-        version=row["version"],
-        content=loads_json(row["content"]),
-        parent_version=row["parent_version"],
-        meta=loads_json(row["meta"]),
-        created_at=row["created_at"],
-        key=row["key"],
-    )
+    plain = ("id", "run_id", "kind", "name", "version", "parent_version", "created_at", "key")
+    return Artifact(**from_columns(row, plain, ("content", "meta")))
 
 
 def put_artifact(

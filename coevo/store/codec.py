@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from coevo.types import FAILURE_KINDS, ContextRef, ESMember, Step, Trajectory
@@ -206,6 +206,16 @@ def step_rows(trajectory_id: int, steps: list[Step]) -> Iterator[tuple[Any, ...]
         yield (trajectory_id, i, *texts, reward, meta)
 
 
+def from_columns(row: sqlite3.Row, names: Iterable[str], json_names: Iterable[str] = ()) -> dict[str, Any]:
+    """The fields a record takes from the columns of the same name in ``row``: ``{name: row[name]}`` for
+    ``names``, ``{name: loads_json(row[name])}`` for ``json_names`` (JSON text columns).
+
+    Raises:
+        IndexError: ``row`` has no column of one of the names.
+    """
+    return {n: row[n] for n in names} | {n: loads_json(row[n]) for n in json_names}
+
+
 def trajectory_from_row(row: sqlite3.Row, steps: list[Step]) -> Trajectory:
     """Rebuild a :class:`Trajectory` from a ``trajectories`` row (``sqlite3.Row``) and its loaded steps."""
     member = None
@@ -216,44 +226,20 @@ def trajectory_from_row(row: sqlite3.Row, steps: list[Step]) -> Trajectory:
             sign=row["member_sign"],
             index=row["member_index"],
         )
+    plain = ("key", "run_id", "evolver", "space", "round", "generation", "task_id", "reward", "failure")
+    plain += ("failure_detail", "llm_calls", "prompt_tokens", "completion_tokens", "started_at", "duration_s", "id")
     return Trajectory(
-        key=row["key"],
-        run_id=row["run_id"],
-        evolver=row["evolver"],
-        space=row["space"],
-        round=row["round"],
-        generation=row["generation"],
-        task_id=row["task_id"],
+        **from_columns(row, plain, ("meta",)),
         steps=steps,
-        reward=row["reward"],
         valid=bool(row["valid"]),
-        failure=row["failure"],
-        failure_detail=row["failure_detail"],
         member=member,
         context=ContextRef(
-            skill_name=row["skill_name"],
-            skill_version=row["skill_version"],
-            heuristic_id=row["heuristic_id"],
-            prompt=row["prompt"],
+            **from_columns(row, ("skill_name", "skill_version", "heuristic_id", "prompt")),
             versions=loads_json(row["context_versions"]) if "context_versions" in row.keys() else {},  # noqa: SIM118 (sqlite3.Row: `in` tests values)
         ),
-        llm_calls=row["llm_calls"],
-        prompt_tokens=row["prompt_tokens"],
-        completion_tokens=row["completion_tokens"],
-        started_at=row["started_at"],
-        duration_s=row["duration_s"],
-        meta=loads_json(row["meta"]),
-        id=row["id"],
     )
 
 
 def step_from_row(row: sqlite3.Row) -> Step:
     """Rebuild a :class:`Step` from a ``steps`` row."""
-    return Step(
-        observation=row["observation"],
-        model_output=row["model_output"],
-        action=row["action"],
-        tool_result=row["tool_result"],
-        reward=row["reward"],
-        meta=loads_json(row["meta"]),
-    )
+    return Step(**from_columns(row, ("observation", "model_output", "action", "tool_result", "reward"), ("meta",)))

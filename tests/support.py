@@ -1,0 +1,76 @@
+"""Helpers shared by several test modules (imported as ``from support import ...``; pytest puts ``tests/`` on
+``sys.path``): whether headless Chromium is there, loading a benchmark script as a module, and finding live
+processes by their command line."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def chromium_missing(playwright: bool = False) -> str | None:
+    """Why browser tests cannot run here (``"headless Chromium unavailable: ..."``), or None when
+    :func:`coevo.envs.browser.find_chromium` finds Chromium (and, with ``playwright``, the ``playwright``
+    package imports)."""
+    from coevo.envs.browser import BrowserSetupError, find_chromium
+
+    try:
+        find_chromium()
+        if playwright:
+            import playwright as _  # noqa: F401
+    except (BrowserSetupError, ImportError) as exc:
+        return f"headless Chromium unavailable: {exc}"
+    return None
+
+
+def load_script(path: str | Path, name: str) -> ModuleType:
+    """The Python file ``path`` (relative to the repository root, e.g. ``benchmarks/es_overhead.py``) executed as
+    module ``name``, registered in ``sys.modules`` (dataclasses look their module up there).
+
+    Raises:
+        FileNotFoundError: no such file. Whatever the script raises at import.
+    """
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def pids_with_cmdline(token: str) -> list[int]:
+    """Host pids whose command line (``/proc/<pid>/cmdline``) contains ``token``; zombies, whose command line is
+    empty, and processes that end while being read are left out."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as fh:
+                    if token.encode() in fh.read():
+                        found.append(int(name))
+            except OSError:
+                continue
+    return found
+
+
+def one_member_record(seed: int = 1, **fields: Any):
+    """A one-member ES generation record (:class:`coevo.es.GenerationRecord`): member ``seed`` with sign +1,
+    reward 1.0 and coefficient 1.0, generation 0, sigma 1e-3, alpha 1e-3; ``fields`` override or add fields."""
+    from coevo.es import GenerationRecord
+
+    base = {"generation": 0, "seeds": [seed], "signs": [1], "rewards": [1.0], "coeffs": [1.0]}
+    return GenerationRecord(**{**base, "sigma": 1e-3, "alpha": 1e-3, **fields})
+
+
+def antithetic_record(seed: int, **fields: Any):
+    """A two-member antithetic ES generation record: ``seed`` twice with signs +1 / -1, rewards 1.0 / 0.0 and
+    coefficients 1.0 / -1.0, generation 0, sigma 1e-3, alpha 1e-2; ``fields`` override or add fields."""
+    from coevo.es import GenerationRecord
+
+    base = {"generation": 0, "seeds": [seed, seed], "signs": [1, -1], "rewards": [1.0, 0.0], "coeffs": [1.0, -1.0]}
+    return GenerationRecord(**{**base, "sigma": 1e-3, "alpha": 1e-2, **fields})
