@@ -38,6 +38,7 @@ import logging
 import os
 import random
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -460,14 +461,37 @@ class WebRollout(Rollout):
         split: Split = "train",
         evolver: str = "es",
         round_index: int = 0,
+        episodes: Sequence[tuple[str, int]] | None = None,
     ) -> list[Trajectory]:
         """Run this call's episodes (:meth:`episodes`) with ``policy``; one trajectory per episode, keyed
         ``<key_prefix>/<split>/<i>``, tagged with ``member`` and the skill context, reward 1.0 / 0.0.
 
+        ``episodes``: run only these ``(task, seed)`` pairs of the call's episodes, in the order given (e.g. to
+        resume an interrupted evaluation); each keeps the key of its position ``i`` in :meth:`episodes`, and
+        the sampling is the call's. ``None`` runs them all; an empty list runs nothing.
+
         Raises:
+            ValueError: ``episodes`` names a pair that is not among the call's episodes, or a pair twice.
             PolicyError: the backend cannot serve at all. WebArenaConfigError: site URLs not configured.
         """
         cfg = self.config
+        planned = self.episodes(split, generation, member)
+        if episodes is None:
+            index = list(range(len(planned)))
+        else:
+            position = {ep: i for i, ep in reversed(list(enumerate(planned)))}
+            wanted = [(str(t), int(s)) for t, s in episodes]
+            unknown = [ep for ep in wanted if ep not in position]
+            if unknown:
+                raise ValueError(
+                    f"episodes: {unknown[:5]} are not among this call's {len(planned)} {split} episodes "
+                    f"(see WebRollout.episodes)"
+                )
+            if len(set(wanted)) != len(wanted):
+                raise ValueError(f"episodes: each (task, seed) may appear once, got {wanted}")
+            index = [position[ep] for ep in wanted]
+        if not index:
+            return []
         call = self.call(
             generation=generation,
             member=member,
@@ -476,7 +500,6 @@ class WebRollout(Rollout):
             evolver=evolver,
             round_index=round_index,
         )
-        episodes = self.episodes(split, generation, member)
         library, skill_text, context, skill_meta = self.skill_context(call.context)
         agent = WebAgent(
             policy,
@@ -496,9 +519,10 @@ class WebRollout(Rollout):
             space=call.space,
             context=context,
         )
-        keys = [f"{key_prefix}/{split}/{i}" for i in range(len(episodes))]
+        chosen = [planned[i] for i in index]
+        keys = [f"{key_prefix}/{split}/{i}" for i in index]
         trajs = agent.run_batch(
-            self.envs(min(cfg.n_envs, len(episodes))), episodes, member=member, keys=keys, provenance=prov
+            self.envs(min(cfg.n_envs, len(chosen))), chosen, member=member, keys=keys, provenance=prov
         )
         for t in trajs:
             raw = t.reward
