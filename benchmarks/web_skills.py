@@ -26,16 +26,17 @@ episodes, success rate over the episodes the rollout scores (browser and evaluat
 ``read_skill_file`` (name of ``Step.action``, the parsed call) and their fraction of all steps, episodes with at
 least one ``load_skill``, malformed outputs (steps without an action), mean steps per episode, failures by kind
 (``runtime`` = browser, ``evaluation`` = task evaluator, ``model`` = backend error), wall seconds (each episode
-carries its share of its wave's wall time) and prompt / completion tokens; per-seed success rate mean +- std
-over seeds; and paired against ``none`` (same episode, same sampling seed): episodes solved only with
-skills and only without.
+carries its share of its wave's wall time; a condition's first wave in a process also starts its browsers) and
+prompt / completion tokens; per-seed success rate mean +- std over seeds; and paired against ``none`` (same
+episode, same sampling seed): episodes solved only with skills and only without.
 
 Output: a Markdown table (also ``OUT/table.md``), then one JSON line per metric
 ``{"metric", "value", "goal", "met"}``. ``OUT/results.jsonl`` gets one line per finished episode (condition,
 task, seed, success, failure, steps, action names, model outputs, tokens, wall share) as each wave ends;
 ``OUT/settings.json`` the settings. Resuming: the same command with the same ``--out`` runs only the episodes
 missing from ``results.jsonl`` (more ``--seeds`` or other ``--conditions`` add episodes; other settings are an
-error: use a new ``--out``). Without a missing episode no model is loaded and no browser started.
+error: use a new ``--out``; a recorded failed episode counts as run). Without a missing episode no model is
+loaded and no browser started.
 
 Usage (the 0.5B model on CPU; smoke run on a tiny random model)::
 
@@ -43,7 +44,8 @@ Usage (the 0.5B model on CPU; smoke run on a tiny random model)::
     .venv/bin/python benchmarks/web_skills.py --model 'tiny:{"tokenizer_from": null}' --tasks click-button \\
         --seeds 1 --max-steps 1 --n-envs 1 --out /tmp/web_skills_smoke
 
-Needs headless Chromium and the web extra (``scripts/setup_browser.sh``; :func:`coevo.envs.browser.ensure_browser_env`).
+Needs headless Chromium and the web extra (``scripts/setup_browser.sh``;
+:func:`coevo.envs.browser.ensure_browser_env`).
 """
 
 from __future__ import annotations
