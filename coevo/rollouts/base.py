@@ -151,7 +151,14 @@ class Rollout(ABC):
         return getattr(ev, "space", None) or "parameter"
 
     def call(
-        self, *, generation: int, member: ESMember | None, key_prefix: str, split: Split, evolver: str, round_index: int
+        self,
+        *,
+        generation: int,
+        member: ESMember | None,
+        key_prefix: str,
+        split: Split = "train",
+        evolver: str = "es",
+        round_index: int = 0,
     ) -> RolloutCall:
         """The provenance of one call (the calling evolver's space, the current context)."""
         return RolloutCall(

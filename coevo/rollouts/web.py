@@ -38,6 +38,7 @@ import logging
 import os
 import random
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -450,16 +451,51 @@ class WebRollout(Rollout):
             return self.ctx.sampling_params(**over, seed=seed)
         return SamplingParams(**{k: v for k, v in over.items() if v is not None}, seed=seed)
 
-    def run_call(self, policy: Policy, call: RolloutCall) -> list[Trajectory]:
-        """Run this call's episodes (:meth:`episodes`) with ``policy``; one trajectory per episode, keyed
-        ``<key_prefix>/<split>/<i>``, tagged with the call's member and the skill context, reward 1.0 / 0.0.
+    def run(
+        self, policy: Policy, *, episodes: Sequence[tuple[str, int]] | None = None, **call: Any
+    ) -> list[Trajectory]:
+        """:meth:`Rollout.run` (same keyword arguments, ``call``), optionally on a subset of the call's episodes.
+
+        ``episodes``: run only these ``(task, seed)`` pairs of the call's episodes, in the order given (e.g. to
+        resume an interrupted evaluation); each keeps the key of its position ``i`` in :meth:`episodes`, and
+        the sampling is the call's. ``None`` runs them all; an empty list runs nothing.
 
         Raises:
+            ValueError: ``episodes`` names a pair that is not among the call's episodes, or a pair twice.
+            PolicyError, WebArenaConfigError: as :meth:`run_call`.
+        """
+        return self.run_call(policy, self.call(**call), episodes=episodes)
+
+    def run_call(
+        self, policy: Policy, call: RolloutCall, episodes: Sequence[tuple[str, int]] | None = None
+    ) -> list[Trajectory]:
+        """Run this call's episodes (:meth:`episodes`; or the subset ``episodes``, see :meth:`run`) with
+        ``policy``; one trajectory per episode, keyed ``<key_prefix>/<split>/<i>``, tagged with the call's member
+        and the skill context, reward 1.0 / 0.0.
+
+        Raises:
+            ValueError: ``episodes`` names a pair that is not among the call's episodes, or a pair twice.
             PolicyError: the backend cannot serve at all. WebArenaConfigError: site URLs not configured.
         """
         cfg = self.config
         split, generation, member = call.split, call.generation, call.member
-        episodes = self.episodes(split, generation, member)
+        planned = self.episodes(split, generation, member)
+        if episodes is None:
+            index = list(range(len(planned)))
+        else:
+            position = {ep: i for i, ep in reversed(list(enumerate(planned)))}
+            wanted = [(str(t), int(s)) for t, s in episodes]
+            unknown = [ep for ep in wanted if ep not in position]
+            if unknown:
+                raise ValueError(
+                    f"episodes: {unknown[:5]} are not among this call's {len(planned)} {split} episodes "
+                    f"(see WebRollout.episodes)"
+                )
+            if len(set(wanted)) != len(wanted):
+                raise ValueError(f"episodes: each (task, seed) may appear once, got {wanted}")
+            index = [position[ep] for ep in wanted]
+        if not index:
+            return []
         library, skill_text, context, skill_meta = self.skill_context(call.context)
         agent = WebAgent(
             policy,
@@ -479,9 +515,10 @@ class WebRollout(Rollout):
             space=call.space,
             context=context,
         )
-        keys = [f"{call.key_prefix}/{split}/{i}" for i in range(len(episodes))]
+        chosen = [planned[i] for i in index]
+        keys = [f"{call.key_prefix}/{split}/{i}" for i in index]
         trajs = agent.run_batch(
-            self.envs(min(cfg.n_envs, len(episodes))), episodes, member=member, keys=keys, provenance=prov
+            self.envs(min(cfg.n_envs, len(chosen))), chosen, member=member, keys=keys, provenance=prov
         )
         for t in trajs:
             raw = t.reward
