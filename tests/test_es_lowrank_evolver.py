@@ -270,3 +270,47 @@ def test_countdown_population_rows_equal_members_alone(tiny_model_dir):
             assert [t.steps[0].model_output for t in got] == [t.steps[0].model_output for t in want]
             assert [t.reward for t in got] == pytest.approx([t.reward for t in want], abs=1e-5)
             assert all(t.member in members for t in got)
+
+
+def test_eoh_children_members_share_one_batched_generate(tmp_path, tiny_model_dir, monkeypatch):
+    """Low-rank ES on AHD: all members' children go through one batched ``population.generate`` call (rows of
+    different members in the same model batches), and each member's children equal those of the member sampled
+    alone (same prompts, same per-job seeds). A spy counts the real population calls; nothing is replaced."""
+    from test_ahd_coevo import es_first_eoh_loop
+
+    from coevo.backends.hf_replica import HFPopulation
+
+    calls: list[int] = []
+    real = HFPopulation.generate
+
+    def counted(self, rows, params, seed_indices=None):
+        calls.append(len(rows))
+        return real(self, rows, params, seed_indices)
+
+    monkeypatch.setattr(HFPopulation, "generate", counted)
+
+    def children(folder: str, alone: bool) -> list[list]:
+        loop = es_first_eoh_loop(tmp_path / folder, tiny_model_dir, **{"evolvers.es.perturbation": "lowrank"})
+        es = loop.evolvers["es"]
+        members = es.members(0)
+        prefixes = [es.key_prefix(0, m) for m in members]
+        with es.replica.population(members, 1) as pop:
+            if not alone:
+                return es.rollout.run_population(pop, members, generation=0, key_prefixes=prefixes)
+            return [
+                es.rollout.run_population(pop, [m], generation=0, key_prefixes=[p])[0]
+                for m, p in zip(members, prefixes, strict=True)
+            ]
+
+    batched = children("batched", alone=False)
+    assert calls == [8]  # 4 members x 2 children in one call
+    alone = children("alone", alone=True)
+    assert calls[1:] == [2, 2, 2, 2]
+    for got, want in zip(batched, alone, strict=True):
+        assert [t.key for t in got] == [t.key for t in want] and len(got) == 2
+        assert [t.steps[0].model_output for t in got] == [t.steps[0].model_output for t in want]
+        assert [t.meta["seed"] for t in got] == [t.meta["seed"] for t in want]
+        assert all(t.member == got[0].member == want[0].member for t in got)
+    assert [ts[0].member.index for ts in batched] == [0, 1, 2, 3]
+    # common random numbers: job k of every member samples with the same seed
+    assert len({t.meta["batch_seed"] for ts in batched for t in ts}) == 1

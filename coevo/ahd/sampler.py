@@ -10,6 +10,8 @@ which writes children of an evolver's population under perturbed weights with th
   rank (:func:`coevo.ahd.population.select_parents`);
 * sample: :meth:`HeuristicSampler.sample` reuses the jobs whose key is stored (resume), cuts the rest to
   the sample budget and generates them in one batched ``policy.generate`` call;
+  :meth:`HeuristicSampler.sample_population` does the same for the jobs of every member of a low-rank ES
+  population in one ``population.generate`` call;
 * extract: the braced thought and the code of the problem's function (:func:`coevo.sandbox.extract.extract_code`);
 * evaluate: :func:`coevo.ahd.evaluate.evaluate_many` on the training instances, ``workers`` sandboxed
   processes at a time;
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from coevo.ahd.problem import HeuristicProblem
     from coevo.backends.base import Policy, SamplingParams
     from coevo.budget import Budget
+    from coevo.es.replica import Population
     from coevo.store import TrajectoryStore
 
 
@@ -292,25 +295,83 @@ class HeuristicSampler:
             PolicyError: the backend cannot serve the request at all (not a bad sample).
             RuntimeError: calls are due but there is no policy.
         """
-        found = [(job, self.store.get_by_key(job.key)) for job in jobs]
-        pending = [job for job, t in found if t is None]
+
+        def generate(pending: list[tuple[SampleJob, ESMember | None, int]], params: SamplingParams):
+            target = policy if policy is not None else self._default()
+            return target.generate([job.messages for job, _, _ in pending], params)
+
+        entries = [(job, member, k) for k, job in enumerate(jobs)]
+        return self._sample_entries(entries, generate, None, round_index, generation, evolver, existing)[0]
+
+    def sample_population(
+        self,
+        groups: Sequence[tuple[ESMember, Sequence[SampleJob]]],
+        *,
+        population: Population,
+        seed: int,
+        round_index: int,
+        generation: int,
+        evolver: str | None = None,
+        existing: Sequence[Individual] = (),
+    ) -> list[list[Trajectory]]:
+        """:meth:`sample` for the jobs of several ES members of a low-rank population, in one batched
+        ``population.generate`` call (rows ``(member, job.messages)``), then evaluated together.
+
+        Sampling seeds: job ``k`` of every member samples with ``request_seed(seed, k)`` (common random
+        numbers across the members: they differ by their perturbation and their prompts only). The seed of a
+        job does not depend on which jobs are stored, so a partly recorded call re-run after a kill samples the
+        missing jobs as the full call did. The budget cut keeps the jobs in member order.
+
+        Returns:
+            one trajectory list per group, in job order (shorter where the budget cut it).
+
+        Raises:
+            PolicyError: the backend cannot serve the request at all (not a bad sample).
+        """
+        entries = [(job, member, k) for member, jobs in groups for k, job in enumerate(jobs)]
+
+        def generate(pending: list[tuple[SampleJob, ESMember | None, int]], params: SamplingParams):
+            rows = [(member, job.messages) for job, member, _ in pending]
+            return population.generate(rows, params, seed_indices=[k for _, _, k in pending])
+
+        made = self._sample_entries(entries, generate, seed, round_index, generation, evolver, existing)[1]
+        return [[made[job.key] for job in jobs if job.key in made] for _, jobs in groups]
+
+    def _default(self) -> Policy:
+        if self.default_policy is None:
+            raise RuntimeError(f"{self.owner}: no policy to sample heuristics with")
+        return self.default_policy()
+
+    def _sample_entries(
+        self,
+        entries: list[tuple[SampleJob, ESMember | None, int]],
+        generate: Callable[[list[tuple[SampleJob, ESMember | None, int]], SamplingParams], list[Any]],
+        seed: int | None,
+        round_index: int,
+        generation: int,
+        evolver: str | None,
+        existing: Sequence[Individual],
+    ) -> tuple[list[Trajectory], dict[str, Trajectory]]:
+        """Stored or freshly sampled trajectories of ``entries`` ``(job, member, seed index)``: the pending ones
+        cut to the budget, generated in one ``generate(pending, params)`` call (``params.seed``: ``seed``, or
+        the first pending job's seed), parsed, checked for copies, evaluated together and recorded. Returns
+        (the trajectories in entry order, key -> trajectory of every entry that has one)."""
+        found = [(entry, self.store.get_by_key(entry[0].key)) for entry in entries]
+        pending = [entry for entry, t in found if t is None]
         pending = pending[: self.budget.allow(len(pending))]
-        made: dict[str, Trajectory] = {}
+        made: dict[str, Trajectory] = {entry[0].key: t for entry, t in found if t is not None}
         if pending:
-            if policy is None:
-                if self.default_policy is None:
-                    raise RuntimeError(f"{self.owner}: no policy to sample heuristics with")
-                policy = self.default_policy()
-            params = self.sampling.with_seed(pending[0].seed)
+            params = self.sampling.with_seed(pending[0][0].seed if seed is None else seed)
             started = time.time()
-            completions = policy.generate([job.messages for job in pending], params)
+            completions = generate(pending, params)
+            jobs = [job for job, _, _ in pending]
             fn = self.problem.function_name
             extractions = [extract_code(c.text, fn) if c.error is None else None for c in completions]
             coded = [i for i, e in enumerate(extractions) if e is not None and e.code is not None]
-            copies = self._duplicates(pending, [extractions[i].code for i in coded], coded, existing)
+            copies = self._duplicates(jobs, [extractions[i].code for i in coded], coded, existing)
             to_eval = [i for i in coded if i not in copies]
             results = dict(zip(to_eval, self.evaluate([extractions[i].code for i in to_eval])))
-            for i, (job, comp) in enumerate(zip(pending, completions)):
+            for i, ((job, member, _), comp) in enumerate(zip(pending, completions)):
                 t = self._trajectory(
                     job,
                     comp,
@@ -325,7 +386,7 @@ class HeuristicSampler:
                     copies.get(i),
                 )
                 made[job.key] = self.store.add_trajectory(t)[0]
-        return [t if t is not None else made[job.key] for job, t in found if t is not None or job.key in made]
+        return [made[entry[0].key] for entry, _ in found if entry[0].key in made], made
 
     def _duplicates(
         self, jobs: Sequence[SampleJob], codes: list[str], index: list[int], existing: Sequence[Individual]

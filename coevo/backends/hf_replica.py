@@ -181,12 +181,23 @@ class HFPopulation:
 
         return tables
 
-    def generate(self, rows: Sequence[Row], params: SamplingParams) -> list[Completion]:
-        """One completion per ``(member, conversation)`` row, in order (``HFPolicy.generate_rows``)."""
+    def generate(
+        self, rows: Sequence[Row], params: SamplingParams, seed_indices: Sequence[int] | None = None
+    ) -> list[Completion]:
+        """One completion per ``(member, conversation)`` row, in order (``HFPolicy.generate_rows``); row i
+        samples with ``request_seed(params.seed, k_i)``, ``k_i = seed_indices[i]`` or (default) the row's
+        index among its member's rows.
+
+        Raises:
+            ValueError: ``seed_indices`` of the wrong length, a member not in the population.
+        """
         positions = [member_position(self.members, m) for m, _ in rows]
+        if seed_indices is not None and len(seed_indices) != len(rows):
+            raise ValueError(f"seed_indices has {len(seed_indices)} items for {len(rows)} rows")
         seeds = None
         if params.seed is not None:
-            seeds = [request_seed(params.seed, k) for k in member_row_indices(positions)]
+            index = member_row_indices(positions) if seed_indices is None else seed_indices
+            seeds = [request_seed(params.seed, int(k)) for k in index]
         return self.policy.generate_rows(
             [c for _, c in rows], params, row_seeds=seeds, batch_hook=self._batch_hook(positions)
         )

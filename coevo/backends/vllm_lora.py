@@ -247,10 +247,13 @@ class VLLMPopulation:
         positions = [member_position(self.members, m) for m, _ in rows]
         return positions, [None if p is None else self.requests[p] for p in positions]
 
-    def generate(self, rows: Sequence[Row], params: SamplingParams) -> list[Completion]:
-        """One completion per ``(member, conversation)`` row, in order, in one engine call."""
+    def generate(
+        self, rows: Sequence[Row], params: SamplingParams, seed_indices: Sequence[int] | None = None
+    ) -> list[Completion]:
+        """One completion per ``(member, conversation)`` row, in order, in one engine call; seeds as in
+        :meth:`coevo.es.replica.Population.generate` (``seed_indices`` or each row's index in its member)."""
         positions, loras = self._requests(rows)
-        index = member_row_indices(positions)
+        index = member_row_indices(positions) if seed_indices is None else list(seed_indices)
         return self.policy.generate_requests([c for _, c in rows], params, seed_indices=index, lora_requests=loras)
 
     def logprob(self, rows: Sequence[Row], targets: Sequence[str]) -> torch.Tensor:

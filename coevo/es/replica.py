@@ -115,8 +115,16 @@ class Population(Protocol):
     members: Sequence[ESMember]
     tokenizer: Any
 
-    def generate(self, rows: Sequence[tuple[Any, list[dict[str, str]]]], params: Any) -> list[Any]:
-        """One :class:`~coevo.backends.base.Completion` per row, in order."""
+    def generate(
+        self,
+        rows: Sequence[tuple[Any, list[dict[str, str]]]],
+        params: Any,
+        seed_indices: Sequence[int] | None = None,
+    ) -> list[Any]:
+        """One :class:`~coevo.backends.base.Completion` per row, in order. With ``seed_indices``, row i samples
+        with ``request_seed(params.seed, seed_indices[i])`` instead of its index among its member's rows (a
+        caller whose rows have their own stable index, e.g. a job's slot, so that a partial re-run samples
+        them as the full call did)."""
         ...
 
     def logprob(self, rows: Sequence[tuple[Any, list[dict[str, str]]]], targets: Sequence[str]) -> Any:

@@ -103,19 +103,16 @@ class EoHChildrenRollout(Rollout):
         run folder."""
         return key_prefix.removeprefix(f"{self.ctx.run_id}/")
 
-    def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
-        """Children (or, with no population yet or i1 only, fresh i1 samples) written by ``policy`` through
-        the searched evolver's sampler, recorded with ``member`` and the ES ``generation``."""
-        if split != "train":
-            return []
-        search = self._search()
+    def _jobs(self, search: HeuristicSearch, key_prefix: str) -> list:
+        """The calls of one member keyed by ``key_prefix``: children of the chosen operators, or (no population
+        yet, or i1 only) fresh i1 samples; deterministic in the run seed and the member's key."""
         cfg, sampler = self.config, search.sampler
         local = self._local(key_prefix)
         parented = any(op != "i1" for op in cfg.operators)
         if parented and search.parents_m is None:
             raise ValueError(f"rollout.operators: {cfg.operators} need an eoh evolver, not {self.config.evolver!r}")
         if parented and search.population:
-            jobs = sampler.operator_jobs(
+            return sampler.operator_jobs(
                 cfg.operators,
                 cfg.children_per_operator,
                 self.ctx.rng(local, "children"),
@@ -123,17 +120,45 @@ class EoHChildrenRollout(Rollout):
                 population=search.population,
                 parents_m=search.parents_m,
             )
-        else:  # nothing to modify yet (or i1 only): fresh samples
-            rng = self.ctx.rng(local, "i1")
-            n = cfg.children_per_operator * len(cfg.operators)
-            jobs = [sampler.job("i1", key=f"{key_prefix}/i1/{j}", seed=rng.getrandbits(63)) for j in range(n)]
-        return sampler.sample(
-            jobs,
+        rng = self.ctx.rng(local, "i1")
+        n = cfg.children_per_operator * len(cfg.operators)
+        return [sampler.job("i1", key=f"{key_prefix}/i1/{j}", seed=rng.getrandbits(63)) for j in range(n)]
+
+    def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
+        """Children (or, with no population yet or i1 only, fresh i1 samples) written by ``policy`` through
+        the searched evolver's sampler, recorded with ``member`` and the ES ``generation``."""
+        if split != "train":
+            return []
+        search = self._search()
+        return search.sampler.sample(
+            self._jobs(search, key_prefix),
             policy=policy,
             round_index=round_index,
             generation=generation,
             evolver=evolver,
             member=member,
+            existing=search.population,
+        )
+
+    def run_population(
+        self, population, members, *, generation, key_prefixes, split: Split = "train", evolver="es", round_index=0
+    ):
+        """Every member's children in one batched ``population.generate`` call (low-rank ES: rows of different
+        members share the model batches), evaluated together, through
+        :meth:`~coevo.ahd.sampler.HeuristicSampler.sample_population`. Job ``k`` of every member samples with
+        the same seed (common random numbers), drawn from the run seed, the calling evolver and ``generation``."""
+        if split != "train":
+            return [[] for _ in members]
+        search = self._search()
+        groups = [(m, self._jobs(search, kp)) for m, kp in zip(members, key_prefixes, strict=True)]
+        seed = self.ctx.rng(evolver, f"g{generation}", "population-sampling").getrandbits(63)
+        return search.sampler.sample_population(
+            groups,
+            population=population,
+            seed=seed,
+            round_index=round_index,
+            generation=generation,
+            evolver=evolver,
             existing=search.population,
         )
 
