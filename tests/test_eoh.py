@@ -157,6 +157,26 @@ def test_prompts_for_every_operator():
         build_messages("x9", spec)
 
 
+def test_prompts_show_code_without_docstrings():
+    """The template's docstring is described in prose, not shown in its code block, and parents' code is shown
+    without docstrings and comments: the 0.5B model copied a shown docstring verbatim into ~130 of its 256
+    tokens. The reply is asked to carry none either."""
+    spec = load_problem("tsp_construct").prompt_spec()
+    documented = (
+        "import numpy as np\n\n\ndef select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
+        '    """Nearest neighbour, documented at length."""\n'
+        "    # the closest unvisited node\n"
+        "    return int(unvisited_nodes[np.argmin(distance_matrix[current_node][unvisited_nodes])])\n"
+    )
+    user = build_messages("m1", spec, [_ind(0, 7.0, documented)])[1]["content"]
+    blocks = user.split("```python\n")[1:]
+    assert len(blocks) == 2 and all('"""' not in b.split("```")[0] for b in blocks)
+    assert "documented at length" not in user and "the closest unvisited node" not in user
+    assert "np.argmin(distance_matrix[current_node][unvisited_nodes])" in blocks[1]
+    assert "unvisited_nodes: np.ndarray (k,) int64" in user.split("```python")[0]  # the template's Args, in prose
+    assert "Write no docstring and no comments" in user
+
+
 # ------------------------------------------------------------------------------- selection, survivors
 def test_parent_selection_follows_rank_weights():
     pop = [_ind(i, 1.0 + i) for i in range(4)]

@@ -440,6 +440,7 @@ def test_cli_eval_refuses_bad_files_and_flags_before_running(tmp_path, capsys):
 
 def test_templates_are_naive_valid_heuristics_shown_instead_of_the_seed():
     from coevo.ahd.prompts import build_messages
+    from coevo.sandbox.extract import function_docstring, strip_docstrings
 
     for name in available_problems():
         p = load_problem(name)
@@ -453,4 +454,6 @@ def test_templates_are_naive_valid_heuristics_shown_instead_of_the_seed():
         s_obj = np.mean(p.run_heuristic(ns[p.function_name], inst)["objectives"])
         assert (t_obj >= s_obj) if p.direction == "minimize" else (t_obj <= s_obj)  # the seed is the stronger one
         user = build_messages("i1", p.prompt_spec())[1]["content"]
-        assert template.strip() in user and seed.strip() not in user
+        shown = strip_docstrings(template)  # the template's code without its docstring, which is told in prose
+        assert shown in user and function_docstring(template, p.function_name).strip() in user
+        assert seed.strip() not in user and strip_docstrings(seed) not in user

@@ -13,7 +13,6 @@ heuristics, deduplicate by objective and by code, and keep the N best.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import math
 import random
@@ -21,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from coevo.sandbox.extract import strip_docstrings
 from coevo.types import Trajectory
 
 
@@ -31,22 +31,9 @@ def code_key(code: str) -> str:
     constant of the module, of each function and of each class); code that does not parse falls back to its
     lines with surrounding white space removed.
     """
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    norm = strip_docstrings(code)
+    if norm is None:
         norm = "\n".join(line.strip() for line in code.strip().splitlines())
-    else:
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                body = node.body
-                if (
-                    body
-                    and isinstance(body[0], ast.Expr)
-                    and isinstance(body[0].value, ast.Constant)
-                    and isinstance(body[0].value.value, str)
-                ):
-                    node.body = body[1:] or [ast.Pass()]
-        norm = ast.unparse(tree)
     return hashlib.sha256(norm.encode()).hexdigest()[:16]
 
 

@@ -14,13 +14,19 @@ two families plus an initialisation prompt:
 
 Every prompt asks for the answer in one fixed shape: the thought in braces on one line, then a fenced Python
 block defining the problem's function with exactly its signature (see :func:`answer_format`).
-The wording is this project's own.
+The wording is this project's own. As in EoH, the function's inputs and output are described in prose: the
+template is shown without its docstring, and parents' code without docstrings and comments
+(:func:`coevo.sandbox.extract.strip_docstrings`), and the reply is asked to carry none. Measured on the
+embedded 0.5B model with the docstring in the template, about 130 of a sample's ~230 completion tokens were
+that docstring copied verbatim, and truncation at 256 tokens was among the commonest failures.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, Protocol
+
+from coevo.sandbox.extract import function_docstring, strip_docstrings
 
 Message = dict[str, str]
 
@@ -75,13 +81,18 @@ def task_text(spec: dict[str, Any]) -> str:
     """
     goal = "lower" if spec.get("direction", "minimize") == "minimize" else "higher"
     outputs = ", ".join(spec.get("outputs") or []) or "the result"
+    template = spec["template"].strip()
+    doc = function_docstring(template, spec["function_name"])
+    shown = strip_docstrings(template) if doc else None
+    described = f"\nWhat it gets and returns:\n{doc.strip()}\n\n" if doc else ""
     return (
         f"Problem: {spec['task']}\n"
         f"Heuristics are scored by the {spec.get('objective') or 'objective'} they achieve "
         f"({goal} is better), averaged over a set of instances.\n"
         f"The heuristic is the Python function `{_signature(spec)}`, which returns {outputs}. "
+        f"{described}"
         "A template with the exact signature and a naive body to improve on:\n"
-        f"```python\n{spec['template'].strip()}\n```"
+        f"```python\n{shown or template}\n```"
     )
 
 
@@ -92,7 +103,8 @@ def answer_format(spec: dict[str, Any]) -> str:
         "1. One sentence describing the idea of your heuristic, enclosed in braces, e.g. "
         "{Prefer nodes that are close now and keep the remaining nodes compact.}\n"
         f"2. A ```python code block that defines `{_signature(spec)}` with exactly this name and these "
-        "arguments, imports what it uses (numpy is allowed), and does not read or write files.\n"
+        "arguments, imports what it uses (numpy is allowed), and does not read or write files. "
+        "Write no docstring and no comments in the code.\n"
         "Give no explanation besides the sentence in braces and the code."
     )
 
@@ -101,9 +113,8 @@ def _describe(parents: Sequence[ParentHeuristic]) -> str:
     parts = []
     for i, p in enumerate(parents, 1):
         score = "not evaluated" if p.objective is None else f"{p.objective:.6g}"
-        parts.append(
-            f"Heuristic {i} (objective {score}):\nIdea: {{{p.thought.strip()}}}\n```python\n{p.code.strip()}\n```"
-        )
+        code = strip_docstrings(p.code) or p.code.strip()
+        parts.append(f"Heuristic {i} (objective {score}):\nIdea: {{{p.thought.strip()}}}\n```python\n{code}\n```")
     return "\n\n".join(parts)
 
 

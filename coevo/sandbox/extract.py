@@ -299,3 +299,43 @@ def _thought(before: list[str], after: list[str]) -> str | None:
                 break  # unbalanced: no thought in this chunk
             start = chunk.find("{", i + 1)
     return None
+
+
+def _docstring_owner(node: ast.AST) -> bool:
+    return isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+
+
+def _has_docstring(node: ast.AST) -> bool:
+    body = getattr(node, "body", None)
+    return bool(
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    )
+
+
+def strip_docstrings(code: str) -> str | None:
+    """``code`` without docstrings (the leading string constant of the module, of each function and of each
+    class) and without comments, normalised by ``ast.unparse``; None when ``code`` does not parse."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if _docstring_owner(node) and _has_docstring(node):
+            node.body = node.body[1:] or [ast.Pass()]
+    return ast.unparse(tree)
+
+
+def function_docstring(code: str, function_name: str) -> str | None:
+    """The docstring of the top-level function ``function_name`` in ``code`` (cleaned as ``inspect.cleandoc``
+    does), or None (no such function, no docstring, or ``code`` does not parse)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function_name:
+            return ast.get_docstring(node)
+    return None
