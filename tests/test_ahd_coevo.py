@@ -66,6 +66,7 @@ class ScriptedTinyQwen(HFPolicy):
         self.script = list(script)
         self.calls = 0
         self.batches: list[tuple[int, str]] = []
+        self.kinds: list[str] = []  # per call: "policy" (generate) or "population" (generate_rows)
 
     def fingerprint(self) -> str:
         w = self.model.model.layers[0].mlp.down_proj.weight
@@ -75,11 +76,19 @@ class ScriptedTinyQwen(HFPolicy):
         from coevo.backends.base import Completion
 
         self.batches.append((len(conversations), self.fingerprint()))
+        self.kinds.append("policy")
         out = []
         for _ in conversations:
             text = self.script[min(self.calls, len(self.script) - 1)]
             out.append(Completion(text=text, completion_tokens=len(text.split()), prompt_tokens=100))
             self.calls += 1
+        return out
+
+    def generate_rows(self, conversations, params, *, row_seeds=None, batch_hook=None):
+        """A low-rank population's call (``HFPopulation.generate``): scripted like :meth:`generate`, recorded
+        as kind ``"population"``."""
+        out = self.generate(conversations, params)
+        self.kinds[-1] = "population"
         return out
 
 
@@ -386,6 +395,8 @@ def test_scripted_eoh_es_through_the_loop(tmp_path, tiny_model_dir):
             **{
                 "evolvers.eoh.reject_duplicates": "false",
                 "evolvers.eoh.include_seed_heuristic": "false",
+                "evolvers.eoh.offspring_per_operator": 1,  # the script's order: 4 EoH children per generation
+                "evolvers.es.perturbation": "full",  # members one after another, as the script is written
                 "evolvers.es.rollout.reward": "paper",  # the main job ranks children; this test checks the paper rule
                 "budget.max_samples": 40,
                 "evolvers.es.total_generations": 3,
@@ -461,35 +472,36 @@ def test_scripted_eoh_es_through_the_loop(tmp_path, tiny_model_dir):
 
 
 def test_shipped_headline_config_default_plan(tmp_path, tiny_model_dir):
-    """configs/ahd/tsp_construct.yaml as shipped (only sizes and the model shrunk): EoH initialisation, then per
-    round one ES generation (one antithetic pair, m1 + m2 each) and one EoH generation; ES sigma 1e-3, 5e-4, 0
-    (updates at generations 0 and 1, generation 2 only searches); 32 samples."""
+    """configs/ahd/tsp_construct.yaml as shipped (only sizes and the model shrunk): EoH initialisation (8), then
+    per round one low-rank ES generation (two antithetic pairs, m1 + m2 each: 8 children in one population
+    call) and one EoH generation (8 children); ES sigma 1e-3, 7.5e-4, 2.5e-4, 0 (updates at generations 0-2,
+    generation 3 only searches); 64 samples. Low-rank members never touch the weights: every call before an
+    update sees the same weights, and they change only where the history says an update moved them."""
     policy = ScriptedTinyQwen(tiny_model_dir, EOH_INIT + ES_G0[:4] + EOH_G1 + ES_G1[:4])
     summary = make_loop(tmp_path, "tsp_construct.yaml", shipped("eoh", str(tiny_model_dir)), policy).run()
-    assert "sample budget reached (32/32" in summary.stop_reason and policy.calls == 32
-    assert [n for n, _ in policy.batches] == [8, 2, 2, 4, 2, 2, 4, 2, 2, 4]
+    assert "sample budget reached (64/64" in summary.stop_reason and policy.calls == 64
+    assert [n for n, _ in policy.batches] == [8] * 8
+    assert policy.kinds == ["policy"] + ["population", "policy"] * 3 + ["population"]
     with TrajectoryStore(tmp_path / "run" / "store.sqlite") as store:
         hist = store.es_history("run", "es")
-        assert [h["sigma"] for h in hist] == pytest.approx([1e-3, 5e-4, 0.0])
-        assert [h["signs"] for h in hist] == [[1, -1]] * 3
-        assert [h["skipped"] for h in hist] == [False, False, True]
-        assert hist[2]["weight_hash_before"] == hist[2]["weight_hash_after"] != hist[0]["weight_hash_before"]
+        assert [h["sigma"] for h in hist] == pytest.approx([1e-3, 7.5e-4, 2.5e-4, 0.0])
+        assert [h["perturbation"] for h in hist] == ["lowrank"] * 4
+        assert [h["signs"] for h in hist] == [[1, -1, 1, -1]] * 4
+        assert [h["skipped"] for h in hist] == [False, False, False, True]
+        assert hist[3]["weight_hash_before"] == hist[3]["weight_hash_after"]
         kids = es_children(store, "run", hist)
         assert all(t.key.startswith("run/es/g000") and "run/run" not in t.key for ts in kids.values() for t in ts)
         assert [(t.member.index, t.member.sign, t.meta["operator"]) for t in kids[0]] == [
-            (0, 1, "m1"),
-            (0, 1, "m2"),
-            (1, -1, "m1"),
-            (1, -1, "m2"),
+            (i, sign, op) for i, sign in enumerate((1, -1, 1, -1)) for op in ("m1", "m2")
         ]
     prints = [f for _, f in policy.batches]
-    # start, +eps, -eps (g0); EoH g1 on the weights after g0; g1's +eps / -eps; then the weights after g1 are
-    # searched at sigma 0 (g2) and by EoH without change. Whether an update moved the weights follows the
-    # member rewards (mean ranks can tie), and the fingerprints agree with the stored weight hashes.
-    assert len({prints[0], prints[1], prints[2]}) == 3 and len({prints[3], prints[4], prints[5]}) == 3
-    assert (prints[3] != prints[0]) == (hist[0]["weight_hash_after"] != hist[0]["weight_hash_before"])
-    assert (prints[6] != prints[3]) == (hist[1]["weight_hash_after"] != hist[1]["weight_hash_before"])
-    assert prints[6] == prints[7] == prints[8] == prints[9]
+    # calls: init, ES g0, EoH g1, ES g1, EoH g2, ES g2, EoH g3, ES g3; an ES generation and the EoH generation
+    # after it see the weights after the previous update
+    assert prints[0] == prints[1]
+    for g, (before, after) in enumerate(((1, 2), (3, 4), (5, 6))):
+        assert prints[after] == prints[after + 1]
+        assert (prints[after] != prints[before]) == (hist[g]["weight_hash_after"] != hist[g]["weight_hash_before"])
+    assert any(h["weight_hash_after"] != h["weight_hash_before"] for h in hist[:3])  # ES moved the weights
 
 
 def test_scripted_eoh_es_budget_counts_every_call(tmp_path, tiny_model_dir):

@@ -21,7 +21,13 @@ def make_policy(cfg: ModelConfig) -> Policy:
         from coevo.backends.hf import HFPolicy
         from coevo.backends.models import resolve_model
 
-        return HFPolicy(resolve_model(cfg.name), dtype=cfg.dtype, device=cfg.device, batch_size=cfg.batch_size)
+        return HFPolicy(
+            resolve_model(cfg.name),
+            dtype=cfg.dtype,
+            device=cfg.device,
+            batch_size=cfg.batch_size,
+            cpu_linear=cfg.cpu_linear,
+        )
     if cfg.backend == "openai":
         from coevo.backends.openai_api import OpenAIPolicy
 

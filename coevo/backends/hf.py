@@ -85,6 +85,9 @@ class HFPolicy(Policy):
         dtype: weight dtype, "float32" (default; ES wants fp32 master weights), "bfloat16" or "float16".
         device: "cpu", "cuda" or "cuda:N".
         batch_size: conversations per forward batch (>= 1); larger batches are split.
+        cpu_linear: kernel of the linear layers of a float32 model on CPU (:mod:`coevo.backends.cpu_linear`):
+            "auto" (default: oneDNN where torch's op works here, else torch's), "onednn" (required) or
+            "torch" (``F.linear``). About 3x faster decoding matmuls on AMD CPUs; no effect on GPU or bf16.
         cache_dir: coevo cache root used to resolve names (default ``$COEVO_CACHE`` or ``~/.cache/coevo``).
 
     Attributes:
@@ -92,8 +95,9 @@ class HFPolicy(Policy):
         model_id: the reference given. path: the resolved folder.
 
     Raises:
-        ValueError: bad dtype, device or batch_size, or an unresolvable model reference.
-        PolicyError: the folder cannot be loaded, or CUDA was requested but is unavailable.
+        ValueError: bad dtype, device, batch_size or cpu_linear, or an unresolvable model reference.
+        PolicyError: the folder cannot be loaded, CUDA was requested but is unavailable, or cpu_linear
+            "onednn" was asked for where it cannot run.
     """
 
     has_parameters = True
@@ -106,6 +110,7 @@ class HFPolicy(Policy):
         device: str = "cpu",
         batch_size: int = 8,
         cache_dir: str | Path | None = None,
+        cpu_linear: str = "auto",
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -132,12 +137,30 @@ class HFPolicy(Policy):
         except (OSError, ValueError) as e:
             raise PolicyError(f"cannot load model from {self.path}: {e}") from e
         self.model.to(self.device).eval()
+        #: the kernel of float32 CPU linear layers: "onednn" or "torch" (coevo.backends.cpu_linear)
+        self.cpu_linear = self._linear_kernel(cpu_linear)
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         if self.tokenizer.chat_template is None:
             raise PolicyError(f"tokenizer in {self.path} has no chat template")
         self._stop_ids = terminal_token_ids(self.tokenizer, self.model.generation_config.eos_token_id)
+
+    def _linear_kernel(self, mode: str) -> str:
+        from coevo.backends.cpu_linear import CPU_LINEAR_MODES, onednn_available, use_onednn_linear
+
+        if mode not in CPU_LINEAR_MODES:
+            raise ValueError(f"cpu_linear must be one of {', '.join(CPU_LINEAR_MODES)}, got {mode!r}")
+        applies = self.device.type == "cpu" and self.dtype == torch.float32
+        if mode == "onednn" and not (applies and onednn_available()):
+            raise PolicyError(
+                "cpu_linear 'onednn' needs a float32 model on cpu and torch's oneDNN linear op "
+                f"(dtype {self.dtype}, device {self.device}, op available: {onednn_available()})"
+            )
+        if mode == "torch" or not applies or not onednn_available():
+            return "torch"
+        use_onednn_linear(self.model)
+        return "onednn"
 
     def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
         """``(HF name, parameter)`` in ``model.named_parameters()`` order; tied weights appear once."""

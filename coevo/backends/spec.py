@@ -25,6 +25,11 @@ class ModelConfig(BaseModel):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("bfloat16", description="weight dtype")
     device: str = Field("cpu", description="torch device for the hf backend (cpu, cuda, cuda:1)")
     batch_size: int = Field(8, ge=1, description="max conversations per generate call")
+    cpu_linear: Literal["auto", "onednn", "torch"] = Field(
+        "auto",
+        description="hf backend, float32 on cpu: linear layers through oneDNN (auto: where it works) or torch's "
+        "F.linear (coevo.backends.cpu_linear)",
+    )
     base_url: str | None = Field(None, description="openai backend: server URL, e.g. http://127.0.0.1:8000/v1")
     api_key_env: str = Field("OPENAI_API_KEY", description="openai backend: env var holding the API key")
     max_retries: int = Field(3, ge=0, description="openai backend: retries on connection errors and 5xx")

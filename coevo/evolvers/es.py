@@ -196,6 +196,7 @@ class ESEvolver(Evolver):
                 "dtype": str(policy.dtype).removeprefix("torch."),
                 "device": str(policy.device),
                 "batch_size": policy.batch_size,
+                "cpu_linear": policy.cpu_linear,
                 "rollout": cfg.rollout,
                 "scope": cfg.scope_spec().to_dict(),
                 "master_weights": cfg.master_weights,

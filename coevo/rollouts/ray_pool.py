@@ -55,7 +55,13 @@ class ReplicaWorker:
 
         if spec.get("torch_threads"):
             torch.set_num_threads(int(spec["torch_threads"]))
-        policy = HFPolicy(spec["model"], dtype=spec["dtype"], device=spec["device"], batch_size=spec["batch_size"])
+        policy = HFPolicy(
+            spec["model"],
+            dtype=spec["dtype"],
+            device=spec["device"],
+            batch_size=spec["batch_size"],
+            cpu_linear=spec.get("cpu_linear", "auto"),
+        )
         self.replica = policy.es_replica(
             ScopeSpec.from_dict(spec["scope"]), master_weights=spec["master_weights"], restore_mode=spec["restore_mode"]
         )
