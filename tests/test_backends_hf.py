@@ -177,3 +177,35 @@ def test_bad_generate_input_names_the_field(policy, convs, params, field):
 def test_logprob_length_mismatch(policy):
     with pytest.raises(ValueError, match="targets"):
         policy.logprob(CONVS[:2], ["a"])
+
+
+def test_shared_prefix_is_prefilled_once_with_the_same_outputs(tiny_model_dir, monkeypatch):
+    """Rows sharing a long token prefix (an EoH generation's system message and task) prefill it once and
+    repeat its KV cache; every row's completion and prompt count equal those of the unshared batch."""
+    from coevo.backends import hf
+
+    system = {"role": "system", "content": "You design heuristics for routing problems. " * 4}
+    convs = [[system, {"role": "user", "content": q}] for q in ("count to five", "a much longer question here", "x")]
+    shared, plain = HFPolicy(tiny_model_dir), HFPolicy(tiny_model_dir)
+    plain.min_shared_prefix = 10**9
+    ids = [shared.tokenizer(p, add_special_tokens=False)["input_ids"] for p in shared._prompts(convs)]
+    assert hf.shared_prefix_len(ids) >= 40 and hf.shared_prefix_len([[1, 2, 3], [1, 2], [1, 5]]) == 1
+    prefilled: list[int] = []
+    real = HFPolicy._prefix_cache
+
+    def counted(self, input_ids, prefix):
+        prefilled.append(prefix)
+        return real(self, input_ids, prefix)
+
+    monkeypatch.setattr(HFPolicy, "_prefix_cache", counted)
+    for params in (
+        SamplingParams(max_new_tokens=10, temperature=1.0, seed=3),
+        SamplingParams(max_new_tokens=6, temperature=0),
+    ):
+        got, want = shared.generate(convs, params), plain.generate(convs, params)
+        assert [c.text for c in got] == [c.text for c in want]
+        assert [c.prompt_tokens for c in got] == [c.prompt_tokens for c in want] == [len(i) for i in ids]
+        assert [c.completion_tokens for c in got] == [c.completion_tokens for c in want]
+    assert prefilled == [hf.shared_prefix_len(ids)] * 2  # the plain policy never shares
+    one = shared.generate(convs[:1] * 3, SamplingParams(max_new_tokens=4, temperature=0))  # all but 1 token shared
+    assert prefilled[-1] == len(ids[0]) - 1 and len({c.text for c in one}) == 1

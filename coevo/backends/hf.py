@@ -76,6 +76,18 @@ class RowSampler:
         return out
 
 
+def shared_prefix_len(rows: Sequence[Sequence[int]]) -> int:
+    """Length of the longest token prefix common to every row (0 for no rows)."""
+    if not rows:
+        return 0
+    first, n = rows[0], min(len(r) for r in rows)
+    for i in range(n):
+        tok = first[i]
+        if any(r[i] != tok for r in rows):
+            return i
+    return n
+
+
 class HFPolicy(Policy):
     """A causal LM loaded from a local folder with transformers.
 
@@ -101,6 +113,8 @@ class HFPolicy(Policy):
     """
 
     has_parameters = True
+    #: shortest shared token prefix worth a prefix cache (:meth:`_generate_batch`); larger than any length disables it
+    min_shared_prefix = 16
 
     def __init__(
         self,
@@ -229,7 +243,8 @@ class HFPolicy(Policy):
             seeds = None if row_seeds is None else row_seeds[start:stop]
             try:
                 with batch_hook(start, stop) if batch_hook is not None else nullcontext():
-                    out.extend(self._generate_batch(prompts[start:stop], params, seeds))
+                    # a population batch's rows run under different members' weights: no shared prefix
+                    out.extend(self._generate_batch(prompts[start:stop], params, seeds, batch_hook is None))
             except torch.OutOfMemoryError as e:
                 raise PolicyError(f"out of memory generating a batch of {self.batch_size}; lower batch_size") from e
         return out
@@ -252,22 +267,63 @@ class HFPolicy(Policy):
             stop_strings=list(params.stop) or None,
         )
 
+    def _encode(self, prompts: list[str], share_prefix: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """``(input_ids, attention_mask, prefix)`` of one batch, both (B, L) on the device, and the length of
+        the token prefix all rows share (0 when not shared, see :meth:`_generate_batch`).
+
+        Without a shared prefix: every row left-padded. With one: ``[prefix][left padding][rest of the
+        row]``; the padding in the middle is masked out and the position ids (from the attention mask's
+        cumulative sum) continue across it, so each row sees exactly its own prompt.
+        """
+        ids = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        prefix = shared_prefix_len(ids) if share_prefix and len(ids) > 1 else 0
+        prefix = min(prefix, min(len(x) for x in ids) - 1)  # every row keeps >= 1 token to run
+        if prefix < self.min_shared_prefix:
+            prefix = 0
+        width = max(len(x) for x in ids) - prefix
+        input_ids = torch.full((len(ids), prefix + width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(ids), prefix + width), dtype=torch.long)
+        for i, x in enumerate(ids):
+            rest = x[prefix:]
+            input_ids[i, :prefix] = torch.tensor(x[:prefix], dtype=torch.long)
+            input_ids[i, prefix + width - len(rest) :] = torch.tensor(rest, dtype=torch.long)
+            mask[i, :prefix] = 1
+            mask[i, prefix + width - len(rest) :] = 1
+        return input_ids.to(self.device), mask.to(self.device), prefix
+
+    def _prefix_cache(self, input_ids: torch.Tensor, prefix: int):
+        """The KV cache of the shared prefix, computed once on one row and repeated for every row."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        self.model(input_ids=input_ids[:1, :prefix], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(input_ids.shape[0])
+        return cache
+
     @torch.inference_mode()
     def _generate_batch(
-        self, prompts: list[str], params: SamplingParams, seeds: Sequence[int] | None
+        self, prompts: list[str], params: SamplingParams, seeds: Sequence[int] | None, share_prefix: bool = True
     ) -> list[Completion]:
+        """One model batch. When its rows share a token prefix of at least ``min_shared_prefix`` tokens (the
+        system message and task text of an EoH generation, an environment's instructions), the prefix is
+        prefilled once and its KV cache repeated for every row, as vLLM's prefix caching does: prefill costs
+        one prefix plus the rows' own tokens instead of every row's whole prompt. The rows' outputs are the
+        same up to float32 summation order."""
         from transformers import LogitsProcessorList
 
         t0 = time.perf_counter()
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
+        input_ids, attention_mask, prefix = self._encode(prompts, share_prefix)
+        enc = {"input_ids": input_ids, "attention_mask": attention_mask}
         row_sampling = seeds is not None and params.temperature > 0
         processors = LogitsProcessorList([RowSampler(params, seeds, self.device)] if row_sampling else [])
+        cache = {"past_key_values": self._prefix_cache(input_ids, prefix)} if prefix else {}
         seqs = self.model.generate(
             input_ids=enc["input_ids"],
             attention_mask=enc["attention_mask"],
             generation_config=self._generation_config(params, row_sampling),
             logits_processor=processors,
             tokenizer=self.tokenizer if params.stop else None,
+            **cache,
         )
         duration = time.perf_counter() - t0
         gen = seqs[:, enc["input_ids"].shape[1] :].tolist()  # (B, new tokens)
