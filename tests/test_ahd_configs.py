@@ -87,6 +87,7 @@ def test_budget_is_spent_and_sigma_reaches_zero(method, problem):
 MAIN_JOB_TUNING = {
     "tsp_construct": {
         ("budget", "max_samples"): (64, 32),
+        ("budget", "max_wall_s"): (900, 1080),
         ("evolvers", 0, "offspring_per_operator"): (2, 1),
         ("evolvers", 1, "population_size"): (4, 2),
         ("evolvers", 1, "total_generations"): (4, 3),
