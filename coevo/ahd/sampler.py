@@ -301,7 +301,8 @@ class HeuristicSampler:
             return target.generate([job.messages for job, _, _ in pending], params)
 
         entries = [(job, member, k) for k, job in enumerate(jobs)]
-        return self._sample_entries(entries, generate, None, round_index, generation, evolver, existing)[0]
+        made = self._sample_entries(entries, generate, None, round_index, generation, evolver, existing)
+        return [made[job.key] for job in jobs if job.key in made]
 
     def sample_population(
         self,
@@ -334,7 +335,7 @@ class HeuristicSampler:
             rows = [(member, job.messages) for job, member, _ in pending]
             return population.generate(rows, params, seed_indices=[k for _, _, k in pending])
 
-        made = self._sample_entries(entries, generate, seed, round_index, generation, evolver, existing)[1]
+        made = self._sample_entries(entries, generate, seed, round_index, generation, evolver, existing)
         return [[made[job.key] for job in jobs if job.key in made] for _, jobs in groups]
 
     def _default(self) -> Policy:
@@ -351,11 +352,11 @@ class HeuristicSampler:
         generation: int,
         evolver: str | None,
         existing: Sequence[Individual],
-    ) -> tuple[list[Trajectory], dict[str, Trajectory]]:
+    ) -> dict[str, Trajectory]:
         """Stored or freshly sampled trajectories of ``entries`` ``(job, member, seed index)``: the pending ones
         cut to the budget, generated in one ``generate(pending, params)`` call (``params.seed``: ``seed``, or
         the first pending job's seed), parsed, checked for copies, evaluated together and recorded. Returns
-        (the trajectories in entry order, key -> trajectory of every entry that has one)."""
+        job key -> trajectory for every entry that has one (entries the budget cut have none)."""
         found = [(entry, self.store.get_by_key(entry[0].key)) for entry in entries]
         pending = [entry for entry, t in found if t is None]
         pending = pending[: self.budget.allow(len(pending))]
@@ -386,7 +387,7 @@ class HeuristicSampler:
                     copies.get(i),
                 )
                 made[job.key] = self.store.add_trajectory(t)[0]
-        return [made[entry[0].key] for entry, _ in found if entry[0].key in made], made
+        return made
 
     def _duplicates(
         self, jobs: Sequence[SampleJob], codes: list[str], index: list[int], existing: Sequence[Individual]

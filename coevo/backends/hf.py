@@ -313,21 +313,20 @@ class HFPolicy(Policy):
 
         t0 = time.perf_counter()
         input_ids, attention_mask, prefix = self._encode(prompts, share_prefix)
-        enc = {"input_ids": input_ids, "attention_mask": attention_mask}
         row_sampling = seeds is not None and params.temperature > 0
         processors = LogitsProcessorList([RowSampler(params, seeds, self.device)] if row_sampling else [])
         cache = {"past_key_values": self._prefix_cache(input_ids, prefix)} if prefix else {}
         seqs = self.model.generate(
-            input_ids=enc["input_ids"],
-            attention_mask=enc["attention_mask"],
+            input_ids=input_ids,
+            attention_mask=attention_mask,
             generation_config=self._generation_config(params, row_sampling),
             logits_processor=processors,
             tokenizer=self.tokenizer if params.stop else None,
             **cache,
         )
         duration = time.perf_counter() - t0
-        gen = seqs[:, enc["input_ids"].shape[1] :].tolist()  # (B, new tokens)
-        prompt_lens = enc["attention_mask"].sum(dim=1).tolist()
+        gen = seqs[:, input_ids.shape[1] :].tolist()  # (B, new tokens)
+        prompt_lens = attention_mask.sum(dim=1).tolist()
         stop_ids = set(self._stop_ids)
         out = []
         for row, n_prompt in zip(gen, prompt_lens):
