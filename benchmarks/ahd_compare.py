@@ -8,9 +8,10 @@ reaches its last, zero-sigma generation within that budget (:func:`fit_es_genera
 heuristic is then evaluated on the held-out sizes (``--sizes``, default the config's ``test_sizes``).
 
 A *setting* is (problem, held-out size, baseline method); the ES variant beats its baseline when its mean
-best objective over the seeds is better (direction-aware), counting runs without any valid heuristic as
-losses: the variant wins if it found a valid heuristic in more seeds, or in as many seeds and with a better
-mean over them. Agentic ESOpt reports wins in 28 of 36 settings (docs/references.md §1).
+best objective over the seeds both ran is better (direction-aware), counting runs without any valid heuristic
+as losses: the variant wins if it found a valid heuristic in more of those seeds, or in as many and with a
+better mean over them. Runs go seed by seed (every problem and method of one seed, then the next seed), so a
+grid stopped part-way still compares every method on the seeds it finished. Agentic ESOpt reports wins in 28 of 36 settings (docs/references.md §1).
 
 Output: a Markdown table (per method / problem / size: runs with a best heuristic, mean +- std over seeds
 of the best objective and of its gap to the problem's named reference, the seed heuristic's objective,
@@ -295,7 +296,7 @@ def summarise(results: list[RunResult], directions: dict[str, str]) -> tuple[lis
                 continue
             objs = [r.rows[size]["best_objective"] for r in runs if r.rows[size]["best_objective"] is not None]
             gaps = [r.rows[size]["best_gap"] for r in runs if r.rows[size]["best_gap"] is not None]
-            cells[(problem, size, method)] = (objs, len(runs))
+            cells[(problem, size, method)] = {r.seed: r.rows[size]["best_objective"] for r in runs}
             seed_obj = runs[0].rows[size]["seed_objective"]
             table.append(
                 [
@@ -317,7 +318,13 @@ def summarise(results: list[RunResult], directions: dict[str, str]) -> tuple[lis
         for variant, base in BASELINE.items():
             if (problem, size, variant) not in cells or (problem, size, base) not in cells:
                 continue
-            (vo, vn), (bo, bn) = cells[(problem, size, variant)], cells[(problem, size, base)]
+            v_runs, b_runs = cells[(problem, size, variant)], cells[(problem, size, base)]
+            paired = sorted(set(v_runs) & set(b_runs))  # a partial grid compares only the seeds both ran
+            if not paired:
+                continue
+            vo = [v_runs[sd] for sd in paired if v_runs[sd] is not None]
+            bo = [b_runs[sd] for sd in paired if b_runs[sd] is not None]
+            vn = bn = len(paired)
             if len(vo) != len(bo):
                 win = len(vo) > len(bo)
             else:
@@ -333,6 +340,7 @@ def summarise(results: list[RunResult], directions: dict[str, str]) -> tuple[lis
                     "baseline_mean": _mean_std(bo)[0],
                     "variant_found": f"{len(vo)}/{vn}",
                     "baseline_found": f"{len(bo)}/{bn}",
+                    "seeds": paired,
                 }
             )
     return table, settings
@@ -424,9 +432,9 @@ def main(argv: list[str] | None = None) -> int:
 
     results, started = [], time.time()
     out = Path(args.out)
-    for problem in problems:
-        for method in methods:
-            for seed in seeds:
+    for seed in seeds:  # seed-major: a grid stopped part-way has every method on the seeds it finished
+        for problem in problems:
+            for method in methods:
                 try:
                     r = run_one(problem, method, seed, args)
                 except Interrupted as exc:

@@ -25,6 +25,37 @@ def test_parse_sizes_per_problem_or_for_all():
         BENCH.parse_sizes("tsp_construct=fifty")
 
 
+def _result(method: str, seed: int, best: float | None) -> object:
+    row = {"seed_objective": 7.0, "seed_gap": 20.0, "best_objective": best, "best_gap": None, "reference": "LKH"}
+    return BENCH.RunResult("tsp_construct", method, seed, 16, 16, 1, 1.0, "done", {50: row})
+
+
+def test_settings_compare_only_the_seeds_both_methods_ran():
+    # a partial grid: eoh finished seeds 1-3, eoh_es only seeds 1-2. On seeds 1-2 eoh_es is better (6.5 vs 6.9)
+    # though eoh's mean over all three seeds (6.3) is lower; seed 3 must not enter the comparison.
+    results = [
+        _result("eoh", 1, 6.9),
+        _result("eoh", 2, 6.9),
+        _result("eoh", 3, 5.1),
+        _result("eoh_es", 1, 6.4),
+        _result("eoh_es", 2, 6.6),
+    ]
+    table, settings = BENCH.summarise(results, {"tsp_construct": "minimize"})
+    (s,) = settings
+    assert s["seeds"] == [1, 2] and s["win"] is True
+    assert s["variant_found"] == "2/2" and s["baseline_found"] == "2/2"
+    assert s["variant_mean"] == pytest.approx(6.5) and s["baseline_mean"] == pytest.approx(6.9)
+    # the table still shows every finished run of each method
+    assert [row[3] for row in table] == ["3/3", "2/2"]
+    # a run without a valid heuristic is a loss on a paired seed
+    results[3] = _result("eoh_es", 1, None)
+    (s,) = BENCH.summarise(results, {"tsp_construct": "minimize"})[1]
+    assert s["win"] is False and s["variant_found"] == "1/2"
+    # no seed in common: no setting
+    only = [_result("eoh", 1, 6.9), _result("eoh_es", 2, 6.4)]
+    assert BENCH.summarise(only, {"tsp_construct": "minimize"})[1] == []
+
+
 def test_grid_runs_writes_tables_then_skips_finished_and_resumes_interrupted(tmp_path, tiny_model_dir, capsys):
     out = tmp_path / "cmp"
     argv = [
