@@ -11,7 +11,9 @@ A *setting* is (problem, held-out size, baseline method); the ES variant beats i
 best objective over the seeds both ran is better (direction-aware), counting runs without any valid heuristic
 as losses: the variant wins if it found a valid heuristic in more of those seeds, or in as many and with a
 better mean over them. Runs go seed by seed (every problem and method of one seed, then the next seed), so a
-grid stopped part-way still compares every method on the seeds it finished. Agentic ESOpt reports wins in 28 of 36 settings (docs/references.md §1).
+grid stopped part-way still compares every method on the seeds it finished. A run that the config's
+wall-clock safety stop (``budget.max_wall_s``) ended before it used its sample budget did not get the matched
+budget: the table shows its samples, and no setting compares it (metric ``ahd_runs_cut_by_wall_budget``). Agentic ESOpt reports wins in 28 of 36 settings (docs/references.md §1).
 
 Output: a Markdown table (per method / problem / size: runs with a best heuristic, mean +- std over seeds
 of the best objective and of its gap to the problem's named reference, the seed heuristic's objective,
@@ -285,8 +287,15 @@ def _fmt(m: float | None, s: float | None, digits: int = 4) -> str:
     return "-" if m is None else f"{m:.{digits}f} +- {s:.{digits}f}"
 
 
+def cut_by_wall(r: RunResult) -> bool:
+    """Whether a run's wall-clock safety stop (the config's ``budget.max_wall_s``) ended it before it used its
+    sample budget: such a run did not get the matched budget, so no setting compares it."""
+    return r.samples < r.max_samples and r.stop_reason.startswith("wall-clock budget")
+
+
 def summarise(results: list[RunResult], directions: dict[str, str]) -> tuple[list[list[str]], list[dict[str, Any]]]:
-    """Table rows per (problem, size, method) and the ES-vs-baseline comparisons per setting."""
+    """Table rows per (problem, size, method) and the ES-vs-baseline comparisons per setting (on the seeds
+    both methods finished within their sample budget: runs :func:`cut_by_wall` are left out)."""
     table, cells = [], {}
     keys = sorted({(r.problem, size) for r in results for size in r.rows})
     for problem, size in keys:
@@ -296,7 +305,9 @@ def summarise(results: list[RunResult], directions: dict[str, str]) -> tuple[lis
                 continue
             objs = [r.rows[size]["best_objective"] for r in runs if r.rows[size]["best_objective"] is not None]
             gaps = [r.rows[size]["best_gap"] for r in runs if r.rows[size]["best_gap"] is not None]
-            cells[(problem, size, method)] = {r.seed: r.rows[size]["best_objective"] for r in runs}
+            cells[(problem, size, method)] = {
+                r.seed: r.rows[size]["best_objective"] for r in runs if not cut_by_wall(r)
+            }
             seed_obj = runs[0].rows[size]["seed_objective"]
             table.append(
                 [
@@ -495,6 +506,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     emit("ahd_es_wins", wins, f"count of the {len(settings)} settings won by the ES variant", wins > 0)
     emit("ahd_matched_budgets", matched, "every ES variant run has its baseline's max_samples", matched)
+    cut = [f"{r.problem}/{r.method}/seed{r.seed} ({r.samples}/{r.max_samples})" for r in results if cut_by_wall(r)]
+    emit(
+        "ahd_runs_cut_by_wall_budget",
+        cut,
+        "[] (a run its config's budget.max_wall_s stopped before its sample budget is left out of the settings)",
+        not cut,
+    )
     over = max((r.samples / r.max_samples for r in results), default=0.0)
     emit("ahd_max_budget_use", round(over, 4), "<= 1.0 (no run exceeds its sample budget)", over <= 1.0)
     found = sum(r.valid_samples > 0 for r in results)

@@ -25,9 +25,9 @@ def test_parse_sizes_per_problem_or_for_all():
         BENCH.parse_sizes("tsp_construct=fifty")
 
 
-def _result(method: str, seed: int, best: float | None) -> object:
+def _result(method: str, seed: int, best: float | None, samples: int = 16, stop: str = "done") -> object:
     row = {"seed_objective": 7.0, "seed_gap": 20.0, "best_objective": best, "best_gap": None, "reference": "LKH"}
-    return BENCH.RunResult("tsp_construct", method, seed, 16, 16, 1, 1.0, "done", {50: row})
+    return BENCH.RunResult("tsp_construct", method, seed, 16, samples, 1, 1.0, stop, {50: row})
 
 
 def test_settings_compare_only_the_seeds_both_methods_ran():
@@ -51,6 +51,11 @@ def test_settings_compare_only_the_seeds_both_methods_ran():
     results[3] = _result("eoh_es", 1, None)
     (s,) = BENCH.summarise(results, {"tsp_construct": "minimize"})[1]
     assert s["win"] is False and s["variant_found"] == "1/2"
+    # a run the wall-clock safety stop cut before its sample budget is not compared (its seed drops out)
+    results[3] = _result("eoh_es", 1, 6.0, samples=14, stop="wall-clock budget reached (767/660 s)")
+    (s,) = BENCH.summarise(results, {"tsp_construct": "minimize"})[1]
+    assert s["seeds"] == [2] and s["variant_found"] == "1/1"
+    assert BENCH.cut_by_wall(results[3]) and not BENCH.cut_by_wall(results[4])
     # no seed in common: no setting
     only = [_result("eoh", 1, 6.9), _result("eoh_es", 2, 6.4)]
     assert BENCH.summarise(only, {"tsp_construct": "minimize"})[1] == []

@@ -438,6 +438,46 @@ def test_copies_are_recorded_as_duplicates_without_running(tmp_path, monkeypatch
     assert off.sampler.sample([off.sampler.job("i1", key="r/y/0", seed=1)], round_index=1, generation=1)[0].valid
 
 
+def test_parse_retries_ask_again_an_answer_without_code_and_count_every_call(tmp_path):
+    """EoH's re-query of an answer without code: the thought-only answers of a batch are asked again in one
+    batched call per round, with a new seed, until they define the function or ``parse_retries`` runs out;
+    every call counts against the budget and the trajectory keeps the answers it replaced."""
+    thought_only = "{Prefer nodes that are close now and keep the remaining nodes compact.}"
+    script = [thought_only, reply("nearest", NN), thought_only, reply("farthest", FARTHEST)]
+    script += [thought_only, reply("toward home", TOWARD_HOME), reply("index order", FIRST_INDEX)]
+    policy = ScriptedPolicy(script=script)
+    seeds: list[int] = []
+    generate = policy.generate
+
+    def recording(conversations, params):
+        seeds.append(params.seed)
+        return generate(conversations, params)
+
+    policy.generate = recording
+    ctx = _ctx(tmp_path, policy=policy)
+    eoh = EoHEvolver("eoh", EoHConfig(**SMALL, population_size=2, parse_retries=2), ctx)
+    eoh.step(0)  # 2N = 4 i1 calls, then retry rounds of 2 and 1 calls
+    assert policy.generate_calls == 3 and len(set(seeds)) == 3
+    trajs = ctx.store.query(run_id="r")
+    assert [t.llm_calls for t in trajs] == [3, 1, 2, 1] and ctx.budget.samples_used() == 7
+    assert [t.valid for t in trajs] == [True, True, True, True]
+    assert trajs[0].steps[0].model_output == script[6] and trajs[0].meta["retried_outputs"] == [thought_only] * 2
+    assert trajs[2].steps[0].model_output == script[5] and "retried_outputs" not in trajs[1].meta
+    assert trajs[0].completion_tokens == 3 * 40 and trajs[1].completion_tokens == 40
+
+    # the budget cuts the retries: 5 samples allow the 4 calls and one retry
+    policy2 = ScriptedPolicy(script=[thought_only, thought_only, reply("nearest", NN), thought_only, thought_only])
+    ctx2 = _ctx(tmp_path / "b", max_samples=5, policy=policy2)
+    eoh2 = EoHEvolver("eoh", EoHConfig(**SMALL, population_size=2, parse_retries=3), ctx2)
+    eoh2.step(0)
+    trajs2 = ctx2.store.query(run_id="r")
+    assert ctx2.budget.samples_used() == 5 and [t.llm_calls for t in trajs2] == [2, 1, 1, 1]
+    assert [t.failure for t in trajs2] == ["parse", "parse", None, "parse"]
+
+    # off by default (LLM4AD's samplers do not retry): one call per sample
+    assert EoHConfig(**SMALL).parse_retries == 0
+
+
 def test_main_job_config_seeds_the_population_and_stops_at_the_closing_fence(tmp_path):
     """configs/ahd/tsp_construct.yaml: the seed heuristic enters the population, so the best heuristic is never
     worse than the seed on the training set; sampling.stop reaches the policy, and an answer cut at the closing

@@ -13,6 +13,12 @@ which writes children of an evolver's population under perturbed weights with th
   :meth:`HeuristicSampler.sample_population` does the same for the jobs of every member of a low-rank ES
   population in one ``population.generate`` call;
 * extract: the braced thought and the code of the problem's function (:func:`coevo.sandbox.extract.extract_code`);
+  with ``parse_retries`` > 0, a call whose answer defines no such function (failure kind ``parse``, e.g. the
+  thought alone) is asked again with the same prompt and a new seed, at most that many times, as EoH's
+  ``_get_alg`` re-queries an answer without code (Liu et al., ICML 2024; its code retries up to 4 times).
+  Every call counts against the sample budget (the budget counts LLM calls; LLM4AD's samplers do not retry,
+  so the default is 0); the trajectory records the last answer, ``llm_calls`` and the summed tokens of all
+  its calls, and ``meta["retried_outputs"]`` the answers it replaced;
 * evaluate: :func:`coevo.ahd.evaluate.evaluate_many` on the training instances, ``workers`` sandboxed
   processes at a time;
 * duplicates: with ``reject_duplicates``, a sample whose code is the same (up to formatting, comments and
@@ -41,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from coevo.ahd.evaluate import evaluate_many
 from coevo.ahd.population import Individual, code_key, select_parents
 from coevo.ahd.prompts import build_messages, parents_needed
+from coevo.backends.base import request_seed
 from coevo.sandbox import pool
 from coevo.sandbox.extract import extract_code
 from coevo.sandbox.runner import Sandbox, SandboxLimits
@@ -100,6 +107,8 @@ class HeuristicSampler:
         default_policy: returns the policy used when :meth:`sample` gets none (called only when a call is
             actually made, so a fully cached re-run never loads a model).
         reject_duplicates: record copies of existing individuals as ``duplicate`` without evaluating them.
+        parse_retries: further calls for an answer without the problem's function (module docstring);
+            retry ``r`` of a batch seeded ``s`` is seeded ``request_seed(s, -r)``.
     """
 
     def __init__(
@@ -118,6 +127,7 @@ class HeuristicSampler:
         workers: int,
         default_policy: Callable[[], Policy] | None = None,
         reject_duplicates: bool = True,
+        parse_retries: int = 0,
     ) -> None:
         self.problem = problem
         self.owner = owner
@@ -130,6 +140,9 @@ class HeuristicSampler:
         self.sandbox = ParallelSandbox(Sandbox(limits), workers)
         self.default_policy = default_policy
         self.reject_duplicates = reject_duplicates
+        if parse_retries < 0:
+            raise ValueError(f"parse_retries must be >= 0, got {parse_retries}")
+        self.parse_retries = parse_retries
         sign = "-" if problem.direction == "minimize" else "+"
         #: what a trajectory's reward is (recorded as ``meta["reward_unit"]``)
         self.reward_unit = f"heuristic score = {sign}{problem.objective_name or 'objective'} (higher is better)"
@@ -364,10 +377,11 @@ class HeuristicSampler:
         if pending:
             params = self.sampling.with_seed(pending[0][0].seed if seed is None else seed)
             started = time.time()
-            completions = generate(pending, params)
+            completions = list(generate(pending, params))
             jobs = [job for job, _, _ in pending]
             fn = self.problem.function_name
             extractions = [extract_code(c.text, fn) if c.error is None else None for c in completions]
+            calls = self._retry_unparsed(pending, generate, params, completions, extractions)
             coded = [i for i, e in enumerate(extractions) if e is not None and e.code is not None]
             copies = self._duplicates(jobs, [extractions[i].code for i in coded], coded, existing)
             to_eval = [i for i in coded if i not in copies]
@@ -385,9 +399,42 @@ class HeuristicSampler:
                     started,
                     params.seed,
                     copies.get(i),
+                    calls[i],
                 )
                 made[job.key] = self.store.add_trajectory(t)[0]
         return made
+
+    def _retry_unparsed(
+        self,
+        pending: list[tuple[SampleJob, ESMember | None, int]],
+        generate: Callable[[list[tuple[SampleJob, ESMember | None, int]], SamplingParams], list[Any]],
+        params: SamplingParams,
+        completions: list[Any],
+        extractions: list[Any],
+    ) -> list[list[Any]]:
+        """Ask again, in place, the calls whose answer defines no problem function (``parse_retries`` rounds,
+        one batched ``generate`` per round, each cut to the sample budget left after the calls in flight).
+        Returns every position's completions, oldest first (the last one is in ``completions``)."""
+        calls = [[c] for c in completions]
+        left = self.budget.remaining()
+        left = None if left is None else left - len(pending)
+        for attempt in range(1, self.parse_retries + 1):
+            redo = [
+                i
+                for i, (c, e) in enumerate(zip(completions, extractions))
+                if c.error is None and e is not None and e.code is None and e.error == "parse"
+            ]
+            if left is not None:
+                redo = redo[: max(0, left)]
+                left -= len(redo)
+            if not redo:
+                break
+            again = generate([pending[i] for i in redo], params.with_seed(request_seed(params.seed, -attempt)))
+            for i, c in zip(redo, again):
+                completions[i] = c
+                extractions[i] = extract_code(c.text, self.problem.function_name) if c.error is None else None
+                calls[i].append(c)
+        return calls
 
     def _duplicates(
         self, jobs: Sequence[SampleJob], codes: list[str], index: list[int], existing: Sequence[Individual]
@@ -409,8 +456,21 @@ class HeuristicSampler:
         return copies
 
     def _trajectory(
-        self, job, comp, extraction, result, round_index, generation, evolver, member, started, seed, copy_of=None
+        self,
+        job,
+        comp,
+        extraction,
+        result,
+        round_index,
+        generation,
+        evolver,
+        member,
+        started,
+        seed,
+        copy_of=None,
+        calls=None,
     ):
+        calls = calls or [comp]  # every completion of this call, the last one is ``comp``
         best = max(job.parents, key=lambda p: p.reward) if job.parents else None  # the child's best parent
         meta: dict[str, Any] = {
             "problem": self.problem.name,
@@ -430,6 +490,8 @@ class HeuristicSampler:
             "objective": None,
             **job.extra_meta,
         }
+        if len(calls) > 1:
+            meta["retried_outputs"] = [c.text[:2000] for c in calls[:-1]]
         failure = detail = feedback = None
         if comp.error is not None:
             failure, detail = "llm_error", comp.error
@@ -470,9 +532,9 @@ class HeuristicSampler:
             failure_detail=detail,
             member=member,
             context=ContextRef(heuristic_id=",".join(meta["parent_ids"]) or None, prompt=job.operator),
-            llm_calls=1,
-            prompt_tokens=comp.prompt_tokens,
-            completion_tokens=comp.completion_tokens,
+            llm_calls=len(calls),
+            prompt_tokens=sum(c.prompt_tokens for c in calls),
+            completion_tokens=sum(c.completion_tokens for c in calls),
             started_at=started,
             duration_s=time.time() - started,
             meta=meta,

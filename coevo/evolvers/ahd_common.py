@@ -55,6 +55,12 @@ class AHDConfig(EvolverConfig):
         description="record a sample whose code copies an existing heuristic (up to formatting, comments "
         "and docstrings) as failure kind `duplicate` without evaluating it",
     )
+    parse_retries: int = Field(
+        0,
+        ge=0,
+        description="ask again (same prompt, new seed) a call whose answer defines no heuristic function, at "
+        "most this many times, as EoH does (up to 4); every call counts against budget.max_samples",
+    )
 
     @field_validator("problem")
     @classmethod
@@ -114,6 +120,7 @@ class AHDEvolver(Evolver):
             workers=c.eval_workers,
             default_policy=lambda: ctx.policy,
             reject_duplicates=c.reject_duplicates,
+            parse_retries=c.parse_retries,
         )
         self.train_tag = self.sampler.train_tag
         self.population: list[Individual] = []
