@@ -47,11 +47,15 @@ On the 0.5B model, TSP50 and Weibull 5k, 4 methods x 3 seeds (24 runs; the budge
 
 16 samples is the smallest budget with two ES generations (EoH: 2N = 4 initial samples, then ES 4, EoH 4,
 ES 4; Sample: batches of 4 likewise). Cost of one run: model load + 16 samples x up to 256 new tokens
-(~72 s at 57 tok/s) + training evaluations (TSP 8 x 50, BPP 5 x 1000 items: about 0.1-1 s each for
-numpy heuristics) + the held-out evaluations of the seed and the best heuristic (TSP 16 x 50: under 1 s
-for nearest neighbour; Weibull 5 x 5000: about 12 s for Best Fit in the sandbox, one round trip per item,
-and several times that for a pure-Python per-bin heuristic). The stop string (the TSP configs' own) ends
-BPP samples at the closing code fence too.
++ training evaluations (TSP 8 x 50, BPP 5 x 1000 items: about 0.1-1 s each for numpy heuristics) + the
+held-out evaluations of the seed and the best heuristic (TSP 16 x 50: under 1 s for nearest neighbour;
+Weibull 5 x 5000: 19-49 s measured). Measured on a 2-core CPU with the 0.5B model in float32, two grid
+processes side by side (one per problem, ``OMP_NUM_THREADS=1`` each): 7-14 min per run (a batch of 4
+samples takes 2-5 min): one seed of both problems (8 runs) took 55 min, so the 24-run grid about 3 h
+(one process at a time with both cores is not measured). The configs' ``budget.max_wall_s`` (660 s for the ES variants) is a safety
+stop for hand runs: under such load it can cut an ES variant before its 16th sample, and the benchmark
+then leaves that seed out of the comparison (see above); on a loaded machine run one process at a time. The
+stop string (the TSP configs' own) ends BPP samples at the closing code fence too.
 """
 
 from __future__ import annotations
