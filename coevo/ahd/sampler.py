@@ -379,17 +379,16 @@ class HeuristicSampler:
             started = time.time()
             completions = list(generate(pending, params))
             jobs = [job for job, _, _ in pending]
-            fn = self.problem.function_name
-            extractions = [extract_code(c.text, fn) if c.error is None else None for c in completions]
+            extractions = [self._extract(c) for c in completions]
             calls = self._retry_unparsed(pending, generate, params, completions, extractions)
             coded = [i for i, e in enumerate(extractions) if e is not None and e.code is not None]
             copies = self._duplicates(jobs, [extractions[i].code for i in coded], coded, existing)
             to_eval = [i for i in coded if i not in copies]
             results = dict(zip(to_eval, self.evaluate([extractions[i].code for i in to_eval])))
-            for i, ((job, member, _), comp) in enumerate(zip(pending, completions)):
+            for i, (job, member, _) in enumerate(pending):
                 t = self._trajectory(
                     job,
-                    comp,
+                    calls[i],
                     extractions[i],
                     results.get(i),
                     round_index,
@@ -399,7 +398,6 @@ class HeuristicSampler:
                     started,
                     params.seed,
                     copies.get(i),
-                    calls[i],
                 )
                 made[job.key] = self.store.add_trajectory(t)[0]
         return made
@@ -416,6 +414,8 @@ class HeuristicSampler:
         one batched ``generate`` per round, each cut to the sample budget left after the calls in flight).
         Returns every position's completions, oldest first (the last one is in ``completions``)."""
         calls = [[c] for c in completions]
+        if not self.parse_retries:
+            return calls
         left = self.budget.remaining()
         left = None if left is None else left - len(pending)
         for attempt in range(1, self.parse_retries + 1):
@@ -432,9 +432,13 @@ class HeuristicSampler:
             again = generate([pending[i] for i in redo], params.with_seed(request_seed(params.seed, -attempt)))
             for i, c in zip(redo, again):
                 completions[i] = c
-                extractions[i] = extract_code(c.text, self.problem.function_name) if c.error is None else None
+                extractions[i] = self._extract(c)
                 calls[i].append(c)
         return calls
+
+    def _extract(self, comp: Any) -> Any:
+        """The :class:`~coevo.sandbox.extract.Extraction` of a completion, None for a failed LLM call."""
+        return extract_code(comp.text, self.problem.function_name) if comp.error is None else None
 
     def _duplicates(
         self, jobs: Sequence[SampleJob], codes: list[str], index: list[int], existing: Sequence[Individual]
@@ -456,21 +460,9 @@ class HeuristicSampler:
         return copies
 
     def _trajectory(
-        self,
-        job,
-        comp,
-        extraction,
-        result,
-        round_index,
-        generation,
-        evolver,
-        member,
-        started,
-        seed,
-        copy_of=None,
-        calls=None,
+        self, job, calls, extraction, result, round_index, generation, evolver, member, started, seed, copy_of=None
     ):
-        calls = calls or [comp]  # every completion of this call, the last one is ``comp``
+        comp = calls[-1]  # ``calls``: every completion of this call (parse retries), the answer recorded last
         best = max(job.parents, key=lambda p: p.reward) if job.parents else None  # the child's best parent
         meta: dict[str, Any] = {
             "problem": self.problem.name,
