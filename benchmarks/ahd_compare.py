@@ -53,8 +53,8 @@ held-out evaluations of the seed and the best heuristic (TSP 16 x 50: under 1 s 
 Weibull 5 x 5000: 19-49 s measured). Measured on a 2-core CPU with the 0.5B model in float32, two grid
 processes side by side (one per problem, ``OMP_NUM_THREADS=1`` each): 7-14 min per run (a batch of 4
 samples takes 2-5 min): one seed of both problems (8 runs) took 55 min, so the 24-run grid about 3 h
-(one process at a time with both cores is not measured). The configs' ``budget.max_wall_s`` (660 s for the
-ES variants) is a safety stop for hand runs: under such load it can cut an ES variant before its 16th sample, and the benchmark
+(one process at a time with both cores is not measured). The configs' ``budget.max_wall_s`` (1080 s for every
+method) is a safety stop for hand runs: under heavier load it can cut a run before its 16th sample, and the benchmark
 then leaves that seed out of the comparison (see above); on a loaded machine run one process at a time. The
 stop string (the TSP configs' own) ends BPP samples at the closing code fence too.
 """

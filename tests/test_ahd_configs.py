@@ -57,6 +57,8 @@ def test_config_parses(path):
 def test_es_variant_matches_its_baseline(method, problem):
     es_cfg, base_cfg = _load(f"{method}/{problem}.yaml"), _load(f"{PAIRS[method]}/{problem}.yaml")
     assert es_cfg.budget.max_samples == base_cfg.budget.max_samples  # matched LLM-sample budgets
+    # and the same wall-clock safety stop: a tighter one cut ES variants before their last sample on a loaded CPU
+    assert es_cfg.budget.max_wall_s == base_cfg.budget.max_wall_s
     assert es_cfg.sampling == base_cfg.sampling and es_cfg.model == base_cfg.model
     assert _ahd(es_cfg).params == _ahd(base_cfg).params  # same problem, instances, EoH / sampling settings
     es = _es(es_cfg).params
