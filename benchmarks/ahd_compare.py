@@ -20,7 +20,8 @@ Output: a Markdown table (per method / problem / size: runs with a best heuristi
 of the best objective and of its gap to the problem's named reference, the seed heuristic's objective,
 samples used, valid LLM samples and wall time per run), the win count, then one JSON line per metric
 ``{"metric", "value", "goal", "met"}``. The same goes to ``OUT/table.md`` and, as JSON lines, to
-``OUT/table.jsonl`` (``{"type": "row" | "setting" | "metric", ...}``); ``OUT/results.json`` lists the runs.
+``OUT/table.jsonl`` (``{"type": "row" | "setting" | "metric", ...}``); ``OUT/results.json`` lists the runs and
+``OUT/ahd_compare.png`` plots every run's best held-out objective against the seed heuristic's (:func:`plot`).
 
 Resuming: each finished run writes ``OUT/<problem>/<method>/seed<S>/result.json`` (its settings, held-out
 rows, samples, wall time). Running the same command again skips finished runs, resumes an interrupted one
@@ -362,6 +363,76 @@ def summarise(results: list[RunResult], directions: dict[str, str]) -> tuple[lis
     return table, settings
 
 
+def plot(results: list[RunResult], directions: dict[str, str], path: Path) -> Path | None:
+    """Write a PNG: one panel per (problem, held-out size), the best held-out objective of every run (one
+    marker per seed, x = method, each ES variant beside its baseline), the seed heuristic's objective as a dashed line, runs without a valid
+    heuristic as red crosses on the panel's top edge ("none"), runs :func:`cut_by_wall` hollow.
+
+    Args:
+        results: the finished runs (any subset of the grid).
+        directions: problem -> "minimize" | "maximize" (shown in the y label).
+        path: the PNG file to write (matplotlib Agg backend).
+
+    Returns:
+        ``path``, or None when no run has a held-out row (nothing to draw).
+    """
+    keys = sorted({(r.problem, size) for r in results for size in r.rows})
+    if not keys:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = [
+        m for base in dict.fromkeys(BASELINE.values()) for m in (base, *(v for v, b in BASELINE.items() if b == base))
+    ]
+    seeds = sorted({r.seed for r in results})
+    markers = dict(zip(seeds, "osD^v<>p*h" * (len(seeds) // 10 + 1)))
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.8), squeeze=False)
+    for ax, (problem, size) in zip(axes[0], keys):
+        runs = [r for r in results if r.problem == problem and size in r.rows]
+        values = [r.rows[size]["best_objective"] for r in runs] + [r.rows[size]["seed_objective"] for r in runs]
+        finite = [v for v in values if v is not None]
+        lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
+        pad = max(hi - lo, 1e-3 * max(abs(hi), 1.0)) * 0.15
+        top = hi + pad
+        for x, method in enumerate(order):
+            for k, r in enumerate(sorted((r for r in runs if r.method == method), key=lambda r: r.seed)):
+                y = r.rows[size]["best_objective"]
+                dx = (k - 1) * 0.08
+                if y is None:
+                    ax.scatter(x + dx, top, marker="x", color="tab:red", zorder=3)
+                    continue
+                hollow = cut_by_wall(r)
+                ax.scatter(
+                    x + dx,
+                    y,
+                    marker=markers[r.seed],
+                    facecolors="none" if hollow else "tab:blue",
+                    edgecolors="tab:blue",
+                    label=f"seed {r.seed}",
+                    zorder=3,
+                )
+        seed_objs = {r.rows[size]["seed_objective"] for r in runs} - {None}
+        for v in seed_objs:
+            ax.axhline(v, linestyle="--", color="grey", linewidth=1, label="seed heuristic")
+        ax.set_ylim(lo - pad, top + pad)
+        ax.set_xticks(range(len(order)), order)
+        ax.set_title(f"{problem}, held-out n={size}")
+        better = "lower" if directions.get(problem, "minimize") == "minimize" else "higher"
+        ax.set_ylabel(f"best objective ({better} is better; x = none valid)")
+        ax.grid(alpha=0.3)
+        handles, labels = ax.get_legend_handles_labels()
+        unique = dict(zip(labels, handles))
+        ax.legend(unique.values(), unique.keys(), fontsize=7, loc="best")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 HEADER = [
     "problem",
     "size",
@@ -488,6 +559,8 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines)
     print(text)
     (out / "table.md").write_text(text + "\n")
+    if png := plot(results, directions, out / "ahd_compare.png"):
+        print(f"# plot: {png}", file=sys.stderr)
     records: list[dict[str, Any]] = [{"type": "row", **dict(zip(HEADER, row))} for row in table]
     records += [{"type": "setting", **s} for s in settings]
     metrics: list[dict[str, Any]] = []

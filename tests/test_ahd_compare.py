@@ -61,6 +61,24 @@ def test_settings_compare_only_the_seeds_both_methods_ran():
     assert BENCH.summarise(only, {"tsp_construct": "minimize"})[1] == []
 
 
+def test_plot_draws_every_run_against_the_seed_heuristic(tmp_path):
+    # seeds 1-2 of eoh and eoh_es, one run without a valid heuristic and one cut by the wall-clock stop
+    results = [
+        _result("eoh", 1, 6.9),
+        _result("eoh", 2, None),
+        _result("eoh_es", 1, 6.4),
+        _result("eoh_es", 2, 6.0, samples=14, stop="wall-clock budget reached (767/660 s)"),
+    ]
+    png = BENCH.plot(results, {"tsp_construct": "minimize"}, tmp_path / "plots" / "cmp.png")
+    assert png == tmp_path / "plots" / "cmp.png"
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    # no held-out rows (every run interrupted before its evaluation): nothing to draw, no file
+    bare = [BENCH.RunResult("tsp_construct", "eoh", 1, 16, 3, 0, 1.0, "interrupted")]
+    assert BENCH.plot(bare, {"tsp_construct": "minimize"}, tmp_path / "none.png") is None
+    assert not (tmp_path / "none.png").exists()
+
+
 def test_grid_runs_writes_tables_then_skips_finished_and_resumes_interrupted(tmp_path, tiny_model_dir, capsys):
     out = tmp_path / "cmp"
     argv = [
@@ -109,6 +127,7 @@ def test_grid_runs_writes_tables_then_skips_finished_and_resumes_interrupted(tmp
         row = r["rows"]["8"]
         assert row["best_objective"] is not None and row["best_objective"] <= row["seed_objective"] + 1e-12
     table = (out / "table.md").read_text()
+    assert (out / "ahd_compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert table in first.out and "| tsp_construct | 8 | eoh | 1/1 |" in table and "| eoh_es |" in table
     assert "ES variant beats its matched baseline in" in table
     records = [json.loads(line) for line in (out / "table.jsonl").read_text().splitlines()]
