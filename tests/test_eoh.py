@@ -560,3 +560,28 @@ def test_config_errors_name_the_field(tmp_path):
     data = {"evolvers": [{"name": "eoh", "type": "eoh", "problem": "no_such_problem"}]}
     with pytest.raises(ValueError, match="evolvers.eoh.problem"):
         make_loop(tmp_path, data)
+
+
+SMALL_ONLY = """def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
+    if len(unvisited_nodes) > 8:
+        raise ValueError("only small instances")
+    return int(unvisited_nodes[0])
+"""
+
+
+def test_report_names_why_a_heuristic_is_invalid_on_a_held_out_size(tmp_path):
+    # valid on the TSP8 training set (at most 7 unvisited cities), raises on held-out TSP10 (9 unvisited at first)
+    data = _scripted_config(tmp_path, population_size=1, operators={"m1": 1.0}, offspring_per_operator=1)
+    data["budget"]["max_rounds"] = 1
+    policy = ScriptedPolicy([reply("Index order, small instances only.", SMALL_ONLY)])
+    loop = make_loop(tmp_path, data, lambda: policy)
+    loop.run()
+    assert loop.evolvers["eoh"].best.code.strip() == SMALL_ONLY.strip()
+    report = (tmp_path / "run" / "report.md").read_text()
+    (line,) = [x for x in report.splitlines() if x.startswith("- Held-out n=")]
+    assert (
+        line.startswith("- Held-out n=10: the best heuristic is invalid (runtime: ") and "only small instances" in line
+    )
+    assert len(line) <= 260  # the failure detail is cut to one short line
+    row = next(x for x in report.splitlines() if x.startswith("| 10 | 2 |"))
+    assert [c.strip() for c in row.strip("|").split("|")][4] == "–"

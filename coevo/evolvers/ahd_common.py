@@ -213,6 +213,25 @@ class AHDEvolver(Evolver):
             )
         return rows
 
+    def _invalid_heldout_lines(self) -> list[str]:
+        """One line per held-out size where the seed or the best heuristic is invalid, naming the failure kind
+        and the start of its detail (one line, at most 200 characters), so a "–" in the table has a reason."""
+        out = []
+        for size in self.test_sizes():
+            for label, code in (("seed", self.problem.seed_heuristic_code()), ("best", self.best and self.best.code)):
+                if not code:
+                    continue
+                r = self._test_result(code, size)
+                if r.valid:
+                    continue
+                detail = " ".join((r.error or r.feedback or "").split())[:200]
+                out.append(
+                    f"- Held-out n={size}: the {label} heuristic is invalid ({r.error_kind or 'invalid'}"
+                    + (f": {detail}" if detail else "")
+                    + ")."
+                )
+        return ["", *out] if out else []
+
     def _beats(self, best: float | None, seed: float | None) -> str | None:
         if best is None or seed is None:
             return None
@@ -289,6 +308,7 @@ class AHDEvolver(Evolver):
                 rows,
             ),
         ]
+        lines += self._invalid_heldout_lines()
         compared = [r[-1] for r in rows if r[-1] is not None]
         if compared:
             lines += [
