@@ -424,7 +424,7 @@ def plot(results: list[RunResult], directions: dict[str, str], path: Path) -> Pa
         ax.set_ylabel(f"best objective ({better} is better; x = none valid)")
         ax.grid(alpha=0.3)
         handles, labels = ax.get_legend_handles_labels()
-        unique = dict(zip(labels, handles))
+        unique = dict(sorted(zip(labels, handles), key=lambda kv: (not kv[0].startswith("seed "), kv[0])))
         ax.legend(unique.values(), unique.keys(), fontsize=7, loc="best")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
