@@ -365,8 +365,9 @@ def summarise(results: list[RunResult], directions: dict[str, str]) -> tuple[lis
 
 def plot(results: list[RunResult], directions: dict[str, str], path: Path) -> Path | None:
     """Write a PNG: one panel per (problem, held-out size), the best held-out objective of every run (one
-    marker per seed, x = method, each ES variant beside its baseline), the seed heuristic's objective as a dashed line, runs without a valid
-    heuristic as red crosses on the panel's top edge ("none"), runs :func:`cut_by_wall` hollow.
+    marker per seed, x = method, each ES variant beside its baseline), the seed heuristic's objective as a
+    dashed line, runs without a valid heuristic as red crosses on the panel's top edge ("none"), runs
+    :func:`cut_by_wall` hollow.
 
     Args:
         results: the finished runs (any subset of the grid).
@@ -384,9 +385,7 @@ def plot(results: list[RunResult], directions: dict[str, str], path: Path) -> Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    order = [
-        m for base in dict.fromkeys(BASELINE.values()) for m in (base, *(v for v, b in BASELINE.items() if b == base))
-    ]
+    order = sorted(METHODS, key=lambda m: (METHODS.index(BASELINE.get(m, m)), m in BASELINE))  # variant after base
     seeds = sorted({r.seed for r in results})
     markers = dict(zip(seeds, "osD^v<>p*h" * (len(seeds) // 10 + 1)))
     fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.8), squeeze=False)

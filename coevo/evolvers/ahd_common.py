@@ -189,15 +189,21 @@ class AHDEvolver(Evolver):
             self.heldout_s += time.perf_counter() - t0
         return self._test_cache[key]
 
+    def _heldout_results(self) -> list[tuple[int, EvalResult, EvalResult | None]]:
+        """Per test size: (size, the seed heuristic's result, the best heuristic's result or None when there is
+        no best). Evaluated once per (code, size) (:meth:`_test_result` caches)."""
+        seed = self.problem.seed_heuristic_code()
+        return [
+            (size, self._test_result(seed, size), self._test_result(self.best.code, size) if self.best else None)
+            for size in self.test_sizes()
+        ]
+
     def comparison_rows(self) -> list[list[Any]]:
         """Per test size: [size, instances, seed mean objective, seed gap %, best mean objective, best gap %,
         reference, best beats seed ("yes" / "no" / "tie", in the problem's direction)]. Invalid results show
         as ``None``."""
-        seed = self.problem.seed_heuristic_code()
         rows = []
-        for size in self.test_sizes():
-            rs = self._test_result(seed, size)
-            rb = self._test_result(self.best.code, size) if self.best else None
+        for size, rs, rb in self._heldout_results():
             ref = rs.metrics.get("reference") or (rb.metrics.get("reference") if rb else None)
             rows.append(
                 [
@@ -217,12 +223,9 @@ class AHDEvolver(Evolver):
         """One line per held-out size where the seed or the best heuristic is invalid, naming the failure kind
         and the start of its detail (one line, at most 200 characters), so a "–" in the table has a reason."""
         out = []
-        for size in self.test_sizes():
-            for label, code in (("seed", self.problem.seed_heuristic_code()), ("best", self.best and self.best.code)):
-                if not code:
-                    continue
-                r = self._test_result(code, size)
-                if r.valid:
+        for size, rs, rb in self._heldout_results():
+            for label, r in (("seed", rs), ("best", rb)):
+                if r is None or r.valid:
                     continue
                 detail = " ".join((r.error or r.feedback or "").split())[:200]
                 out.append(
