@@ -5,7 +5,8 @@ ES 53.13 % vs GRPO 40.63 %, peak GPU memory ES 8.41 GB vs GRPO 58.88 GB, ratio 0
 command line. For every H* and seed, two child processes run one after the other:
 
 * **ES** (``coevo run`` machinery in-process: :class:`coevo.loop.CoEvolutionLoop` with the ``es`` evolver and the
-  ``sudoku`` rollout): the centre is evaluated on the held-out puzzles before the first generation (this is the
+  ``sudoku`` rollout; ``--perturbation lowrank`` (the cpu and tiny presets) steps every member's episodes together
+  in one batched generate per turn, ``full`` (the paper preset) is the paper's full-rank ES): the centre is evaluated on the held-out puzzles before the first generation (this is the
   **base** model's success) and after the last;
 * **GRPO** (:class:`coevo.rl.grpo.GRPOBaseline`, TRL ``GRPOTrainer``) with the **same number of training
   episodes** (ES: generations x population x puzzles per member; GRPO: steps x prompts per step x G), evaluated
@@ -15,7 +16,8 @@ command line. For every H* and seed, two child processes run one after the other
 Both use ``context: history`` (the agent sees its chat so far), the only protocol TRL's GRPOTrainer can train
 (see :mod:`coevo.rl.grpo`). Peak memory is measured per child process: peak resident set size
 (``ru_maxrss``), and on CUDA the peak allocated device memory (``torch.cuda.max_memory_allocated``), which is
-what the paper reports. Results: one JSON line per (H*, seed, method) in ``OUT/results.jsonl``, a table on
+what the paper reports. Results: one JSON line per (H*, seed, method) in ``OUT/results.jsonl`` (a rerun adds the missing ones; an
+``OUT`` measured with other settings, ``OUT/settings.json``, is refused), a table on
 stdout and in ``OUT/table.md``, and ``OUT/horizon_scaling.png`` (held-out success vs H*, mean +- sd over seeds).
 
 Examples:
@@ -62,6 +64,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "dtype": "float32",
         "device": "cpu",
         "batch_size": 16,
+        "perturbation": "lowrank",
+        "rank": 1,
     },
     "cpu": {
         "model": "qwen2.5-coder-0.5b-instruct",
@@ -83,6 +87,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "dtype": "float32",
         "device": "cpu",
         "batch_size": 16,
+        "perturbation": "lowrank",
+        "rank": 1,
     },
     "paper": {
         "model": "qwen2.5-coder-0.5b-instruct",
@@ -104,6 +110,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "dtype": "bfloat16",
         "device": "cuda",
         "batch_size": 256,
+        "perturbation": "full",
+        "rank": 1,
     },
 }
 
@@ -183,6 +191,8 @@ def child_es(spec: dict[str, Any]) -> dict[str, Any]:
                 "alpha": a["alpha"],
                 "normalization": "zscore",
                 "scope": "all_linear",
+                "perturbation": a["perturbation"],
+                **({"rank": a["rank"], "master_weights": False} if a["perturbation"] == "lowrank" else {}),
                 "eval_every": gens,
                 "checkpoint_every": max(gens, 1),
                 "rollout": spec["rollout"],
@@ -352,6 +362,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ("dtype", str),
         ("device", str),
         ("batch-size", int),
+        ("rank", int),
     ):
         ap.add_argument(f"--{name}", type=typ)
     ap.add_argument(
@@ -360,6 +371,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="list each empty cell's candidate digits (the cpu preset's default: a 0.5B model solves no "
         "4x4 puzzle without them)",
+    )
+    ap.add_argument(
+        "--perturbation",
+        choices=["full", "lowrank"],
+        help="ES noise: full (the paper's, members one after another) or lowrank (EGGROLL rank --rank: every "
+        "member's episodes step together in one batched generate, no weight pass; the cpu and tiny presets)",
     )
     ap.add_argument("--horizons", type=int, nargs="+")
     ap.add_argument("--seeds", type=int, nargs="+")
@@ -391,6 +408,15 @@ def main(argv: list[str] | None = None) -> int:
         f"GRPO {steps} steps x {a.grpo_prompts} puzzles x G {a.grpo_group}",
         flush=True,
     )
+    settings = {
+        k: v for k, v in args.items() if k not in ("horizons", "seeds", "methods", "child_timeout", "keep_weights")
+    }
+    recorded = out / "settings.json"
+    if recorded.exists() and json.loads(recorded.read_text()) != settings:
+        old = json.loads(recorded.read_text())
+        diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+        raise SystemExit(f"{out}: its results were measured with other settings ({', '.join(diff)}); use another --out")
+    recorded.write_text(json.dumps(settings, indent=1))
     results = out / "results.jsonl"
     rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
     done = {(r["horizon"], r["seed"], r["method"]) for r in rows}

@@ -130,6 +130,24 @@ def test_population_refuses_non_matrices_and_active_perturbations(policy):
     ]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_delta_equals_output_plus_the_rows_term(dtype):
+    """The hook's fused add (in place for float32) equals ``output + delta`` for prefill and decode shapes."""
+    members = [ESMember(seed=s, sigma=0.3, sign=g) for s in (4, 9) for g in (1, -1)]
+    bank = FactorBank([("w", torch.zeros(6, 5))], members, 2)
+    slots, scales = bank.row_tables([0, 3, None, 1, 2])
+    for tokens in (7, 1):
+        x = torch.randn(5, tokens, 5).to(dtype)
+        output = torch.randn(5, tokens, 6).to(dtype)
+        want = output + bank.delta("w", x, slots, scales).to(dtype)
+        got = bank.add_delta("w", x, output.clone(), slots, scales)
+        assert got.shape == output.shape and got.dtype == dtype
+        torch.testing.assert_close(
+            got, want, atol=1e-6 if dtype == torch.float32 else 0, rtol=1e-6 if dtype == torch.float32 else 0
+        )
+        assert torch.equal(got[2], output[2])  # the centre's row is untouched
+
+
 # ------------------------------------------------------------------------------------------- update
 def test_update_is_the_documented_rank1_float32_sum():
     w = torch.randn(40, 30, generator=torch.Generator().manual_seed(2))

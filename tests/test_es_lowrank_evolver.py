@@ -272,6 +272,47 @@ def test_countdown_population_rows_equal_members_alone(tiny_model_dir):
             assert all(t.member in members for t in got)
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"type": "sudoku", "size": 4, "horizon": 2, "puzzles_per_member": 3, "max_new_tokens": 4, "context": "history"},
+        {"type": "react_math", "problems_per_member": 2, "max_turns": 2, "max_new_tokens": 6},
+    ],
+    ids=["sudoku", "react_math"],
+)
+def test_episode_population_steps_every_members_episodes_together(tiny_model_dir, spec):
+    """Multi-turn episodes under low rank: one population.generate per turn for all members' episodes, and each
+    member's trajectories equal that member run alone (same sampled text, seeds per member)."""
+    from coevo.backends.hf import HFPolicy
+    from coevo.rollouts.base import build_rollout
+    from coevo.types import ESMember
+
+    policy = HFPolicy(tiny_model_dir, batch_size=16)
+    replica = policy.es_replica(ScopeSpec("all_linear"), master_weights=False)
+    members = [ESMember(seed=5, sigma=0.2, sign=s, index=i) for i, s in enumerate((1, -1))]
+    ro = build_rollout(spec, None)
+    with replica.population(members, 1) as pop:
+        calls = []
+        generate = pop.generate
+        pop.generate = lambda rows, params, **kw: (
+            calls.append([m.index for m, _ in rows]) or generate(rows, params, **kw)
+        )
+        batched = ro.run_population(pop, members, generation=1, key_prefixes=["a", "b"])
+        pop.generate = generate
+        alone = [
+            ro.run(pop.member_policy(m), generation=1, member=m, key_prefix=p)
+            for m, p in zip(members, ["a", "b"], strict=True)
+        ]
+    n = ro.n_cases("train")
+    assert calls and set(calls[0]) == {0, 1} and len(calls[0]) == 2 * n  # turn 0: every episode of both members
+    assert len(calls) == max(t.llm_calls for ts in batched for t in ts)  # one call per turn
+    for member, got, want in zip(members, batched, alone, strict=True):
+        assert len(got) == n and [t.key for t in got] == [t.key for t in want]
+        assert all(t.member == member for t in got)
+        assert [[s.model_output for s in t.steps] for t in got] == [[s.model_output for s in t.steps] for t in want]
+        assert [t.reward for t in got] == [t.reward for t in want]
+
+
 def test_eoh_children_members_share_one_batched_generate(tmp_path, tiny_model_dir, monkeypatch):
     """Low-rank ES on AHD: all members' children go through one batched ``population.generate`` call (rows of
     different members in the same model batches), and each member's children equal those of the member sampled

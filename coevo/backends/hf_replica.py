@@ -166,7 +166,7 @@ class HFPopulation:
             slots, scales = self._tables
             if args[0].shape[0] != slots.shape[0]:
                 raise RuntimeError(f"{name}: a batch of {args[0].shape[0]} rows but {slots.shape[0]} row tables")
-            return output + self.bank.delta(name, args[0], slots, scales).to(output.dtype)
+            return self.bank.add_delta(name, args[0], output, slots, scales)
 
         return add_term
 

@@ -91,6 +91,7 @@ def drive(
     episodes: Sequence[TurnEpisode],
     generate: Callable[[list[list[Message]], int], list[Any]],
     context: Context = "board",
+    owners: Sequence[Any] | None = None,
 ) -> list[list[Turn]]:
     """Step every episode to its end, one batched ``generate`` call per turn over all unfinished episodes.
 
@@ -100,13 +101,19 @@ def drive(
             ``prompt_tokens``, ``completion_tokens``, ``error``, as :class:`coevo.backends.base.Completion`), one
             per conversation, in order.
         context: ``"board"`` or ``"history"``.
+        owners: optional, one tag per episode (e.g. the low-rank population member whose episode it is); when
+            given, ``generate`` receives ``(owner, conversation)`` rows instead of bare conversations, so the
+            episodes of several members step together in one batched call.
 
     Returns:
         The turns of each episode, in episode order.
 
     Raises:
-        ValueError: ``generate`` returned the wrong number of completions, or a bad ``context``.
+        ValueError: ``generate`` returned the wrong number of completions, a bad ``context``, or ``owners`` of
+            another length than ``episodes``.
     """
+    if owners is not None and len(owners) != len(episodes):
+        raise ValueError(f"{len(owners)} owners for {len(episodes)} episodes")
     turns: list[list[Turn]] = [[] for _ in episodes]
     index = 0
     while True:
@@ -114,7 +121,7 @@ def drive(
         if not active:
             return turns
         convs = [conversation(episodes[i], turns[i], context) for i in active]
-        outs = generate(convs, index)
+        outs = generate(convs if owners is None else [(owners[i], c) for i, c in zip(active, convs)], index)
         if len(outs) != len(active):
             raise ValueError(f"generate returned {len(outs)} completions for {len(active)} conversations")
         for i, conv, out in zip(active, convs, outs):

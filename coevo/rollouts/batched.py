@@ -5,8 +5,9 @@
   one batched policy pass; one trajectory per case. Context slots: ``system_prompt`` and ``instruction`` (the
   user message's template, ``{prompt}`` standing for the case's question). Used by ``countdown`` and
   ``target_logprob``.
-* :class:`EpisodeRollout`: multi-turn episodes of one member driven together, one batched ``generate`` per turn
-  (:func:`coevo.envs.multiturn.drive`); one trajectory per episode. Context slot: ``system_prompt`` (replaces
+* :class:`EpisodeRollout`: multi-turn episodes driven together, one batched ``generate`` per turn
+  (:func:`coevo.envs.multiturn.drive`): a member's episodes, and with :meth:`~EpisodeRollout.run_population`
+  every member's episodes, step together; one trajectory per episode. Context slot: ``system_prompt`` (replaces
   the environment's own system message when published). Used by ``sudoku`` and ``react_math``.
 
 A subclass supplies the cases (or episodes) and how an output becomes trajectory fields; the provenance,
@@ -25,6 +26,7 @@ from pydantic import Field
 from coevo.backends.base import SamplingParams
 from coevo.envs.multiturn import TurnEpisode, drive, turns_to_steps
 from coevo.rollouts.base import Rollout, RolloutCall, RolloutConfig, RolloutContext, Split
+from coevo.types import Trajectory
 
 #: the placeholder of the case's question in an ``instruction`` template
 PROMPT_FIELD = "{prompt}"
@@ -126,7 +128,7 @@ class SingleTurnRollout(Rollout):
 
 
 class EpisodeRollout(Rollout):
-    """Multi-turn episodes of one member driven together, one trajectory per episode (module docstring)."""
+    """Multi-turn episodes driven together, one trajectory per episode (module docstring)."""
 
     context_slots: ClassVar[dict[str, str]] = {
         "system_prompt": "system message of every turn (None = the environment's own)",
@@ -170,36 +172,67 @@ class EpisodeRollout(Rollout):
 
     def run_call(self, policy, call: RolloutCall):
         """The call's episodes driven together, one batched ``generate`` per turn."""
-        split, generation = call.split, call.generation
-        episodes = self.episodes(split, generation)
-        system = call.context.values.get("system_prompt")
-        for ep in episodes if system else ():
-            ep.system = system
+        return self._driven(policy, [call], False)[0]
+
+    def run_population(
+        self, population, members, *, generation, key_prefixes, split: Split = "train", evolver="es", round_index=0
+    ):
+        """Every member's episodes driven together: each turn, the unfinished episodes of all members go to
+        ``population.generate`` as ``(member, conversation)`` rows of one call. A member's k-th unfinished episode
+        samples with the seed it gets when the member runs alone (:class:`coevo.es.replica.Population`), so the
+        trajectories equal :meth:`run` of each member's policy up to batch tolerance."""
+        calls = self.member_calls(
+            members, key_prefixes, generation=generation, split=split, evolver=evolver, round_index=round_index
+        )
+        return self._driven(population, calls, True)
+
+    def _driven(self, target, calls: list[RolloutCall], paired: bool) -> list[list[Trajectory]]:
+        """One trajectory list per call: every call's episodes stepped together through ``target`` (a policy, or
+        with ``paired`` a population served ``(member, conversation)`` rows)."""
+        if not calls:
+            return []
+        split, generation = calls[0].split, calls[0].generation
+        per_call, owners = [], []
+        for call in calls:
+            episodes = self.episodes(split, generation)
+            system = call.context.values.get("system_prompt")
+            for ep in episodes if system else ():
+                ep.system = system
+            per_call.append(episodes)
+            owners += [call.member] * len(episodes)
+        flat = [ep for episodes in per_call for ep in episodes]
         t0 = time.time()
         all_turns = drive(
-            episodes,
-            lambda convs, turn: policy.generate(convs, self.sampling(split, generation, turn)),
+            flat,
+            lambda rows, turn: target.generate(rows, self.sampling(split, generation, turn)),
             self.turn_context(),
+            owners=owners if paired else None,
         )
-        dt = (time.time() - t0) / max(1, len(episodes))
-        trajs = []
-        for i, (ep, turns) in enumerate(zip(episodes, all_turns, strict=True)):
-            errors = [t.error for t in turns if t.error]
-            trajs.append(
-                self.case_trajectory(
-                    call,
-                    i,
-                    task_id=self.task_id(ep),
-                    steps=turns_to_steps(turns),
-                    reward=ep.reward(),
-                    valid=not errors,
-                    failure="llm_error" if errors else None,
-                    failure_detail=errors[0] if errors else None,
-                    llm_calls=len(turns),
-                    prompt_tokens=sum(t.prompt_tokens for t in turns),
-                    completion_tokens=sum(t.completion_tokens for t in turns),
-                    duration_s=dt,
-                    meta=self.episode_meta(ep),
-                )
+        dt = (time.time() - t0) / max(1, len(flat))
+        result, start = [], 0
+        for call, episodes in zip(calls, per_call, strict=True):
+            turns = all_turns[start : start + len(episodes)]
+            result.append(
+                [self._episode_trajectory(call, i, ep, t, dt) for i, (ep, t) in enumerate(zip(episodes, turns))]
             )
-        return trajs
+            start += len(episodes)
+        return result
+
+    def _episode_trajectory(self, call: RolloutCall, i: int, ep: TurnEpisode, turns: list, dt: float) -> Trajectory:
+        """The trajectory of episode ``i`` of ``call`` from its turns (``dt``: wall seconds per episode)."""
+        errors = [t.error for t in turns if t.error]
+        return self.case_trajectory(
+            call,
+            i,
+            task_id=self.task_id(ep),
+            steps=turns_to_steps(turns),
+            reward=ep.reward(),
+            valid=not errors,
+            failure="llm_error" if errors else None,
+            failure_detail=errors[0] if errors else None,
+            llm_calls=len(turns),
+            prompt_tokens=sum(t.prompt_tokens for t in turns),
+            completion_tokens=sum(t.completion_tokens for t in turns),
+            duration_s=dt,
+            meta=self.episode_meta(ep),
+        )

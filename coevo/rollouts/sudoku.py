@@ -2,8 +2,10 @@
 
 One call runs every episode of a member together: each turn, the current conversations of all unfinished
 episodes go to the policy in **one** batched ``generate`` call (:func:`coevo.envs.multiturn.drive`), so a
-member's cost is (turns of its longest episode) batched calls rather than (episodes x turns) calls. A
-population-batched backend can later merge the members' calls the same way.
+member's cost is (turns of its longest episode) batched calls rather than (episodes x turns) calls. Under
+low-rank ES (``perturbation: lowrank``) every member's episodes step together the same way
+(:meth:`~coevo.rollouts.batched.EpisodeRollout.run_population`): a generation costs (longest episode) batched
+calls of N x ``puzzles_per_member`` rows, with no weight pass.
 
 Cases (Agentic ESOpt, docs/references.md §6): a pool of ``train_pool`` train puzzles and ``test_puzzles`` held-out
 puzzles per (grid size, H*), from disjoint seed streams; generation ``g`` draws ``puzzles_per_member`` train
