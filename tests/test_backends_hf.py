@@ -193,9 +193,9 @@ def test_shared_prefix_is_prefilled_once_with_the_same_outputs(tiny_model_dir, m
     prefilled: list[int] = []
     real = HFPolicy._prefix_cache
 
-    def counted(self, input_ids, prefix):
+    def counted(self, input_ids, prefix, *groups):
         prefilled.append(prefix)
-        return real(self, input_ids, prefix)
+        return real(self, input_ids, prefix, *groups)
 
     monkeypatch.setattr(HFPolicy, "_prefix_cache", counted)
     for params in (

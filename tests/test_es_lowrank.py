@@ -104,6 +104,47 @@ def test_rows_of_different_members_in_one_batch_equal_each_member_alone(policy):
     assert replica.weights_hash() == before
 
 
+def test_shared_prefix_is_prefilled_once_per_member_and_changes_no_output(tiny_model_dir):
+    """A population batch whose rows share a long system message prefills it once per member in the batch (not
+    once per row, never across members) and gives the outputs of the same rows without prefix sharing."""
+    policy = HFPolicy(tiny_model_dir, batch_size=6)
+    replica = policy.es_replica(ScopeSpec("all_linear"), master_weights=False)
+    members = [ESMember(seed=5, sigma=0.2, sign=g, index=i) for i, g in enumerate((1, -1))]
+    system = {"role": "system", "content": "You solve small puzzles. Think briefly, then answer in one line. " * 3}
+    convs = [[system, c[0]] for c in CONVS]
+    rows = [(m, c) for c in convs for m in members]  # 6 rows, 2 members, one model batch
+    shapes: list[tuple[int, ...]] = []  # input shapes of the embedding layer: one per model forward
+    handle = policy.model.get_input_embeddings().register_forward_pre_hook(
+        lambda m, a: shapes.append(tuple(a[0].shape))
+    )
+    for params in (
+        SamplingParams(max_new_tokens=6, temperature=0.0),
+        SamplingParams(max_new_tokens=6, temperature=1.0, top_p=0.9, seed=11),
+    ):
+        with replica.population(members, 1) as pop:
+            shapes.clear()
+            shared = pop.generate(rows, params)
+            prefill = shapes[0]
+            positions = [0, 1] * 3
+            seeds = None if params.seed is None else _row_seeds(params.seed, positions)
+            shapes.clear()
+            unshared = policy.generate_rows(
+                [c for _, c in rows], params, row_seeds=seeds, batch_hook=pop._batch_hook(positions)
+            )
+        assert prefill[0] == 2 and prefill[1] >= policy.min_shared_prefix  # the prefix: one row per member
+        assert shapes[0][0] == 6 and shapes[0][1] > prefill[1]  # without groups: every row's whole prompt
+        assert [o.text for o in shared] == [o.text for o in unshared]
+        assert shared[0].text != shared[1].text or shared[2].text != shared[3].text  # the members differ
+    handle.remove()
+
+
+def _row_seeds(seed, positions):
+    from coevo.backends.base import request_seed
+    from coevo.es.replica import member_row_indices
+
+    return [request_seed(seed, k) for k in member_row_indices(positions)]
+
+
 def test_seeded_sampling_is_per_row_whatever_the_batch_split(policy, tiny_model_dir):
     params = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=50, seed=3)
     one_by_one = HFPolicy(tiny_model_dir, batch_size=1).generate(CONVS * 2, params)

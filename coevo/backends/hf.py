@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
@@ -34,7 +34,9 @@ from coevo.backends.base import (
     torch_dtype,
 )
 
-#: ``batch_hook(start, stop)``: a context manager entered around the model batch holding rows [start, stop)
+#: ``batch_hook(start, stop)``: a context manager entered around the model batch holding rows [start, stop); with
+#: ``row_groups`` it yields ``narrow(indices)``, a context manager under which the model serves only those rows
+#: of the batch (the per-group prefix prefill)
 BatchHook = Callable[[int, int], AbstractContextManager]
 
 
@@ -218,6 +220,7 @@ class HFPolicy(Policy):
         *,
         row_seeds: Sequence[int] | None = None,
         batch_hook: BatchHook | None = None,
+        row_groups: Sequence[Hashable] | None = None,
     ) -> list[Completion]:
         """:meth:`generate` with explicit per-row sampling seeds and a hook around each model batch.
 
@@ -227,6 +230,10 @@ class HFPolicy(Policy):
                 torch RNG); unused when greedy.
             batch_hook: ``batch_hook(start, stop)`` entered around the generation of rows ``[start, stop)``
                 (batches of ``batch_size`` rows, in order).
+            row_groups: with ``batch_hook``, one tag per row; rows with equal tags run under the same weights (a
+                low-rank population's member). A batch's shared token prefix is then prefilled once per tag
+                present (one row each, under ``narrow``, see :data:`BatchHook`) and its cache copied to the
+                other rows of the tag. Without it, a batch under a hook shares no prefix.
 
         Raises:
             ValueError, TypeError: malformed input, or ``row_seeds`` of the wrong length.
@@ -236,15 +243,20 @@ class HFPolicy(Policy):
         check_sampling_params(params)
         if row_seeds is not None and len(row_seeds) != len(conversations):
             raise ValueError(f"row_seeds has {len(row_seeds)} seeds for {len(conversations)} conversations")
+        if row_groups is not None and len(row_groups) != len(conversations):
+            raise ValueError(f"row_groups has {len(row_groups)} tags for {len(conversations)} conversations")
         prompts = self._prompts(conversations)
         out: list[Completion] = []
         for start in range(0, len(prompts), self.batch_size):
             stop = min(start + self.batch_size, len(prompts))
             seeds = None if row_seeds is None else row_seeds[start:stop]
             try:
-                with batch_hook(start, stop) if batch_hook is not None else nullcontext():
-                    # a population batch's rows run under different members' weights: no shared prefix
-                    out.extend(self._generate_batch(prompts[start:stop], params, seeds, batch_hook is None))
+                with batch_hook(start, stop) if batch_hook is not None else nullcontext() as narrow:
+                    groups = None if row_groups is None else list(row_groups[start:stop])
+                    # a population batch's rows run under different members' weights: a prefix is shared per
+                    # member (groups), never across members
+                    share = batch_hook is None or (groups is not None and narrow is not None)
+                    out.extend(self._generate_batch(prompts[start:stop], params, seeds, share, groups, narrow))
             except torch.OutOfMemoryError as e:
                 raise PolicyError(f"out of memory generating a batch of {self.batch_size}; lower batch_size") from e
         return out
@@ -291,18 +303,33 @@ class HFPolicy(Policy):
             mask[i, prefix + width - len(rest) :] = 1
         return input_ids.to(self.device), mask.to(self.device), prefix
 
-    def _prefix_cache(self, input_ids: torch.Tensor, prefix: int):
-        """The KV cache of the shared prefix, computed once on one row and repeated for every row."""
+    def _prefix_cache(self, input_ids: torch.Tensor, prefix: int, groups: list | None = None, narrow=None):
+        """The KV cache of the shared prefix, computed once on one row and repeated for every row; with
+        ``groups`` (and ``narrow``, :data:`BatchHook`), computed on the first row of each group under
+        ``narrow`` and copied to that group's rows."""
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        self.model(input_ids=input_ids[:1, :prefix], past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache.batch_repeat_interleave(input_ids.shape[0])
+        if groups is None:
+            self.model(input_ids=input_ids[:1, :prefix], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache.batch_repeat_interleave(input_ids.shape[0])
+            return cache
+        firsts = list(dict.fromkeys(groups))
+        reps = [groups.index(g) for g in firsts]
+        with narrow(reps):
+            self.model(input_ids=input_ids[reps, :prefix], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.reorder_cache(torch.tensor([firsts.index(g) for g in groups], dtype=torch.long))
         return cache
 
     @torch.inference_mode()
     def _generate_batch(
-        self, prompts: list[str], params: SamplingParams, seeds: Sequence[int] | None, share_prefix: bool = True
+        self,
+        prompts: list[str],
+        params: SamplingParams,
+        seeds: Sequence[int] | None,
+        share_prefix: bool = True,
+        groups: list | None = None,
+        narrow=None,
     ) -> list[Completion]:
         """One model batch. When its rows share a token prefix of at least ``min_shared_prefix`` tokens (the
         system message and task text of an EoH generation, an environment's instructions), the prefix is
@@ -315,7 +342,7 @@ class HFPolicy(Policy):
         input_ids, attention_mask, prefix = self._encode(prompts, share_prefix)
         row_sampling = seeds is not None and params.temperature > 0
         processors = LogitsProcessorList([RowSampler(params, seeds, self.device)] if row_sampling else [])
-        cache = {"past_key_values": self._prefix_cache(input_ids, prefix)} if prefix else {}
+        cache = {"past_key_values": self._prefix_cache(input_ids, prefix, groups, narrow)} if prefix else {}
         seqs = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -17,7 +17,9 @@ and each hooked layer returns ``y + scale_b (x_b B_{slot_b}) A_{slot_b}^T``:
 ``2 r (m + n)`` multiply-adds per token and layer beside the base ``m n``, computed in float32 and added in
 the activation dtype. The weights are never modified (no perturb / restore pass, no drift, no masters
 needed for rollouts), and rows of the centre (member None) get scale 0. Outside a population batch the hooks
-do nothing, so the policy itself stays the centre.
+do nothing, so the policy itself stays the centre. A token prefix shared by a batch's rows (chat template,
+task text) is prefilled once per member present in the batch, not once per row (``HFPolicy._prefix_cache``):
+the prefix's keys and values depend on the member's weights, but not on which of its rows carries it.
 """
 
 from __future__ import annotations
@@ -171,11 +173,26 @@ class HFPopulation:
         return add_term
 
     def _batch_hook(self, positions: list[int | None]):
+        """``batch_hook(start, stop)`` for ``HFPolicy.generate_rows`` / ``logprob``: sets the rows' tables for
+        the batch and yields ``narrow(indices)``, a context manager that restricts them to some of the batch's
+        rows (the per-member prefix prefill of ``HFPolicy._prefix_cache``)."""
+
         @contextmanager
-        def tables(start: int, stop: int) -> Iterator[None]:
-            self._tables = self.bank.row_tables(positions[start:stop], self.policy.device)
+        def tables(start: int, stop: int) -> Iterator[Any]:
+            batch = positions[start:stop]
+            self._tables = self.bank.row_tables(batch, self.policy.device)
+
+            @contextmanager
+            def narrow(indices: Sequence[int]) -> Iterator[None]:
+                saved = self._tables
+                self._tables = self.bank.row_tables([batch[i] for i in indices], self.policy.device)
+                try:
+                    yield
+                finally:
+                    self._tables = saved
+
             try:
-                yield
+                yield narrow
             finally:
                 self._tables = None
 
@@ -199,7 +216,7 @@ class HFPopulation:
             index = member_row_indices(positions) if seed_indices is None else seed_indices
             seeds = [request_seed(params.seed, int(k)) for k in index]
         return self.policy.generate_rows(
-            [c for _, c in rows], params, row_seeds=seeds, batch_hook=self._batch_hook(positions)
+            [c for _, c in rows], params, row_seeds=seeds, batch_hook=self._batch_hook(positions), row_groups=positions
         )
 
     def logprob(self, rows: Sequence[Row], targets: Sequence[str]) -> torch.Tensor:
