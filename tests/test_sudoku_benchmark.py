@@ -58,3 +58,14 @@ def test_summary_table_and_plot(hs, tmp_path):
     assert "| 1 | 2 | 0.500 ± 0.000 | 0.775 ± 0.035 | 0.500 ± 0.000 | 8 / 8 | 1000 | 4000 | 0.250 |" in table
     hs.plot(summary, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_presets_pick_the_es_perturbation_and_a_rerun_with_other_settings_is_refused(hs, tmp_path):
+    assert hs.parse_args(["--preset", "cpu", "--out", "x"]).perturbation == "lowrank"
+    assert hs.parse_args(["--preset", "paper", "--out", "x"]).perturbation == "full"  # the paper's ES
+    a = hs.parse_args(["--preset", "cpu", "--out", "x", "--perturbation", "full"])
+    assert a.perturbation == "full" and a.rank == 1
+    (tmp_path / "settings.json").write_text('{"model": "another", "rank": 1}')
+    with pytest.raises(SystemExit, match=r"other settings \(.*model"):
+        hs.main(["--preset", "tiny", "--out", str(tmp_path), "--methods", "es"])
+    assert not (tmp_path / "results.jsonl").exists()
