@@ -17,7 +17,9 @@ Both use ``context: history`` (the agent sees its chat so far), the only protoco
 (see :mod:`coevo.rl.grpo`). Peak memory is measured per child process: peak resident set size
 (``ru_maxrss``), and on CUDA the peak allocated device memory (``torch.cuda.max_memory_allocated``), which is
 what the paper reports. Results: one JSON line per (H*, seed, method) in ``OUT/results.jsonl`` (a rerun adds the missing ones; an
-``OUT`` measured with other settings, ``OUT/settings.json``, is refused), a table on
+``OUT`` measured with other settings, ``OUT/settings.json``, is refused). Several processes may fill one grid
+side by side, e.g. one per core with ``OMP_NUM_THREADS=1``: each (H*, seed) pair is claimed by one of them
+(``h*_s*/claim``)., a table on
 stdout and in ``OUT/table.md``, and ``OUT/horizon_scaling.png`` (held-out success vs H*, mean +- sd over seeds).
 
 Examples:
@@ -269,6 +271,39 @@ def run_child(method: str, spec: dict[str, Any], work: Path, timeout_s: float | 
     return json.loads(out_path.read_text())
 
 
+def read_rows(results: Path) -> list[dict[str, Any]]:
+    """The result rows written so far (one JSON line per (H*, seed, method))."""
+    return [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+
+
+def done_keys(results: Path) -> set[tuple[int, int, str]]:
+    return {(r["horizon"], r["seed"], r["method"]) for r in read_rows(results)}
+
+
+def claim(work: Path) -> bool:
+    """Claim the (H*, seed) folder ``work`` for this process (``work/claim`` holds its pid, created exclusively),
+    so that several processes of one grid on one ``OUT`` (one per core) never run the same pair; a claim whose
+    process is gone is taken over. Returns False when a live process holds it."""
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "claim"
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                os.kill(int(path.read_text() or "0"), 0)
+                return False  # held by a live process
+            except (ProcessLookupError, ValueError, FileNotFoundError):
+                path.unlink(missing_ok=True)  # stale: its process died
+                continue
+            except PermissionError:
+                return False
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return True
+    return False
+
+
 # ----------------------------------------------------------------------------------------------- report
 def summarise(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
     """Markdown table (success per H* and method, mean +- sd over seeds; peak memory and ES/GRPO ratio)."""
@@ -418,32 +453,34 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{out}: its results were measured with other settings ({', '.join(diff)}); use another --out")
     recorded.write_text(json.dumps(settings, indent=1))
     results = out / "results.jsonl"
-    rows = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
-    done = {(r["horizon"], r["seed"], r["method"]) for r in rows}
     for h in a.horizons:
         for seed in a.seeds:
             work = out / f"h{h}_s{seed}"
-            spec = {"args": args, "seed": seed, "rollout": rollout_spec(a, h, seed), "run_dir": str(work / "es")}
-            for method in a.methods:
-                if (h, seed, method) in done:
-                    continue
-                if method == "grpo":
-                    spec = {
-                        **spec,
-                        "steps": steps,
-                        "store": str(work / "es" / "store.sqlite"),
-                        "run_id": "grpo",
-                        "run_dir": str(work / "grpo"),
-                    }
-                    (work / "es").mkdir(parents=True, exist_ok=True)
-                res = run_child(method, spec, work, a.child_timeout)
-                if method == "es" and not a.keep_weights:
-                    shutil.rmtree(work / "es" / "weights", ignore_errors=True)
-                row = {"horizon": h, "seed": seed, "method": method, **res}
-                rows.append(row)
-                with results.open("a") as fh:
-                    fh.write(json.dumps(row) + "\n")
-                print(json.dumps(row), flush=True)
+            todo = [m for m in a.methods if (h, seed, m) not in done_keys(results)]
+            if not todo or not claim(work):
+                continue  # finished, or another process of this grid runs it
+            try:
+                spec = {"args": args, "seed": seed, "rollout": rollout_spec(a, h, seed), "run_dir": str(work / "es")}
+                for method in todo:
+                    if method == "grpo":
+                        spec = {
+                            **spec,
+                            "steps": steps,
+                            "store": str(work / "es" / "store.sqlite"),
+                            "run_id": "grpo",
+                            "run_dir": str(work / "grpo"),
+                        }
+                        (work / "es").mkdir(parents=True, exist_ok=True)
+                    res = run_child(method, spec, work, a.child_timeout)
+                    if method == "es" and not a.keep_weights:
+                        shutil.rmtree(work / "es" / "weights", ignore_errors=True)
+                    row = {"horizon": h, "seed": seed, "method": method, **res}
+                    with results.open("a") as fh:
+                        fh.write(json.dumps(row) + "\n")
+                    print(json.dumps(row), flush=True)
+            finally:
+                (work / "claim").unlink(missing_ok=True)
+    rows = read_rows(results)
     table, summary = summarise(rows)
     (out / "table.md").write_text(table + "\n")
     print(table)

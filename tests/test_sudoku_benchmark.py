@@ -3,6 +3,8 @@ are the ES loop and the GRPO baseline, covered by test_sudoku.py and test_grpo.p
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from support import load_script
 
@@ -69,3 +71,15 @@ def test_presets_pick_the_es_perturbation_and_a_rerun_with_other_settings_is_ref
     with pytest.raises(SystemExit, match=r"other settings \(.*model"):
         hs.main(["--preset", "tiny", "--out", str(tmp_path), "--methods", "es"])
     assert not (tmp_path / "results.jsonl").exists()
+
+
+def test_a_pair_is_claimed_by_one_process_and_a_dead_claim_is_taken_over(hs, tmp_path):
+    import subprocess
+    import sys
+
+    work = tmp_path / "h1_s0"
+    assert hs.claim(work) and not hs.claim(work)  # held by this (live) process
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (work / "claim").write_text(str(dead.pid))
+    assert hs.claim(work) and (work / "claim").read_text() == str(os.getpid())
