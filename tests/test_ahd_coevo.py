@@ -84,7 +84,7 @@ class ScriptedTinyQwen(HFPolicy):
             self.calls += 1
         return out
 
-    def generate_rows(self, conversations, params, *, row_seeds=None, batch_hook=None):
+    def generate_rows(self, conversations, params, *, row_seeds=None, batch_hook=None, row_groups=None):
         """A low-rank population's call (``HFPopulation.generate``): scripted like :meth:`generate`, recorded
         as kind ``"population"``."""
         out = self.generate(conversations, params)
