@@ -16,11 +16,11 @@ command line. For every H* and seed, two child processes run one after the other
 Both use ``context: history`` (the agent sees its chat so far), the only protocol TRL's GRPOTrainer can train
 (see :mod:`coevo.rl.grpo`). Peak memory is measured per child process: peak resident set size
 (``ru_maxrss``), and on CUDA the peak allocated device memory (``torch.cuda.max_memory_allocated``), which is
-what the paper reports. Results: one JSON line per (H*, seed, method) in ``OUT/results.jsonl`` (a rerun adds the missing ones; an
-``OUT`` measured with other settings, ``OUT/settings.json``, is refused). Several processes may fill one grid
-side by side, e.g. one per core with ``OMP_NUM_THREADS=1``: each (H*, seed) pair is claimed by one of them
-(``h*_s*/claim``)., a table on
+what the paper reports. Results: one JSON line per (H*, seed, method) in ``OUT/results.jsonl``, a table on
 stdout and in ``OUT/table.md``, and ``OUT/horizon_scaling.png`` (held-out success vs H*, mean +- sd over seeds).
+A rerun adds the missing rows; an ``OUT`` measured with other settings (``OUT/settings.json``) is refused.
+Several processes may fill one grid side by side, e.g. one per core with ``OMP_NUM_THREADS=1``: each (H*, seed)
+pair is claimed by one of them (``h*_s*/claim``).
 
 Examples:
     # smoke run on a tiny random Qwen2 (seconds per child)
@@ -447,8 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         k: v for k, v in args.items() if k not in ("horizons", "seeds", "methods", "child_timeout", "keep_weights")
     }
     recorded = out / "settings.json"
-    if recorded.exists() and json.loads(recorded.read_text()) != settings:
-        old = json.loads(recorded.read_text())
+    old = json.loads(recorded.read_text()) if recorded.exists() else settings
+    if old != settings:
         diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
         raise SystemExit(f"{out}: its results were measured with other settings ({', '.join(diff)}); use another --out")
     recorded.write_text(json.dumps(settings, indent=1))
@@ -456,10 +456,11 @@ def main(argv: list[str] | None = None) -> int:
     for h in a.horizons:
         for seed in a.seeds:
             work = out / f"h{h}_s{seed}"
-            todo = [m for m in a.methods if (h, seed, m) not in done_keys(results)]
-            if not todo or not claim(work):
-                continue  # finished, or another process of this grid runs it
+            if not claim(work):
+                continue  # another process of this grid runs it
             try:
+                done = done_keys(results)  # read after claiming: a pair another process just finished is done
+                todo = [m for m in a.methods if (h, seed, m) not in done]
                 spec = {"args": args, "seed": seed, "rollout": rollout_spec(a, h, seed), "run_dir": str(work / "es")}
                 for method in todo:
                     if method == "grpo":

@@ -278,12 +278,15 @@ class FactorBank:
         Returns:
             float32 tensor of shape ``(b, ..., m)``; cost ``2 r (m + n)`` multiply-adds per token.
         """
-        a, b = self.A[name], self.B[name]
-        rows = x.shape[0]
-        x3 = x.reshape(rows, -1, x.shape[-1]).float()  # (b, T, n)
-        xb = torch.bmm(x3, b[slots]) * scales[:, None, None]  # (b, T, r)
-        out = torch.bmm(xb, a[slots].transpose(1, 2))  # (b, T, m)
-        return out.reshape(*x.shape[:-1], a.shape[1])
+        a_rows, xb = self._projected(name, x, slots, scales)
+        out = torch.bmm(xb, a_rows)  # (b, T, m)
+        return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    def _projected(self, name: str, x: torch.Tensor, slots: torch.Tensor, scales: torch.Tensor):
+        """``(A_{slot_b}^T, scale_b x_b B_{slot_b})`` per row: float32 ``(b, r, m)`` and ``(b, T, r)``."""
+        x3 = x.reshape(x.shape[0], -1, x.shape[-1]).float()  # (b, T, n)
+        xb = torch.bmm(x3, self.B[name][slots]) * scales[:, None, None]  # (b, T, r)
+        return self.A[name][slots].transpose(1, 2), xb
 
     def add_delta(self, name: str, x: torch.Tensor, output: torch.Tensor, slots, scales) -> torch.Tensor:
         """``output + delta(name, x, slots, scales)``: a float32 ``output`` (shape ``(b, ..., m)``, the layer's
@@ -292,9 +295,6 @@ class FactorBank:
         Returns the sum, shaped like ``output``."""
         if output.dtype != torch.float32:
             return output + self.delta(name, x, slots, scales).to(output.dtype)
-        a, b = self.A[name], self.B[name]
-        rows = x.shape[0]
-        x3 = x.reshape(rows, -1, x.shape[-1]).float()
-        xb = torch.bmm(x3, b[slots]) * scales[:, None, None]
-        out3 = output.reshape(rows, -1, output.shape[-1])
-        return out3.baddbmm_(xb, a[slots].transpose(1, 2)).reshape(output.shape)
+        a_rows, xb = self._projected(name, x, slots, scales)
+        out3 = output.reshape(x.shape[0], -1, output.shape[-1])
+        return out3.baddbmm_(xb, a_rows).reshape(output.shape)
