@@ -56,6 +56,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "puzzles_per_member": 2,
         "grpo_prompts": 2,
         "grpo_group": 4,
+        "grpo_micro_batch": 2,
+        "grpo_checkpointing": True,
         "test_puzzles": 4,
         "max_new_tokens": 6,
         "hints": False,
@@ -79,6 +81,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "puzzles_per_member": 2,
         "grpo_prompts": 2,
         "grpo_group": 4,
+        "grpo_micro_batch": 1,
+        "grpo_checkpointing": True,
         "test_puzzles": 8,
         "max_new_tokens": 10,
         "hints": True,
@@ -102,6 +106,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "puzzles_per_member": 32,
         "grpo_prompts": 32,
         "grpo_group": 8,
+        "grpo_micro_batch": 8,
+        "grpo_checkpointing": False,
         "test_puzzles": 128,
         "max_new_tokens": 64,
         "hints": False,
@@ -236,6 +242,8 @@ def child_grpo(spec: dict[str, Any]) -> dict[str, Any]:
         steps=spec["steps"],
         prompts_per_step=a["grpo_prompts"],
         num_generations=a["grpo_group"],
+        micro_batch=a["grpo_micro_batch"],
+        gradient_checkpointing=a["grpo_checkpointing"],
         learning_rate=a["lr"],
         eval_at_start=False,
     )
@@ -388,6 +396,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ("puzzles-per-member", int),
         ("grpo-prompts", int),
         ("grpo-group", int),
+        ("grpo-micro-batch", int),
         ("test-puzzles", int),
         ("max-new-tokens", int),
         ("sigma", float),
@@ -412,6 +421,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=["full", "lowrank"],
         help="ES noise: full (the paper's, members one after another) or lowrank (EGGROLL rank --rank: every "
         "member's episodes step together in one batched generate, no weight pass; the cpu and tiny presets)",
+    )
+    ap.add_argument(
+        "--grpo-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="GRPO recomputes activations in the backward pass (the cpu preset's default, with --grpo-micro-batch "
+        "1: it keeps GRPO at H* >= 2 within a 24 GB machine beside another process)",
     )
     ap.add_argument("--horizons", type=int, nargs="+")
     ap.add_argument("--seeds", type=int, nargs="+")

@@ -74,7 +74,17 @@ def test_settings_refuse_board_context_and_count_episodes():
     with pytest.raises(Exception, match="task pool"):
         GRPOSettings(rollout={"type": "countdown"})
     s = GRPOSettings(rollout={"type": "sudoku", "context": "history"}, steps=3, prompts_per_step=2, num_generations=4)
-    assert s.episodes() == 24
+    assert s.episodes() == 24 and s.micro() == 4
+    assert (
+        GRPOSettings(
+            rollout={"type": "sudoku", "context": "history"}, prompts_per_step=2, num_generations=4, micro_batch=1
+        ).micro()
+        == 1
+    )
+    with pytest.raises(Exception, match="micro_batch 3 must divide"):
+        GRPOSettings(
+            rollout={"type": "sudoku", "context": "history"}, prompts_per_step=2, num_generations=4, micro_batch=3
+        )
 
 
 class ParityEpisode(SudokuEpisode):
@@ -154,3 +164,42 @@ def test_eval_callback_evaluates_every_k_steps_but_not_the_last():
     for step in range(1, 7):
         cb.on_step_end(None, SimpleNamespace(global_step=step), None)
     assert seen == [2, 4]  # step 6 is the final evaluation run() does itself
+
+
+def test_micro_batches_and_checkpointing_leave_the_step_unchanged(tiny_model_dir, tmp_path):
+    """One step in micro-batches of 1 with gradient checkpointing moves the weights as one step over whole groups:
+    the same episodes (the rollout's seeds), the same per-sequence losses averaged, the same AdamW update."""
+
+    def one_step(name, **memory):
+        settings = GRPOSettings(
+            model=str(tiny_model_dir),
+            steps=1,
+            prompts_per_step=2,
+            num_generations=4,
+            learning_rate=1e-2,
+            seed=0,
+            eval_at_start=False,
+            rollout={
+                "type": "test_grpo:ParityRollout",
+                "size": 4,
+                "horizon": 1,
+                "context": "history",
+                "train_pool": 4,
+                "puzzles_per_member": 2,
+                "test_puzzles": 1,
+                "max_new_tokens": 6,
+                "temperature": 1.0,
+                "top_k": 0,
+                "top_p": 1.0,
+            },
+            **memory,
+        )
+        grpo = GRPOBaseline(settings, tmp_path / name, None)
+        summary = grpo.run()
+        return summary, {n: p.detach().clone() for n, p in grpo.policy.model.named_parameters()}
+
+    whole, w_whole = one_step("whole")
+    micro, w_micro = one_step("micro", micro_batch=1, gradient_checkpointing=True)
+    assert whole["train_reward"] == micro["train_reward"] and 0 < whole["train_reward"] < 1
+    moved = [n for n in w_whole if not torch.equal(w_whole[n], w_micro[n])]
+    assert moved == [] or all(torch.allclose(w_whole[n], w_micro[n], atol=1e-5, rtol=1e-4) for n in moved)

@@ -300,3 +300,14 @@ def test_one_es_generation_on_tiny_qwen2(tiny_model_dir, tmp_path):
 def test_longhorizon_es_configs_validate(name):
     cfg = parse_config(yaml.safe_load((ROOT / "configs/longhorizon" / name).read_text()), name)
     assert cfg.evolvers[0].params.rollout["type"] in ("sudoku", "react_math")
+
+
+def test_heldout_sampling_seeds_are_the_same_at_every_evaluation():
+    """Held-out evaluations at any generation (and another method's on the same rollout) draw the same random
+    numbers, so base vs final differ by the weights only; train seeds change with the generation."""
+    r = build_rollout({"type": "sudoku", "size": 4, "horizon": 2, "seed": 3}, None)
+    for turn in (0, 2):
+        assert r.sampling("test", 0, turn).seed == r.sampling("test", 7, turn).seed
+        assert r.sampling("train", 0, turn).seed != r.sampling("train", 7, turn).seed
+        assert r.sampling("test", 0, turn).seed != r.sampling("train", 0, turn).seed
+    assert r.sampling("test", 0, 0).seed != r.sampling("test", 0, 1).seed

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from coevo.envs.multiturn import turns_to_steps
 from coevo.rollouts.base import build_rollout, resolve_rollout
@@ -70,7 +70,14 @@ class GRPOSettings(BaseModel):
     epsilon: float = Field(0.2, gt=0, description="PPO-style clip range")
     loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = Field("grpo", description="TRL loss aggregation")
     scale_rewards: Literal["group", "batch", "none"] = Field("group", description="advantage scaling")
-    gradient_checkpointing: bool = Field(False)
+    micro_batch: int | None = Field(
+        None,
+        ge=1,
+        description="trajectories per forward/backward pass (TRL's per_device_train_batch_size; default G). "
+        "A divisor of prompts_per_step x G; smaller lowers peak memory (the loss logits are micro_batch x "
+        "sequence x vocabulary) and leaves the step's gradient unchanged (per-sequence losses are averaged)",
+    )
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass")
     eval_every: int = Field(0, ge=0, description="held-out evaluation every k steps (0: only at start and end)")
     eval_at_start: bool = Field(True, description="evaluate the base model before training")
 
@@ -87,6 +94,19 @@ class GRPOSettings(BaseModel):
                 "sequence, so each reply is conditioned on the episode so far (see coevo.rl.grpo)"
             )
         return v
+
+    @model_validator(mode="after")
+    def _micro_batch(self) -> GRPOSettings:
+        per_step = self.prompts_per_step * self.num_generations
+        if self.micro_batch is not None and per_step % self.micro_batch:
+            raise ValueError(
+                f"micro_batch {self.micro_batch} must divide prompts_per_step x num_generations = {per_step}"
+            )
+        return self
+
+    def micro(self) -> int:
+        """Trajectories per forward/backward pass (``micro_batch``, default G)."""
+        return self.micro_batch or self.num_generations
 
     def episodes(self) -> int:
         """Training episodes of the run: steps x prompts_per_step x num_generations (the ES-comparable budget)."""
@@ -158,14 +178,19 @@ class GRPOBaseline:
         episodes = [self.rollout.episode(self.pool[self._by_prompt[p[-1]["content"]]]) for p in prompts]
         t0 = time.time()
         model = trainer.accelerator.unwrap_model(trainer.model)
-        trajs = run_token_episodes(
-            model,
-            self.tokenizer,
-            episodes,
-            lambda turn: self.rollout.sampling("train", step, turn),
-            stop_ids=self.stop_ids,
-            batch_size=self.settings.batch_size,
-        )
+        was_training = model.training
+        model.eval()  # sampling only: with gradient checkpointing, train mode would switch the KV cache off
+        try:
+            trajs = run_token_episodes(
+                model,
+                self.tokenizer,
+                episodes,
+                lambda turn: self.rollout.sampling("train", step, turn),
+                stop_ids=self.stop_ids,
+                batch_size=self.settings.batch_size,
+            )
+        finally:
+            model.train(was_training)
         rewards = [ep.reward() for ep in episodes]
         self.train_rewards.extend(rewards)
         self._record_train(step, episodes, trajs, rewards, time.time() - t0)
@@ -195,9 +220,10 @@ class GRPOBaseline:
             weight_decay=s.weight_decay,
             max_grad_norm=s.max_grad_norm,
             lr_scheduler_type="constant",
-            per_device_train_batch_size=s.num_generations,
-            gradient_accumulation_steps=s.prompts_per_step,
-            steps_per_generation=s.prompts_per_step,
+            # one optimizer step = one generation batch of prompts_per_step x G episodes, in micro-batches
+            per_device_train_batch_size=s.micro(),
+            gradient_accumulation_steps=s.prompts_per_step * s.num_generations // s.micro(),
+            steps_per_generation=s.prompts_per_step * s.num_generations // s.micro(),
             num_generations=s.num_generations,
             num_iterations=1,
             beta=s.beta,

@@ -140,10 +140,15 @@ class EpisodeRollout(Rollout):
 
     def sampling(self, split: Split, generation: int, turn: int) -> SamplingParams:
         """Decoding of one turn from the config's ``max_new_tokens``, ``temperature``, ``top_p``, ``top_k`` (and
-        ``stop`` when it has one); the seed depends on (seed, split, generation, turn), not on the member, so every
-        member of a generation draws the same random numbers (common random numbers)."""
+        ``stop`` when it has one). The seed depends on (seed, split, generation, turn), not on the member, so every
+        member of a generation draws the same random numbers (common random numbers); on the held-out split it
+        does not depend on the generation either, so every held-out evaluation (the base model's, the last one,
+        another method's on the same rollout) samples with the same random numbers and differs only by the
+        weights and the context."""
         cfg = self.config
         salt = 7_919 if split == "test" else 0
+        if split == "test":
+            generation = 0
         return SamplingParams(
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature,
