@@ -90,7 +90,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sigma_final": 1e-3,
         "alpha": 5e-4,
         "lr": 1e-6,
-        "dtype": "float32",
+        "dtype": "bfloat16",
         "device": "cpu",
         "batch_size": 16,
         "perturbation": "lowrank",
@@ -168,6 +168,38 @@ def peak_memory() -> dict[str, float | None]:
     return {"peak_rss_mib": rss, "peak_cuda_mib": cuda}
 
 
+def is_layer_matrix(name: str) -> bool:
+    """The tensors :func:`changed_fraction` compares: the decoder layers' linear weight matrices."""
+    return ".layers." in name and name.endswith("proj.weight")
+
+
+def changed_fraction(model_ref: str, tensors: dict[str, Any]) -> float | None:
+    """Fraction of the decoder layers' linear weight entries in ``tensors`` (name -> tensor, in the policy's
+    dtype) that differ from the base checkpoint's, compared in that dtype; None when none is given. It says
+    whether a method's training moved the weights the policy samples with at all: e.g. a 1e-6 AdamW step
+    rounds away to nearest in bf16 for nearly every entry."""
+    from safetensors import safe_open
+
+    from coevo.backends.models import resolve_model
+
+    names = sorted(n for n in tensors if is_layer_matrix(n))
+    if not names:
+        return None
+    changed = total = 0
+    folder = resolve_model(model_ref)
+    files = sorted(folder.glob("*.safetensors"))
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            present = set(fh.keys())
+            for n in names:
+                if n in present:
+                    t = tensors[n].detach().cpu()
+                    base = fh.get_tensor(n).to(t.dtype)
+                    changed += int((base != t).sum())
+                    total += t.numel()
+    return changed / total if total else None
+
+
 def child_es(spec: dict[str, Any]) -> dict[str, Any]:
     from coevo.config import parse_config
     from coevo.loop import CoEvolutionLoop
@@ -216,11 +248,21 @@ def child_es(spec: dict[str, Any]) -> dict[str, Any]:
         centre = [t for t in store.query(evolver="es", with_steps=False) if t.member is None]
         train = [t for t in store.query(evolver="es", with_steps=False) if t.member is not None]
     success = {g: [t.reward or 0.0 for t in centre if t.generation == g] for g in (0, gens)}
+    from safetensors.torch import load_file
+
+    from coevo.es.checkpoint import snapshot_path
+
+    # ESEvolver.snapshot writes no file while every update was zero (all members tied): the weights are the base
+    snap = snapshot_path(run_dir, gens)
+    final = load_file(str(snap)) if snap.exists() else None
     return {
         "base": statistics.fmean(success[0]),
         "final": statistics.fmean(success[gens]),
         "episodes": len(train),
         "train_reward": statistics.fmean(t.reward or 0.0 for t in train),
+        "changed_fraction": 0.0
+        if final is None
+        else changed_fraction(a["model"], {n: t for n, t in final.items() if "__master__" not in n}),
         "wall_s": wall,
         **mem,
     }
@@ -248,14 +290,17 @@ def child_grpo(spec: dict[str, Any]) -> dict[str, Any]:
         eval_at_start=False,
     )
     with TrajectoryStore(spec["store"]) as store:
-        out = GRPOBaseline(settings, Path(spec["run_dir"]) / "trl", store, run_id=spec["run_id"]).run()
+        grpo = GRPOBaseline(settings, Path(spec["run_dir"]) / "trl", store, run_id=spec["run_id"])
+        out = grpo.run()
+    mem = peak_memory()  # before the comparison below loads base tensors
     return {
         "final": out["final_test_reward"],
         "episodes": out["episodes"],
         "train_reward": out["train_reward"],
         "losses": out["losses"],
+        "changed_fraction": changed_fraction(a["model"], dict(grpo.policy.model.named_parameters())),
         "wall_s": out["wall_s"],
-        **peak_memory(),
+        **mem,
     }
 
 
@@ -326,9 +371,10 @@ def summarise(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
     horizons = sorted({r["horizon"] for r in rows})
     header = (
         "| H* | seeds | base | ES | GRPO | episodes (each) | ES peak RSS MiB | GRPO peak RSS MiB "
-        "| RSS ratio ES/GRPO | ES peak CUDA MiB | GRPO peak CUDA MiB | CUDA ratio |"
+        "| RSS ratio ES/GRPO | ES peak CUDA MiB | GRPO peak CUDA MiB | CUDA ratio | ES weights changed "
+        "| GRPO weights changed |"
     )
-    lines = [header, "|" + "---|" * 12]
+    lines = [header, "|" + "---|" * 14]
     summary: dict[str, Any] = {}
     for h in horizons:
         es = [r for r in rows if r["horizon"] == h and r["method"] == "es"]
@@ -349,11 +395,14 @@ def summarise(rows: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
         }
         eps = f"{es[0]['episodes']} / {gr[0]['episodes']}" if es and gr else "–"
         r_r, c_r = ratio(rss), ratio(cuda)
+        chg = [ms([r.get("changed_fraction") for r in rs])[0] for rs in (es, gr)]
+        pct = lambda v: "–" if v is None else f"{100 * v:.2f} %"
         lines.append(
             f"| {h} | {len(es)} | {fmt(base)} | {fmt(es_s)} | {fmt(gr_s)} | {eps} | "
             f"{rss[0][0] or 0:.0f} | {rss[1][0] or 0:.0f} | {'–' if r_r is None else f'{r_r:.3f}'} | "
             f"{'–' if cuda[0][0] is None else f'{cuda[0][0]:.0f}'} | "
-            f"{'–' if cuda[1][0] is None else f'{cuda[1][0]:.0f}'} | {'–' if c_r is None else f'{c_r:.3f}'} |"
+            f"{'–' if cuda[1][0] is None else f'{cuda[1][0]:.0f}'} | {'–' if c_r is None else f'{c_r:.3f}'} | "
+            f"{pct(chg[0])} | {pct(chg[1])} |"
         )
     return "\n".join(lines), summary
 

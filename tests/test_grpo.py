@@ -203,3 +203,62 @@ def test_micro_batches_and_checkpointing_leave_the_step_unchanged(tiny_model_dir
     assert whole["train_reward"] == micro["train_reward"] and 0 < whole["train_reward"] < 1
     moved = [n for n in w_whole if not torch.equal(w_whole[n], w_micro[n])]
     assert moved == [] or all(torch.allclose(w_whole[n], w_micro[n], atol=1e-5, rtol=1e-4) for n in moved)
+
+
+def test_bf16_run_trains_float32_masters_and_samples_a_stochastically_rounded_copy(tiny_model_dir, tmp_path):
+    """dtype bfloat16 is mixed precision: TRL steps float32 masters (a 1e-6 AdamW step that bf16 weights would
+    round away moves them), and the bf16 sampling copy is each master rounded to one of its two bf16 neighbours,
+    the same copy for the same step, with some entries rounded up past round-to-nearest (the step stays visible)."""
+    settings = GRPOSettings(
+        model=str(tiny_model_dir),
+        dtype="bfloat16",
+        steps=1,
+        prompts_per_step=2,
+        num_generations=4,
+        learning_rate=1e-6,
+        seed=0,
+        eval_at_start=False,
+        rollout={
+            "type": "test_grpo:ParityRollout",
+            "size": 4,
+            "horizon": 1,
+            "context": "history",
+            "train_pool": 4,
+            "puzzles_per_member": 2,
+            "test_puzzles": 1,
+            "max_new_tokens": 6,
+            "temperature": 1.0,
+            "top_k": 0,
+            "top_p": 1.0,
+        },
+    )
+    grpo = GRPOBaseline(settings, tmp_path / "trl", None)
+    assert grpo.policy.model.dtype == torch.bfloat16 and grpo.train_model.dtype == torch.float32
+    before = {n: p.detach().clone() for n, p in grpo.train_model.named_parameters()}
+    start = {n: p.detach().clone() for n, p in grpo.policy.model.named_parameters()}
+    # the masters start as the bf16 model (the float32 tiny checkpoint rounded to nearest, as ES loads it) ...
+    assert all(torch.equal(before[n], start[n].float()) for n in start)
+    grpo.sync(0)  # ... so the copy of the unchanged masters is that bf16 model, bit for bit
+    assert all(torch.equal(start[n], p) for n, p in grpo.policy.model.named_parameters())
+    summary = grpo.run()
+    assert 0 < summary["train_reward"] < 1  # non-zero advantages
+    masters = {n: p.detach().clone() for n, p in grpo.train_model.named_parameters()}
+    delta = torch.cat([(masters[n] - before[n]).abs().flatten() for n in masters])
+    assert 0 < float(delta.max()) <= 1.5e-6  # AdamW's first step: at most lr per entry
+    # a round-to-nearest bf16 copy of the masters would not see the step in most entries
+    nearest_same = sum(int((masters[n].bfloat16() == before[n].bfloat16()).sum()) for n in masters)
+    assert nearest_same > 0.9 * delta.numel()
+    copy = {n: p.detach().clone() for n, p in grpo.policy.model.named_parameters()}
+    up_past_nearest = 0
+    for n, m in masters.items():
+        lo, c = m.bfloat16(), copy[n]
+        neighbour = torch.nextafter(
+            lo, torch.where(m > lo.float(), torch.tensor(float("inf")), -torch.tensor(float("inf"))).bfloat16()
+        )
+        assert bool(((c == lo) | (c == neighbour)).all()), n
+        up_past_nearest += int((c != lo).sum())
+    assert up_past_nearest > 0
+    grpo.sync(1)  # the same step: the same copy
+    assert all(torch.equal(copy[n], p) for n, p in grpo.policy.model.named_parameters())
+    grpo.sync(2)  # another step key: other random bits
+    assert any(not torch.equal(copy[n], p) for n, p in grpo.policy.model.named_parameters())

@@ -9,8 +9,9 @@ speed: measured on this project's 2-core AMD EPYC machine, 8 x 896 by 896 x 4864
 
 :func:`use_onednn_linear` makes every ``torch.nn.Linear`` of a model call
 ``torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")`` (the oneDNN inner product that
-torch's own Inductor emits for CPU linears) whenever the input and weight are float32 CPU tensors and no
-gradient is being recorded; anything else (bf16/fp16, CUDA, autograd) goes through ``F.linear`` as before.
+torch's own Inductor emits for CPU linears) whenever the input and weight are float32 CPU tensors, no
+gradient is being recorded and CPU autocast is off; anything else (bf16/fp16, CUDA, autograd, autocast) goes
+through ``F.linear`` as before.
 The weight stays the module's dense ``nn.Parameter``: nothing is packed or copied, so in-place ES
 perturbations, restores and updates are seen by the next forward, and forward hooks (the low-rank
 population's terms) run as before. Results equal ``F.linear`` up to float32 summation order.
@@ -57,6 +58,7 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         and x.device.type == "cpu"
         and w.device.type == "cpu"
         and not torch.is_grad_enabled()
+        and not torch.is_autocast_enabled("cpu")
     ):
         return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, self.bias, "none", [], "")
     return F.linear(x, w, self.bias)

@@ -29,6 +29,7 @@ held-out evaluation (member None, ``meta.split == "test"``, generation = steps d
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -37,10 +38,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from coevo.envs.multiturn import turns_to_steps
+from coevo.es.lowrank import stochastic_round
 from coevo.rollouts.base import build_rollout, resolve_rollout
 from coevo.types import Trajectory
 
@@ -52,7 +55,12 @@ class GRPOSettings(BaseModel):
     run_name: str = Field("grpo", description="run id prefix (trajectory keys, store rows)")
     seed: int = Field(0, description="seed of TRL (data order) and of the episodes' sampling")
     model: str = Field("qwen2.5-coder-0.5b-instruct", description="model name, local HF folder or tiny:<preset>")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="weight (and training) dtype")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="dtype of the rollout / evaluation weights and of the training compute. bfloat16 is mixed "
+        "precision: float32 master weights train under bf16 autocast and a bf16 copy, stochastically rounded "
+        "from the masters, samples the episodes (see GRPOBaseline)",
+    )
     device: str = Field("cpu", description="cpu or cuda")
     batch_size: int = Field(8, ge=1, description="episodes per generate batch")
     rollout: dict[str, Any] = Field(
@@ -125,6 +133,21 @@ def stop_token_ids(model, tokenizer) -> list[int]:
 class GRPOBaseline:
     """One GRPO run (module docstring): builds the policy, the TRL trainer and the episodes; records to a store.
 
+    Precision. With ``dtype: float32`` one float32 model is trained, sampled and evaluated. With ``dtype:
+    bfloat16`` the run is mixed precision, as RL systems with a separate inference engine run it: TRL trains
+    float32 **master weights** (``train_model``; AdamW states in float32; forward and backward under bf16
+    autocast, TRL's ``bf16=True``), and the episodes and held-out evaluations are sampled by a bf16 copy
+    (``policy``) that :meth:`sync` refreshes from the masters before every rollout and evaluation. Pure bf16
+    weights cannot train at the paper's learning rate: AdamW's first step moves every weight by ``lr`` = 1e-6,
+    and a bf16 weight of magnitude >= 2.6e-4 (half an ulp > 1e-6, i.e. nearly all of them) rounds back to
+    itself. For the same reason the copy is rounded **stochastically** (unbiased, deterministic bits keyed by
+    the run seed, the optimizer step and the tensor name: :func:`coevo.es.lowrank.stochastic_round`, the
+    rounding low-rank ES applies to its own bf16 updates), not to nearest, which would hide a 1e-6 step
+    from the sampled policy. The masters start as the bf16 model's values (the checkpoint rounded to bf16 as ES
+    loads it; exact for a bf16 checkpoint such as the embedded model's), and a bf16-representable value rounds
+    to itself, so the copy is the very bf16 model ES starts from until a step moves the masters; a step that
+    leaves them unchanged (every group's rewards equal) leaves the copy unchanged too.
+
     Args:
         settings: the run's settings.
         out_dir: TRL's output folder (logs; no checkpoints are saved).
@@ -141,7 +164,16 @@ class GRPOBaseline:
         self.store = store
         self.run_id = run_id or s.run_name
         self.rollout = build_rollout(s.rollout, None)
+        #: the policy that samples episodes and is evaluated (dtype ``s.dtype``)
         self.policy = HFPolicy(s.model, dtype=s.dtype, device=s.device, batch_size=s.batch_size)
+        #: the model TRL trains: the policy's own model in float32, else float32 masters (class docstring)
+        self.train_model = self.policy.model
+        if self.policy.dtype != torch.float32:
+            self.train_model = HFPolicy(s.model, dtype="float32", device=s.device, batch_size=1).model
+            with torch.no_grad():  # the masters start from the bf16 weights ES starts from (class docstring)
+                masters = dict(self.train_model.named_parameters())
+                for name, p in self.policy.model.named_parameters():
+                    masters[name].copy_(p)
         self.tokenizer = load_tokenizer(self.policy.path)  # TRL's own copy (the policy's pads on the left)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
@@ -177,7 +209,8 @@ class GRPOBaseline:
         step = trainer.state.global_step
         episodes = [self.rollout.episode(self.pool[self._by_prompt[p[-1]["content"]]]) for p in prompts]
         t0 = time.time()
-        model = trainer.accelerator.unwrap_model(trainer.model)
+        self.sync(step)
+        model = self.policy.model
         was_training = model.training
         model.eval()  # sampling only: with gradient checkpointing, train mode would switch the KV cache off
         try:
@@ -245,7 +278,7 @@ class GRPOBaseline:
             log_completions=False,
         )
         self.trainer = GRPOTrainer(
-            model=self.policy.model,
+            model=self.train_model,
             reward_funcs=[self.reward_func],
             args=cfg,
             train_dataset=self.dataset(),
@@ -256,9 +289,35 @@ class GRPOBaseline:
             self.trainer.add_callback(eval_callback(self, s.eval_every))
         return self.trainer
 
+    # ------------------------------------------------------------------ precision
+    @torch.no_grad()
+    def sync(self, step: int) -> None:
+        """Refresh the sampling policy from the float32 masters (mixed precision only; class docstring).
+
+        Each master tensor is rounded stochastically to the policy's dtype in blocks of ``max(1, 2**22 // n)``
+        rows (``n`` columns), block ``b`` with the random bits of ``chunk_seed(seed, f"{name}#round", b)``, where
+        ``seed = blake2b("grpo-sync:{run seed}:{step}")``: the same step gives the same copy. A no-op when the
+        policy is the trained model itself (float32).
+
+        Args:
+            step: optimizer steps done (keys the rounding).
+        """
+        if self.train_model is self.policy.model:
+            return
+        text = f"grpo-sync:{int(self.settings.seed)}:{int(step)}"
+        seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & (2**63 - 1)
+        masters = dict(self.train_model.named_parameters())
+        for name, p in self.policy.model.named_parameters():
+            src = masters[name].detach().float()
+            flat_p, flat_src = p.data.view(p.shape[0], -1), src.reshape(src.shape[0], -1)
+            rows = max(1, 2**22 // max(1, flat_src.shape[1]))
+            for b, lo in enumerate(range(0, flat_src.shape[0], rows)):
+                flat_p[lo : lo + rows] = stochastic_round(flat_src[lo : lo + rows], p.dtype, seed, name, b)
+
     # ------------------------------------------------------------------ evaluation and store
     def evaluate(self, step: int) -> float:
         """Held-out success of the current weights with the rollout's own evaluator (the one ES uses)."""
+        self.sync(step)
         model = self.policy.model
         was_training = model.training
         model.eval()
