@@ -415,11 +415,20 @@ def plot(summary: dict[int, dict[str, Any]], path: Path) -> None:
 
     hs = sorted(summary)
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for key, label in (("base", "base"), ("es", "ES"), ("grpo", "GRPO")):
+    # methods side by side around each H* (a method equal to base would hide under it), base dashed
+    for (key, label), dx, style in zip(
+        (("base", "base"), ("es", "ES"), ("grpo", "GRPO")), (-0.06, 0.0, 0.06), ("--", "-", "-"), strict=True
+    ):
         pts = [(h, *summary[h][key]) for h in hs if summary[h][key][0] is not None]
         if pts:
             ax.errorbar(
-                [p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3, label=label
+                [p[0] + dx for p in pts],
+                [p[1] for p in pts],
+                yerr=[p[2] for p in pts],
+                marker="o",
+                capsize=3,
+                linestyle=style,
+                label=label,
             )
     ax.set_xlabel("H* (minimum successful steps)")
     ax.set_ylabel("held-out success")
