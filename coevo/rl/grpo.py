@@ -12,7 +12,9 @@ per trajectory ``prompt_ids`` (first turn), ``completion_ids`` (all replies with
 between them), ``env_mask`` (1 on generated tokens) and the episode reward, which the reward function hands
 back to TRL. TRL then computes the group-relative advantages, masks the loss with ``env_mask`` and steps the
 optimizer (AdamW by default). ``logprobs`` is returned as ``None``: TRL uses rollout log-probabilities only for
-the vLLM importance-sampling correction, and here the rollout is sampled from the training model itself.
+the vLLM importance-sampling correction, and here the rollout is sampled from the training model itself (with
+``dtype: bfloat16``, from its stochastically rounded bf16 copy: the gap between the copy and the float32 masters
+under autocast is not corrected for, as in a colocated inference engine without importance sampling).
 
 What TRL's API imposes: a GRPO sample is **one** token sequence, so a multi-turn trajectory is trained as one
 sequence in which each reply is conditioned on the whole episode so far. The agent therefore runs with chat
@@ -139,7 +141,7 @@ class GRPOBaseline:
     autocast, TRL's ``bf16=True``), and the episodes and held-out evaluations are sampled by a bf16 copy
     (``policy``) that :meth:`sync` refreshes from the masters before every rollout and evaluation. Pure bf16
     weights cannot train at the paper's learning rate: AdamW's first step moves every weight by ``lr`` = 1e-6,
-    and a bf16 weight of magnitude >= 2.6e-4 (half an ulp > 1e-6, i.e. nearly all of them) rounds back to
+    and a bf16 weight of magnitude >= 2^-11 = 4.9e-4 (half an ulp > 1e-6, i.e. nearly all of them) rounds back to
     itself. For the same reason the copy is rounded **stochastically** (unbiased, deterministic bits keyed by
     the run seed, the optimizer step and the tensor name: :func:`coevo.es.lowrank.stochastic_round`, the
     rounding low-rank ES applies to its own bf16 updates), not to nearest, which would hide a 1e-6 step
