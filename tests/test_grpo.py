@@ -107,28 +107,34 @@ class ParityRollout(SudokuRollout):
         return ParityEpisode(puzzle, self.config.max_turns, self.config.list_empty, self.config.hints)
 
 
-def test_one_grpo_step_on_tiny_qwen2(tiny_model_dir, tmp_path):
-    settings = GRPOSettings(
-        model=str(tiny_model_dir),
-        steps=1,
-        prompts_per_step=2,
-        num_generations=4,
-        learning_rate=1e-2,
-        seed=0,
-        rollout={
+def parity_settings(model_dir, test_puzzles: int = 1, **overrides) -> GRPOSettings:
+    """One step of 2 prompts x G 4 on the ParityRollout (4x4, H* 1, sampled at temperature 1), seed 0."""
+    fields = {
+        "model": str(model_dir),
+        "steps": 1,
+        "prompts_per_step": 2,
+        "num_generations": 4,
+        "learning_rate": 1e-2,
+        "seed": 0,
+        "rollout": {
             "type": "test_grpo:ParityRollout",
             "size": 4,
             "horizon": 1,
             "context": "history",
             "train_pool": 4,
             "puzzles_per_member": 2,
-            "test_puzzles": 2,
+            "test_puzzles": test_puzzles,
             "max_new_tokens": 6,
             "temperature": 1.0,
             "top_k": 0,
             "top_p": 1.0,
         },
-    )
+    }
+    return GRPOSettings(**{**fields, **overrides})
+
+
+def test_one_grpo_step_on_tiny_qwen2(tiny_model_dir, tmp_path):
+    settings = parity_settings(tiny_model_dir, test_puzzles=2)
     with TrajectoryStore(tmp_path / "store.sqlite") as store:
         grpo = GRPOBaseline(settings, tmp_path / "trl", store, run_id="g")
         before = {n: p.detach().clone() for n, p in grpo.policy.model.named_parameters()}
@@ -171,29 +177,7 @@ def test_micro_batches_and_checkpointing_leave_the_step_unchanged(tiny_model_dir
     the same episodes (the rollout's seeds), the same per-sequence losses averaged, the same AdamW update."""
 
     def one_step(name, **memory):
-        settings = GRPOSettings(
-            model=str(tiny_model_dir),
-            steps=1,
-            prompts_per_step=2,
-            num_generations=4,
-            learning_rate=1e-2,
-            seed=0,
-            eval_at_start=False,
-            rollout={
-                "type": "test_grpo:ParityRollout",
-                "size": 4,
-                "horizon": 1,
-                "context": "history",
-                "train_pool": 4,
-                "puzzles_per_member": 2,
-                "test_puzzles": 1,
-                "max_new_tokens": 6,
-                "temperature": 1.0,
-                "top_k": 0,
-                "top_p": 1.0,
-            },
-            **memory,
-        )
+        settings = parity_settings(tiny_model_dir, eval_at_start=False, **memory)
         grpo = GRPOBaseline(settings, tmp_path / name, None)
         summary = grpo.run()
         return summary, {n: p.detach().clone() for n, p in grpo.policy.model.named_parameters()}
@@ -209,29 +193,7 @@ def test_bf16_run_trains_float32_masters_and_samples_a_stochastically_rounded_co
     """dtype bfloat16 is mixed precision: TRL steps float32 masters (a 1e-6 AdamW step that bf16 weights would
     round away moves them), and the bf16 sampling copy is each master rounded to one of its two bf16 neighbours,
     the same copy for the same step, with some entries rounded up past round-to-nearest (the step stays visible)."""
-    settings = GRPOSettings(
-        model=str(tiny_model_dir),
-        dtype="bfloat16",
-        steps=1,
-        prompts_per_step=2,
-        num_generations=4,
-        learning_rate=1e-6,
-        seed=0,
-        eval_at_start=False,
-        rollout={
-            "type": "test_grpo:ParityRollout",
-            "size": 4,
-            "horizon": 1,
-            "context": "history",
-            "train_pool": 4,
-            "puzzles_per_member": 2,
-            "test_puzzles": 1,
-            "max_new_tokens": 6,
-            "temperature": 1.0,
-            "top_k": 0,
-            "top_p": 1.0,
-        },
-    )
+    settings = parity_settings(tiny_model_dir, dtype="bfloat16", learning_rate=1e-6, eval_at_start=False)
     grpo = GRPOBaseline(settings, tmp_path / "trl", None)
     assert grpo.policy.model.dtype == torch.bfloat16 and grpo.train_model.dtype == torch.float32
     before = {n: p.detach().clone() for n, p in grpo.train_model.named_parameters()}

@@ -151,6 +151,26 @@ def stochastic_round(values: torch.Tensor, dtype: torch.dtype, seed: int, name: 
     return rounded.view(torch.float32).to(dtype)
 
 
+def rows_per_block(n: int) -> int:
+    """Rows of one block of a matrix with ``n`` columns (``max(1, 2**22 // n)``): the blocks the update and its
+    stochastic rounding walk, block ``b`` keyed ``chunk_seed(seed, f"{name}#round", b)``."""
+    return max(1, NOISE_CHUNK_NUMEL // max(n, 1))
+
+
+def stochastic_round_into(dst: torch.Tensor, values: torch.Tensor, seed: int, name: str) -> None:
+    """Write float32 ``values`` into the bf16 / fp16 tensor ``dst`` (same shape), rounded stochastically
+    (:func:`stochastic_round`) in the row blocks of :func:`rows_per_block`, viewing ``dst`` as
+    ``(shape[0], -1)``.
+
+    Raises:
+        ValueError: as :func:`stochastic_round`.
+    """
+    flat_dst, flat = dst.view(dst.shape[0], -1), values.reshape(values.shape[0], -1)
+    rows = rows_per_block(flat.shape[1])
+    for block, lo in enumerate(range(0, flat.shape[0], rows)):
+        flat_dst[lo : lo + rows] = stochastic_round(flat[lo : lo + rows], dst.dtype, seed, name, block)
+
+
 def lowrank_update(
     params: ESParams | Iterable[tuple[str, torch.Tensor]],
     seeds: Sequence[int],
@@ -197,7 +217,7 @@ def lowrank_update(
         m, n = e.tensor.shape
         dev = e.tensor.device
         factors = [(draw_factors(seed, e.name, (m, n), rank, dev), a) for seed, a in steps]
-        rows = max(1, NOISE_CHUNK_NUMEL // max(n, 1))
+        rows = rows_per_block(n)
         tmp = torch.empty((min(rows, m), n), dtype=torch.float32, device=dev)
         for block, lo in enumerate(range(0, m, rows)):
             hi = min(lo + rows, m)

@@ -45,7 +45,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from coevo.envs.multiturn import turns_to_steps
-from coevo.es.lowrank import stochastic_round
+from coevo.es.lowrank import stochastic_round_into
 from coevo.rollouts.base import build_rollout, resolve_rollout
 from coevo.types import Trajectory
 
@@ -296,8 +296,8 @@ class GRPOBaseline:
     def sync(self, step: int) -> None:
         """Refresh the sampling policy from the float32 masters (mixed precision only; class docstring).
 
-        Each master tensor is rounded stochastically to the policy's dtype in blocks of ``max(1, 2**22 // n)``
-        rows (``n`` columns), block ``b`` with the random bits of ``chunk_seed(seed, f"{name}#round", b)``, where
+        Each master tensor is rounded stochastically to the policy's dtype by
+        :func:`coevo.es.lowrank.stochastic_round_into` (the row blocks and bits of ES's own bf16 updates) with
         ``seed = blake2b("grpo-sync:{run seed}:{step}")``: the same step gives the same copy. A no-op when the
         policy is the trained model itself (float32).
 
@@ -310,11 +310,7 @@ class GRPOBaseline:
         seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & (2**63 - 1)
         masters = dict(self.train_model.named_parameters())
         for name, p in self.policy.model.named_parameters():
-            src = masters[name].detach().float()
-            flat_p, flat_src = p.data.view(p.shape[0], -1), src.reshape(src.shape[0], -1)
-            rows = max(1, 2**22 // max(1, flat_src.shape[1]))
-            for b, lo in enumerate(range(0, flat_src.shape[0], rows)):
-                flat_p[lo : lo + rows] = stochastic_round(flat_src[lo : lo + rows], p.dtype, seed, name, b)
+            stochastic_round_into(p.data, masters[name].detach().float(), seed, name)
 
     # ------------------------------------------------------------------ evaluation and store
     def evaluate(self, step: int) -> float:
