@@ -42,6 +42,69 @@ _BLOCK_OPENER = re.compile(
 )
 _KEEP = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
 _MAX_EXTEND = 60
+#: candidate code larger than this (characters) is not parsed on the trusted side
+MAX_PARSE_CHARS = 200_000
+#: deepest bracket / indentation nesting parsed on the trusted side (CPython's own parser limit is ~200)
+MAX_PARSE_DEPTH = 100
+#: deepest syntax tree kept (``ast.unparse`` and ``compile`` recurse a few frames per level)
+MAX_TREE_DEPTH = 150
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+class CandidateParseError(ValueError):
+    """Candidate code that :func:`parse_bounded` refuses: a syntax error, too large or too deeply nested."""
+
+
+def parse_bounded(code: str, mode: str = "exec") -> ast.Module:
+    """``ast.parse(code)`` under a size and nesting bound, for untrusted code parsed in the trusted process.
+
+    ``ast.parse`` and every recursive walk over its tree (``ast.unparse``, ``ast.walk`` in a visitor,
+    ``compile``) recurse once per nesting level: a 3000-deep expression of a few dozen tokens raises
+    ``RecursionError`` (or worse) in the caller. Here the bracket depth is counted in one linear scan before
+    anything recursive runs, and ``RecursionError`` / ``MemoryError`` from the parser are turned into a
+    recorded refusal.
+
+    Args:
+        code: the candidate source (str). mode: ``"exec"`` or ``"eval"``.
+
+    Returns:
+        The parsed tree (nesting depth <= :data:`MAX_PARSE_DEPTH`).
+
+    Raises:
+        CandidateParseError: longer than :data:`MAX_PARSE_CHARS`, nested deeper than :data:`MAX_PARSE_DEPTH`
+            brackets or indentation levels, or not valid Python (the message says which, without host paths).
+    """
+    if not isinstance(code, str):
+        raise CandidateParseError(f"code must be a str, got {type(code).__name__}")
+    if len(code) > MAX_PARSE_CHARS:
+        raise CandidateParseError(f"code of {len(code)} characters (at most {MAX_PARSE_CHARS} are parsed)")
+    depth = 0
+    for ch in code:
+        if ch in _OPEN:
+            depth += 1
+            if depth > MAX_PARSE_DEPTH:
+                raise CandidateParseError(f"code nested deeper than {MAX_PARSE_DEPTH} brackets")
+        elif ch in _CLOSE:
+            depth = max(0, depth - 1)
+    indents = [len(line) - len(line.lstrip(" \t")) for line in code.split("\n") if line.strip()]
+    if indents and max(indents) > 4 * MAX_PARSE_DEPTH:
+        raise CandidateParseError(f"code indented deeper than {4 * MAX_PARSE_DEPTH} columns")
+    try:
+        tree = ast.parse(code, "<candidate>", mode=mode)
+    except (SyntaxError, ValueError) as exc:
+        lineno = getattr(exc, "lineno", None)
+        msg = getattr(exc, "msg", None) or str(exc)
+        raise CandidateParseError(f"{type(exc).__name__}: {msg}" + (f" (line {lineno})" if lineno else "")) from None
+    except (RecursionError, MemoryError) as exc:
+        raise CandidateParseError(f"code too complex to parse ({type(exc).__name__})") from None
+    # unary chains (``----1``, ``not not x``) and long operator chains nest without brackets: bound the tree
+    stack = [(tree, 0)]
+    while stack:
+        node, d = stack.pop()
+        if d > MAX_TREE_DEPTH:
+            raise CandidateParseError(f"code nested deeper than {MAX_TREE_DEPTH} syntax levels")
+        stack.extend((c, d + 1) for c in ast.iter_child_nodes(node))
+    return tree
 
 
 @dataclass(frozen=True)
@@ -319,8 +382,8 @@ def strip_docstrings(code: str) -> str | None:
     """``code`` without docstrings (the leading string constant of the module, of each function and of each
     class) and without comments, normalised by ``ast.unparse``; None when ``code`` does not parse."""
     try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+        tree = parse_bounded(code)
+    except CandidateParseError:
         return None
     for node in ast.walk(tree):
         if _docstring_owner(node) and _has_docstring(node):
@@ -332,8 +395,8 @@ def function_docstring(code: str, function_name: str) -> str | None:
     """The docstring of the top-level function ``function_name`` in ``code`` (cleaned as ``inspect.cleandoc``
     does), or None (no such function, no docstring, or ``code`` does not parse)."""
     try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+        tree = parse_bounded(code)
+    except CandidateParseError:
         return None
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == function_name:
