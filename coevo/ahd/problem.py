@@ -51,6 +51,7 @@ from coevo.registry import Registry
 from coevo.resources import shipped_dir
 from coevo.sandbox.calls import heuristic_call
 from coevo.sandbox.errors import CandidateFailure, InvalidReturn, failure_kind
+from coevo.sandbox.extract import CandidateParseError, parse_bounded
 
 _LOADED: dict[str, HeuristicProblem] = {}
 
@@ -438,8 +439,8 @@ class HeuristicProblem(ABC):
         (the first defined at top level); ``function_name`` when none is found or the code does not parse
         (the sandbox then reports the missing function or the syntax error)."""
         try:
-            tree = ast.parse(code)
-        except (SyntaxError, ValueError):
+            tree = parse_bounded(code)
+        except CandidateParseError:
             return self.function_name
         defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         for candidate in (self.function_name, *self.function_aliases):

@@ -28,7 +28,6 @@ This module imports only the standard library at import time: the sandbox worker
 
 from __future__ import annotations
 
-import ast
 import math
 import random
 import re
@@ -37,6 +36,7 @@ from fractions import Fraction
 from typing import Any
 
 from coevo.envs.multiturn import TurnEpisode
+from coevo.sandbox.extract import CandidateParseError, parse_bounded
 
 FAMILIES = ("arith", "modpow", "primes", "gcdlcm", "fraction", "digitsum", "binomial", "shopping")
 TOOL_TARGET = "coevo.envs.react_math:tool_target"
@@ -307,11 +307,9 @@ class PythonTool:
         if not isinstance(source, str):
             raise TypeError(f"source must be a str, got {type(source).__name__}")
         try:
-            ast.parse(source)
-        except SyntaxError as exc:
-            return ToolResult("", f"SyntaxError: {exc.msg} (line {exc.lineno})", "syntax", 0.0, self.sandbox.isolation)
-        except ValueError as exc:  # NUL bytes
-            return ToolResult("", f"ValueError: {exc}", "syntax", 0.0, self.sandbox.isolation)
+            parse_bounded(source)
+        except CandidateParseError as exc:  # syntax error, NUL bytes, too large or too deeply nested
+            return ToolResult("", str(exc), "syntax", 0.0, self.sandbox.isolation)
         run = self.sandbox.execute(_TOOL_MODULE, "coevo_tool", TOOL_TARGET, {"source": source})
         res = run.result
         out = run.stdout[-self.max_output_chars :]

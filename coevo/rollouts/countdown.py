@@ -25,6 +25,7 @@ from coevo.backends.base import Completion, SamplingParams
 from coevo.rollouts.base import Split, register_rollout
 from coevo.rollouts.batched import SingleTurnConfig, SingleTurnRollout
 from coevo.rollouts.logprob import target_logprobs
+from coevo.sandbox.extract import CandidateParseError, parse_bounded
 from coevo.types import Step
 
 _INT = re.compile(r"-?\d+")
@@ -80,9 +81,9 @@ def _eval_expr(node: ast.AST) -> tuple[Fraction, list[int]]:
 def check_countdown(expr: str, numbers: list[int], target: int) -> tuple[bool, bool]:
     """(well_formed, correct) for a Countdown answer: each given number used at most once, value == target."""
     try:
-        tree = ast.parse(expr.strip().replace("×", "*").replace("÷", "/"), mode="eval")
+        tree = parse_bounded(expr.strip().replace("×", "*").replace("÷", "/"), mode="eval")
         value, used = _eval_expr(tree)
-    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+    except (CandidateParseError, ValueError, ZeroDivisionError, RecursionError):
         return False, False
     pool = list(numbers)
     for n in used:

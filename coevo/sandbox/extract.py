@@ -52,7 +52,17 @@ _OPEN, _CLOSE = "([{", ")]}"
 
 
 class CandidateParseError(ValueError):
-    """Candidate code that :func:`parse_bounded` refuses: a syntax error, too large or too deeply nested."""
+    """Candidate code that :func:`parse_bounded` refuses: a syntax error, too large or too deeply nested.
+
+    Attributes:
+        cause: the name of the parser's exception class (``"SyntaxError"``, ``"IndentationError"``,
+            ``"TabError"``, ``"ValueError"``, ``"RecursionError"``, ``"MemoryError"``), or ``"bound"`` when
+            the size / depth bound refused the code before the parser ran.
+    """
+
+    def __init__(self, message: str, cause: str = "bound"):
+        super().__init__(message)
+        self.cause = cause
 
 
 def parse_bounded(code: str, mode: str = "exec") -> ast.Module:
@@ -94,9 +104,11 @@ def parse_bounded(code: str, mode: str = "exec") -> ast.Module:
     except (SyntaxError, ValueError) as exc:
         lineno = getattr(exc, "lineno", None)
         msg = getattr(exc, "msg", None) or str(exc)
-        raise CandidateParseError(f"{type(exc).__name__}: {msg}" + (f" (line {lineno})" if lineno else "")) from None
+        raise CandidateParseError(
+            f"{type(exc).__name__}: {msg}" + (f" (line {lineno})" if lineno else ""), type(exc).__name__
+        ) from None
     except (RecursionError, MemoryError) as exc:
-        raise CandidateParseError(f"code too complex to parse ({type(exc).__name__})") from None
+        raise CandidateParseError(f"code too complex to parse ({type(exc).__name__})", type(exc).__name__) from None
     # unary chains (``----1``, ``not not x``) and long operator chains nest without brackets: bound the tree
     stack = [(tree, 0)]
     while stack:
@@ -234,12 +246,10 @@ def _parse(src: str) -> tuple[ast.Module | None, str, str | None]:
     first_error = None
     for variant in variants:
         try:
-            return ast.parse(variant), variant, None
-        except (SyntaxError, ValueError) as exc:
-            lineno = getattr(exc, "lineno", None)
-            msg = f"{type(exc).__name__}: {getattr(exc, 'msg', None) or exc}" + (f" (line {lineno})" if lineno else "")
-            first_error = first_error or msg
-            if not isinstance(exc, (TabError, IndentationError)):
+            return parse_bounded(variant), variant, None
+        except CandidateParseError as exc:
+            first_error = first_error or str(exc)
+            if exc.cause not in ("TabError", "IndentationError"):
                 break
     return None, src, first_error
 
@@ -340,7 +350,7 @@ def _extract_region(lines: list[str], name: str) -> tuple[list[int], str | None,
     code = "\n".join(pieces).strip("\n") + "\n"
     try:
         compile(code, "<candidate>", "exec")
-    except (SyntaxError, ValueError) as exc:
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         return [], None, f"{type(exc).__name__}: {exc}"
     return kept_lines, code, None
 

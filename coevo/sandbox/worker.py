@@ -146,6 +146,12 @@ def load_candidate(code: str, name: str):
         code_obj = compile(code, CANDIDATE_FILENAME, "exec")
     except (SyntaxError, ValueError) as exc:  # ValueError: NUL bytes in the source
         return None, {"ok": False, "error_kind": "syntax", "error": describe(exc)}
+    except (RecursionError, MemoryError) as exc:  # nested too deeply for the compiler
+        return None, {
+            "ok": False,
+            "error_kind": "syntax",
+            "error": f"code too complex to compile ({type(exc).__name__})",
+        }
     import linecache
 
     linecache.cache[CANDIDATE_FILENAME] = (len(code), None, code.splitlines(True), CANDIDATE_FILENAME)

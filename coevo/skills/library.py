@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from coevo.sandbox.extract import CandidateParseError, parse_bounded
 from coevo.skills.spec import Skill, SkillFormatError, find_skill_dirs, load_skill, resolve_inside
 
 LOAD_SKILL = "load_skill"
@@ -83,8 +84,8 @@ def parse_skill_call(action: str | None) -> SkillCall | None:
     if not text.startswith((LOAD_SKILL, READ_SKILL_FILE)):
         return None
     try:
-        tree = ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError):
+        tree = parse_bounded(text, mode="eval")
+    except CandidateParseError:
         fname = READ_SKILL_FILE if text.startswith(READ_SKILL_FILE) else LOAD_SKILL
         return SkillCall(fname, error=f"could not parse {text[:120]!r}; write e.g. {_EXAMPLES[fname]}")
     call = tree.body
