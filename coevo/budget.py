@@ -64,14 +64,21 @@ class Budget:
             return f"wall-clock budget reached ({self.wall_elapsed():.0f}/{self.max_wall_s:.0f} s)"
         return None
 
+    def sample_exhausted(self) -> str | None:
+        """The reason the sample budget stops the LLM steps of the run, or None (unlimited or samples left)."""
+        if self.max_samples is not None and self.samples_used() >= self.max_samples:
+            return f"sample budget reached ({self.samples_used()}/{self.max_samples} LLM samples)"
+        return None
+
     def exhausted(self, next_round: int | None = None) -> str | None:
         """The reason the run must stop, or None.
 
         Args:
             next_round: index of the round about to start (checked against ``max_rounds``).
         """
-        if self.max_samples is not None and self.samples_used() >= self.max_samples:
-            return f"sample budget reached ({self.samples_used()}/{self.max_samples} LLM samples)"
+        samples = self.sample_exhausted()
+        if samples:
+            return samples
         wall = self.wall_exhausted()
         if wall:
             return wall

@@ -466,7 +466,14 @@ class CoEvolutionLoop:
             due = self._due(self.round)
             stop_reason = self.budget.exhausted(next_round=self.round if self.slot == 0 else None)
             if stop_reason:
-                return stop_reason
+                # the sample budget ends the LLM steps only: token-free steps (e.g. ``tune``) still due in this
+                # round run on what the LLM steps made, then the run stops
+                if stop_reason != self.budget.sample_exhausted():
+                    return stop_reason
+                while self.slot < len(due) and getattr(self.evolvers[due[self.slot]], "uses_llm", True):
+                    self.slot += 1
+                if self.slot >= len(due):
+                    return stop_reason
             if self.slot >= len(due):
                 self.round, self.slot = self.round + 1, 0
                 self.progress.round_changed(self.round)

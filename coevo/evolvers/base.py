@@ -95,6 +95,9 @@ class Evolver(ABC):
     Config: ClassVar[type[EvolverConfig]] = EvolverConfig
     #: registry name, set by :func:`register_evolver`
     type_name: ClassVar[str] = ""
+    #: whether a step may draw LLM samples; a token-free evolver (False, e.g. ``tune``) still runs its steps
+    #: due in the round in which the sample budget ran out (the loop then stops)
+    uses_llm: ClassVar[bool] = True
 
     def __init__(self, name: str, config: EvolverConfig, ctx: RunContext):
         self.name = name
