@@ -478,6 +478,26 @@ def test_parse_retries_ask_again_an_answer_without_code_and_count_every_call(tmp
     assert EoHConfig(**SMALL).parse_retries == 0
 
 
+def test_duplicate_retries_spend_the_slot_on_a_new_sample_before_evaluating(tmp_path):
+    """A child that copies an existing heuristic (here the seed-like NN of the same batch and a recorded one) is
+    asked again before anything is evaluated, so the slot yields a new heuristic; every call counts."""
+    script = [reply("nearest", NN), reply("nearest again", NN), reply("farthest", FARTHEST), reply("nearest", NN)]
+    script += [reply("toward home", TOWARD_HOME), reply("index order", FIRST_INDEX)]
+    policy = ScriptedPolicy(script=script)
+    ctx = _ctx(tmp_path, policy=policy)
+    eoh = EoHEvolver("eoh", EoHConfig(**SMALL, population_size=2, duplicate_retries=1), ctx)
+    eoh.step(0)  # 4 i1 calls: positions 1 and 3 copy position 0 and are asked again in one batched call
+    assert policy.generate_calls == 2
+    trajs = ctx.store.query(run_id="r")
+    assert [t.llm_calls for t in trajs] == [1, 2, 1, 2] and ctx.budget.samples_used() == 6
+    assert [t.failure for t in trajs] == [None, None, None, None]
+    assert trajs[1].meta["retried_outputs"] == [script[1]] and trajs[1].meta["code"].strip() == TOWARD_HOME.strip()
+    # without retries the copies are recorded as duplicates (not evaluated)
+    ctx2 = _ctx(tmp_path / "b", policy=ScriptedPolicy(script=script))
+    EoHEvolver("eoh", EoHConfig(**SMALL, population_size=2), ctx2).step(0)
+    assert [t.failure for t in ctx2.store.query(run_id="r")] == [None, "duplicate", None, "duplicate"]
+
+
 def test_main_job_config_seeds_the_population_and_stops_at_the_closing_fence(tmp_path):
     """configs/ahd/tsp_construct.yaml: the seed heuristic enters the population, so the best heuristic is never
     worse than the seed on the training set; sampling.stop reaches the policy, and an answer cut at the closing

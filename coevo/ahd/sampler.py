@@ -17,7 +17,9 @@ which writes children of an evolver's population under perturbed weights with th
   thought alone) is asked again with the same prompt and a new seed, at most that many times, as EoH's
   ``_get_alg`` re-queries an answer without code (Liu et al., ICML 2024; its code retries up to 4 times).
   Every call counts against the sample budget (the budget counts LLM calls; LLM4AD's samplers do not retry,
-  so the default is 0); the trajectory records the last answer, ``llm_calls`` and the summed tokens of all
+  so the default is 0). With ``duplicate_retries`` > 0, an answer whose code copies an existing heuristic
+  (below) is asked again the same way before anything is evaluated, so the slot yields a new sample; the
+  trajectory records the last answer, ``llm_calls`` and the summed tokens of all
   its calls, and ``meta["retried_outputs"]`` the answers it replaced;
 * evaluate: :func:`coevo.ahd.evaluate.evaluate_many` on the training instances, ``workers`` sandboxed
   processes at a time;
@@ -109,6 +111,8 @@ class HeuristicSampler:
         reject_duplicates: record copies of existing individuals as ``duplicate`` without evaluating them.
         parse_retries: further calls for an answer without the problem's function (module docstring);
             retry ``r`` of a batch seeded ``s`` is seeded ``request_seed(s, -r)``.
+        duplicate_retries: further calls for an answer that copies an existing heuristic (found before it is
+            evaluated; the slot is spent on a new sample instead), seeded as the parse retries.
     """
 
     def __init__(
@@ -128,6 +132,7 @@ class HeuristicSampler:
         default_policy: Callable[[], Policy] | None = None,
         reject_duplicates: bool = True,
         parse_retries: int = 0,
+        duplicate_retries: int = 0,
     ) -> None:
         self.problem = problem
         self.owner = owner
@@ -143,6 +148,9 @@ class HeuristicSampler:
         if parse_retries < 0:
             raise ValueError(f"parse_retries must be >= 0, got {parse_retries}")
         self.parse_retries = parse_retries
+        if duplicate_retries < 0:
+            raise ValueError(f"duplicate_retries must be >= 0, got {duplicate_retries}")
+        self.duplicate_retries = duplicate_retries
         sign = "-" if problem.direction == "minimize" else "+"
         #: what a trajectory's reward is (recorded as ``meta["reward_unit"]``)
         self.reward_unit = f"heuristic score = {sign}{problem.objective_name or 'objective'} (higher is better)"
@@ -380,7 +388,7 @@ class HeuristicSampler:
             completions = list(generate(pending, params))
             jobs = [job for job, _, _ in pending]
             extractions = [self._extract(c) for c in completions]
-            calls = self._retry_unparsed(pending, generate, params, completions, extractions)
+            calls = self._retry_unparsed(pending, generate, params, completions, extractions, existing)
             coded = [i for i, e in enumerate(extractions) if e is not None and e.code is not None]
             copies = self._duplicates(jobs, [extractions[i].code for i in coded], coded, existing)
             to_eval = [i for i in coded if i not in copies]
@@ -409,21 +417,31 @@ class HeuristicSampler:
         params: SamplingParams,
         completions: list[Any],
         extractions: list[Any],
+        existing: Sequence[Individual] = (),
     ) -> list[list[Any]]:
-        """Ask again, in place, the calls whose answer defines no problem function (``parse_retries`` rounds,
-        one batched ``generate`` per round, each cut to the sample budget left after the calls in flight).
+        """Ask again, in place, the calls whose answer defines no problem function (``parse_retries`` rounds) or
+        copies an existing heuristic (``duplicate_retries`` rounds, checked before anything is evaluated): one
+        batched ``generate`` per round, each cut to the sample budget left after the calls in flight.
         Returns every position's completions, oldest first (the last one is in ``completions``)."""
         calls = [[c] for c in completions]
-        if not self.parse_retries:
+        rounds = max(self.parse_retries, self.duplicate_retries)
+        if not rounds:
             return calls
+        jobs = [job for job, _, _ in pending]
         left = self.budget.remaining()
         left = None if left is None else left - len(pending)
-        for attempt in range(1, self.parse_retries + 1):
-            redo = [
-                i
-                for i, (c, e) in enumerate(zip(completions, extractions))
-                if c.error is None and e is not None and e.code is None and e.error == "parse"
-            ]
+        for attempt in range(1, rounds + 1):
+            redo = []
+            if attempt <= self.parse_retries:
+                redo = [
+                    i
+                    for i, (c, e) in enumerate(zip(completions, extractions))
+                    if c.error is None and e is not None and e.code is None and e.error == "parse"
+                ]
+            if attempt <= self.duplicate_retries and self.reject_duplicates:
+                coded = [i for i, e in enumerate(extractions) if e is not None and e.code is not None]
+                copies = self._duplicates(jobs, [extractions[i].code for i in coded], coded, existing)
+                redo = sorted(set(redo) | set(copies))
             if left is not None:
                 redo = redo[: max(0, left)]
                 left -= len(redo)

@@ -55,6 +55,12 @@ class AHDConfig(EvolverConfig):
         description="record a sample whose code copies an existing heuristic (up to formatting, comments "
         "and docstrings) as failure kind `duplicate` without evaluating it",
     )
+    duplicate_retries: int = Field(
+        0,
+        ge=0,
+        description="ask again (same prompt, new seed) a call whose code copies an existing heuristic, before "
+        "evaluating it, at most this many times; every call counts against budget.max_samples",
+    )
     parse_retries: int = Field(
         0,
         ge=0,
@@ -121,6 +127,7 @@ class AHDEvolver(Evolver):
             default_policy=lambda: ctx.policy,
             reject_duplicates=c.reject_duplicates,
             parse_retries=c.parse_retries,
+            duplicate_retries=c.duplicate_retries,
         )
         self.train_tag = self.sampler.train_tag
         self.population: list[Individual] = []
