@@ -16,7 +16,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from coevo import __version__
-from coevo.errors import RunFolderError, RunInterrupted, UsageError, UserError
+from coevo.errors import (
+    ConfigError,
+    RunFolderError,
+    RunInterrupted,
+    UsageError,
+    UserError,
+    error_line,
+    require_run_folder,
+)
 
 #: modules that contribute sub-commands with ``add_parser(subparsers)``
 _DOMAIN_CLIS = ("coevo.cli_es", "coevo.ahd.cli", "coevo.skills.cli")
@@ -50,7 +58,7 @@ def _check_only(args: argparse.Namespace) -> int:
     from coevo.loop import check_runnable, load_run_config
 
     if args.resume:
-        cfg = load_run_config(Path(args.resume))
+        cfg = load_run_config(require_run_folder(args.resume, ("config.yaml",)))
         source = Path(args.resume) / "config.yaml"
     else:
         if not args.config:
@@ -84,8 +92,11 @@ def _open_run(args: argparse.Namespace):
                 "--resume takes the config (plugins included) and folder saved in the run folder; "
                 "drop CONFIG/--set/--out/--import"
             )
-        run_dir, raw = Path(args.resume), None
+        run_dir, raw = require_run_folder(args.resume, ("config.yaml",)), None
         cfg = load_run_config(run_dir)
+        from coevo.lock import RunLock
+
+        RunLock(run_dir).acquire().release()  # a live owner: refuse before saying "run folder: ..."
     else:
         if not args.config:
             raise UsageError("give a CONFIG file, or --resume RUN_DIR")
@@ -166,10 +177,8 @@ def _open_store(db: Path, readonly: bool = False):
 def _cmd_runs_show(args: argparse.Namespace) -> int:
     from coevo.report import write_report
 
-    run_dir = Path(args.run_dir)
+    run_dir = require_run_folder(args.run_dir)
     db = run_dir / "store.sqlite"
-    if not db.is_file():
-        raise RunFolderError(f"{run_dir} holds no run (store.sqlite missing)")
     report = run_dir / "report.md"
     if args.report or not report.exists():
         with _open_store(db) as store:
@@ -179,9 +188,7 @@ def _cmd_runs_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs_export(args: argparse.Namespace) -> int:
-    db, out = Path(args.run_dir) / "store.sqlite", Path(args.out)
-    if not db.is_file():
-        raise RunFolderError(f"{args.run_dir} holds no run (store.sqlite missing)")
+    db, out = require_run_folder(args.run_dir) / "store.sqlite", Path(args.out)
     if out.is_symlink() or (out.exists() and not out.is_file()):
         raise UsageError(f"{out} exists and is not a regular file; give a new .jsonl path")
     if not out.parent.is_dir():
@@ -254,7 +261,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     for mod in _DOMAIN_CLIS:
         importlib.import_module(mod).add_parser(sub)
+    _every_command(p)
     return p
+
+
+def _every_command(parser: argparse.ArgumentParser, top: bool = True) -> None:
+    """Give every sub-command ``-v`` / ``--verbose`` (``coevo run -v ...`` as well as ``coevo -v run ...``) and
+    record each command's full name (``coevo runs show``) as ``args.prog`` for its error lines."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not top and not any("--verbose" in a.option_strings for a in parser._actions):
+        parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log at INFO level")
+    if not subs:
+        parser.set_defaults(prog=parser.prog)
+    for action in subs:
+        for child in dict.fromkeys(action.choices.values()):
+            _every_command(child, top=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,11 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         if args.verbose:
             raise
-        hint = "" if isinstance(exc, UsageError) else " (run with -v for the traceback)"
-        print(f"coevo {args.command}: error: {exc}{hint}", file=sys.stderr)
+        plain = (UsageError, ConfigError, RunFolderError)  # fully said in the message: no traceback hint
+        hint = "" if isinstance(exc, plain) else " (run with -v for the traceback)"
+        print(error_line(args.prog, f"{exc}{hint}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"coevo {args.command}: interrupted", file=sys.stderr)
+        print(f"{args.prog}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from coevo.errors import RunFolderError, error_line, require_run_folder
+
 
 @dataclass
 class ReplayResult:
@@ -62,9 +64,10 @@ def open_es_run(run_dir: str | Path, evolver: str | None = None):
     from coevo.loop import load_run_config
     from coevo.store import TrajectoryStore
 
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file() or not (run_dir / "store.sqlite").is_file():
-        raise RunError(f"{run_dir} holds no run (config.yaml or store.sqlite missing)")
+    try:
+        run_dir = require_run_folder(run_dir, ("config.yaml", "store.sqlite"))
+    except RunFolderError as exc:
+        raise RunError(str(exc)) from None
     cfg = load_run_config(run_dir)
     if cfg.model is None:
         raise RunError(f"{run_dir}: the run config has no model")
@@ -148,7 +151,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     try:
         res = replay_run(args.run_dir, args.evolver)
     except (RunError, ValueError, TypeError) as exc:
-        print(f"coevo es replay: {exc}", file=sys.stderr)
+        print(error_line("coevo es replay", str(exc)), file=sys.stderr)
         return 2
     print(f"generations replayed: {res.generations}")
     print(f"trained weights hash:  {res.trained_hash}")
@@ -170,10 +173,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
     try:
         path, digest = export_run(args.run_dir, args.out, args.evolver, args.replay)
     except (RunError, FileExistsError, ValueError) as exc:
-        print(f"coevo es export: {exc}", file=sys.stderr)
+        print(error_line("coevo es export", str(exc)), file=sys.stderr)
         return 2
     except (SnapshotError, ReplayMismatchError) as exc:
-        print(f"coevo es export: {exc}", file=sys.stderr)
+        print(error_line("coevo es export", str(exc)), file=sys.stderr)
         return 1
     print(f"exported to {path} (ES weights hash {digest})")
     return 0

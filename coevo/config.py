@@ -39,9 +39,11 @@ Example::
 from __future__ import annotations
 
 import copy
+import difflib
 import importlib
 import os
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -158,14 +160,47 @@ class RunConfig(_Strict):
         return self.schedule or [ScheduleEntry(evolver=e.name) for e in self.evolvers]
 
 
-def _format_errors(exc: ValidationError, prefix: str = "") -> list[str]:
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside a field's annotation (``X``, ``X | None``, ``list[X]``), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _sibling_fields(model: type[BaseModel] | None, loc: tuple) -> list[str]:
+    """The field names allowed beside ``loc[-1]``: those of the model that ``loc[:-1]`` leads to in ``model``."""
+    for part in loc[:-1]:
+        if model is None:
+            return []
+        if isinstance(part, int):  # a list item: the same model
+            continue
+        field = model.model_fields.get(str(part))
+        model = _model_of(field.annotation) if field is not None else None
+    return list(model.model_fields) if model is not None else []
+
+
+def unknown_field_message(name: str, allowed: list[str]) -> str:
+    """``unknown field`` with the nearest allowed name (``; did you mean 'max_rounds'?``), else the allowed ones."""
+    close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+    if close:
+        return f"unknown field; did you mean {close[0]!r}?"
+    return f"unknown field; the fields here are {', '.join(allowed)}" if allowed else "unknown field"
+
+
+def _format_errors(exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> list[str]:
+    """One ``field.path: message`` line per pydantic error (``model``: the validated class, for the names an
+    unknown field is compared with)."""
     lines = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"])
         where = f"{prefix}{loc}" if loc else prefix.rstrip(".") or "<config>"
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown field"
+            msg = unknown_field_message(str(err["loc"][-1]), _sibling_fields(model, tuple(err["loc"])))
         if err["type"] == "value_error":
             msg = msg.removeprefix("Value error, ")
             last = str(err["loc"][-1]) if err["loc"] else ""
@@ -214,35 +249,83 @@ def _validate_evolvers(cfg: RunConfig) -> list[str]:
         try:
             spec._params = classes[spec.name].Config.model_validate(spec.raw_params())
         except ValidationError as exc:
-            errors.extend(_format_errors(exc, f"evolvers.{spec.name}."))
+            errors.extend(_format_errors(exc, f"evolvers.{spec.name}.", classes[spec.name].Config))
     return errors
 
 
-def parse_config(data: dict[str, Any], source: str = "<config>") -> RunConfig:
+def parse_config(data: dict[str, Any], source: str = "<config>", overrides: list[str] | None = None) -> RunConfig:
     """Validate a config mapping.
 
+    Args:
+        data: the mapping. source: the file it came from (named in errors). overrides: the ``--set
+            A.B=VALUE`` items applied to it (:func:`apply_overrides`): an error of a field they set names the
+            ``--set`` item instead of blaming ``source``.
+
     Raises:
-        ConfigError: naming each invalid field and, for choices, the allowed values.
+        ConfigError: naming each invalid field (an unknown one with the nearest allowed name) and, for
+            choices, the allowed values.
     """
+    set_paths = override_paths(data, overrides or [])
+
+    def fail(errors: list[str]) -> ConfigError:
+        return ConfigError(_config_error_text(source, errors, set_paths))
+
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a run config must be a YAML mapping, got {type(data).__name__}")
     plugin_errors = import_plugins(data.get("plugins"))
     if plugin_errors:
-        raise ConfigError(f"invalid run config {source}:\n  " + "\n  ".join(plugin_errors))
+        raise fail(plugin_errors)
     try:
         cfg = RunConfig.model_validate(data)
     except ValidationError as exc:
-        errors = _format_errors(exc)
+        errors = _format_errors(exc, model=RunConfig)
         evolver_errors = _evolver_errors_raw(data.get("evolvers"))
-        raise ConfigError(f"invalid run config {source}:\n  " + "\n  ".join(errors + evolver_errors)) from None
+        raise fail(errors + evolver_errors) from None
     errors = _validate_evolvers(cfg)
     for spec in cfg.evolvers if not errors else ():  # cross-evolver checks: EvolverConfig.link(name, cfg)
         errors += spec.params.link(spec.name, cfg)
     if not errors:
         errors = check_combinations(cfg)
     if errors:
-        raise ConfigError(f"invalid run config {source}:\n  " + "\n  ".join(errors))
+        raise fail(errors)
     return cfg
+
+
+def _config_error_text(source: str, errors: list[str], set_paths: dict[str, str]) -> str:
+    """The ConfigError message: a head naming ``source`` (or, when every error is of a field set with
+    ``--set``, the ``--set`` items), one indented line per error; a line about a field set with ``--set``
+    ends with ``(from --set ITEM)``."""
+    lines, from_set = [], 0
+    for line in errors:
+        field = line.split(": ", 1)[0]
+        items = [item for path, item in set_paths.items() if field == path or field.startswith(path + ".")]
+        if items:
+            from_set += 1
+            line += f" (from --set {items[-1]})"
+        lines.append(line)
+    head = f"invalid run config {source}"
+    if errors and from_set == len(errors):
+        head = f"invalid --set value for run config {source}"
+    return f"{head}:\n  " + "\n  ".join(lines)
+
+
+def override_paths(data: dict[str, Any], overrides: list[str]) -> dict[str, str]:
+    """``{field path as errors name it: --set item}`` for ``overrides`` applied to ``data``: evolvers
+    addressed by index are named (``evolvers.0.sigma`` -> ``evolvers.es.sigma``). Malformed items are left
+    out (:func:`apply_overrides` reports them)."""
+    out: dict[str, str] = {}
+    for item in overrides:
+        path, _, _ = item.partition("=")
+        keys = [k for k in path.strip().split(".") if k]
+        if len(keys) >= 2 and keys[0] == "evolvers" and keys[1].lstrip("-").isdigit():
+            evolvers = data.get("evolvers")
+            try:
+                keys[1] = str(evolvers[int(keys[1])]["name"])  # type: ignore[index]
+            except (TypeError, IndexError, KeyError):
+                pass
+        if keys:
+            out[".".join(keys)] = item
+    return out
 
 
 #: rollout fields whose (truthy) value means the rollout calls other evolvers through the run context
@@ -343,7 +426,13 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         keys = [k for k in path.strip().split(".") if k]
         if not keys:
             raise ConfigError(f"--set {item!r}: empty key")
-        value = yaml.safe_load(raw)
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+            raise ConfigError(
+                f"--set {item!r}: the value is not valid YAML ({problem}); quote it if it is text"
+            ) from None
         node: Any = data
         for i, key in enumerate(keys):
             last = i == len(keys) - 1
@@ -405,4 +494,4 @@ def load_config(
         if not isinstance(data.get("plugins", []), list):
             raise ConfigError(f"{path}: plugins must be a list of module names")
         data["plugins"] = list(dict.fromkeys([*data.get("plugins", []), *plugins]))
-    return parse_config(data, str(path)), data
+    return parse_config(data, str(path), overrides), data

@@ -17,6 +17,18 @@ the step finished are already in the store, and a resumed run re-runs the step a
 
 from __future__ import annotations
 
+from pathlib import Path
+
+#: exit status of a command whose check ran and failed (``coevo heuristics eval`` on an invalid heuristic):
+#: a result, not bad input (2) nor a bug (1, a traceback)
+EXIT_CHECK_FAILED = 3
+
+
+def error_line(prog: str, message: str) -> str:
+    """The one line every ``coevo`` command prints for bad input: ``"<prog>: error: <message>"``, e.g.
+    ``coevo runs show: error: runs/x does not exist``."""
+    return f"{prog}: error: {message}"
+
 
 class UserError(Exception):
     """Bad input from the user; the CLI prints the message (one line) and exits with status 2."""
@@ -78,3 +90,22 @@ class RunInterrupted(RunStop):
     def __init__(self, reason: str, signum: int):
         super().__init__(reason)
         self.signum = signum
+
+
+def require_run_folder(path: str | Path, needs: tuple[str, ...] = ("store.sqlite",)) -> Path:
+    """``path`` as a run folder that holds the files ``needs`` (names inside it); returns it as a Path.
+
+    Raises:
+        RunFolderError: ``path`` does not exist, is not a folder, or lacks one of ``needs`` (each said as such).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise RunFolderError(f"{path} does not exist; give a run folder made by `coevo run`")
+    if not path.is_dir():
+        raise RunFolderError(f"{path} is not a folder; give a run folder made by `coevo run`")
+    missing = [n for n in needs if not (path / n).is_file()]
+    if missing:
+        raise RunFolderError(
+            f"{path} is not a run folder (no {' or '.join(missing)} in it); give a run folder made by `coevo run`"
+        )
+    return path

@@ -428,6 +428,7 @@ class CoEvolutionLoop:
                 self.progress.start(self.round, self.budget.samples_used())
                 if self.resumed:
                     self.progress.note(self.resumed)
+                steps_before = self.steps_done
                 try:
                     stop_reason = self._rounds()
                 except BudgetExhausted as stop:
@@ -441,6 +442,8 @@ class CoEvolutionLoop:
                     return self._interrupted(stop)
                 self._stopping = True
                 self.progress.close()
+                if self.steps_done == steps_before:
+                    stop_reason = self._earlier_stop(stop_reason)
                 self.progress.note(f"stopped: {stop_reason}")
                 summary = RunSummary(
                     run_dir=self.run_dir,
@@ -497,6 +500,24 @@ class CoEvolutionLoop:
             log.info("round %d %s: %s", self.round, name, report)
             if report.stop:
                 return f"{name} stopped the run: {report.stop_reason}"
+
+    def _earlier_stop(self, stop_reason: str) -> str:
+        """The stop reason of a resumed session that ran no step: the one its ``summary.json`` recorded when the run
+        had already stopped (resuming a finished run keeps "ES completed its 10 generations"), else ``stop_reason``."""
+        path = self.run_dir / "summary.json"
+        if not self.resumed or not path.is_file():
+            return stop_reason
+        try:
+            before = json.loads(path.read_text()).get("stop_reason")
+        except (OSError, ValueError, AttributeError):
+            return stop_reason
+        if not isinstance(before, str) or not before or before == stop_reason:
+            return stop_reason
+        self.progress.note(
+            f"the run had already stopped and no step is left ({stop_reason}); to continue, raise a budget in "
+            f"{self.run_dir / 'config.yaml'}"
+        )
+        return before
 
     def _interrupted(self, stop: RunInterrupted) -> RunSummary:
         """Summary of an interrupted session: what is saved and how to resume (nothing else is written)."""

@@ -104,8 +104,8 @@ def _serve_fails(run_dir: Path, env: dict[str, str]) -> str:
 
 def test_bad_input_is_one_message_and_exit_2(tmp_path, runs):
     env = _env(runs["cache"])
-    assert "is not a folder" in _serve_fails(tmp_path / "missing", env)
-    assert "holds no run (store.sqlite missing)" in _serve_fails(tmp_path, env)
+    assert "missing does not exist; give a run folder" in _serve_fails(tmp_path / "missing", env)
+    assert "is not a run folder (no store.sqlite in it)" in _serve_fails(tmp_path, env)
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "store.sqlite").write_bytes(b"this is not a database at all, just text" * 40)
     assert "cannot be read as an SQLite database" in _serve_fails(tmp_path / "junk", env)

@@ -167,8 +167,7 @@ def test_two_resumes_started_together_one_wins_and_nothing_is_duplicated(tmp_pat
     rc, _, err = _finish(_spawn("--resume", str(run), "--no-progress"), 120)
     assert rc == 2 and err.strip() == (
         f"coevo run: error: {run} is in use by process {first.pid} (lock "
-        f"{run / 'run.lock'}); wait for it to finish or stop it, then resume "
-        "(run with -v for the traceback)"
+        f"{run / 'run.lock'}); wait for it to finish or stop it, then resume"
     )
     first.send_signal(signal.SIGKILL)  # the OS drops the lock with the process
     first.wait(30)

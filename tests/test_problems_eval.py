@@ -98,7 +98,7 @@ def test_cli_eval_json_and_text(tmp_path, capsys, shared_data):
     rc, out = run_cli(
         ["heuristics", "eval", "tsp_construct", str(half_bad), "--size", "12", "--count", "10", "--seed", "1"], capsys
     )
-    assert rc == 1 and "gap:" in out and "LKH" in out
+    assert rc == 3 and "gap:" in out and "LKH" in out and "verdict: invalid heuristic (exit status 3)" in out
     n_bad = int(out.split("invalid: ")[1].split(" of ")[0])
     assert 0 < n_bad < 10 and "infeasible: InfeasibleSolution" in out
 

@@ -327,7 +327,7 @@ def test_a_valid_but_slow_heuristic_fails_only_where_it_runs_out_of_time(tsp, sa
     )
     rc = args.func(args)
     doc = json.loads(capsys.readouterr().out)
-    assert rc == 1 and doc["instance_timeout_s"] == 4.0 and doc["n_invalid"] == 2
+    assert rc == 3 and doc["instance_timeout_s"] == 4.0 and doc["n_invalid"] == 2
     assert [x["valid"] for x in doc["instances"]] == [True, False, True, False]
     assert {"name", "objective", "valid", "time_s", "error_kind", "error"} <= set(doc["instances"][0])
     # a limit chosen for 8 x TSP50 scales to 16 x TSP200 by work ~ n^3: 30 s * 2 * 64

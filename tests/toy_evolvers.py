@@ -13,6 +13,7 @@ class CounterConfig(EvolverConfig):
     samples_per_step: int = 3
     sleep_s: float = 0.0
     invalid_every: int = 0  # every k-th sample is a failed sample (0 = never)
+    stop_at_round: int = -1  # the step of this round asks the loop to stop (as ES does after its T generations)
 
 
 class Counter(Evolver):
@@ -66,6 +67,8 @@ class Counter(Evolver):
                 self.total += traj.reward
                 rep.best_reward = traj.reward if rep.best_reward is None else max(rep.best_reward, traj.reward)
         rep.metrics = {"total": self.total, "pool": float(self.seen_pool)}
+        if round_index == cfg.stop_at_round:
+            rep.stop, rep.stop_reason = True, f"the counter reached round {round_index}"
         return rep
 
     def state_dict(self):

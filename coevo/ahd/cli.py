@@ -14,6 +14,11 @@ time_s, error_kind, error), plus problem, direction, objective_name, valid, erro
 are printed as null. Bad files or options (a folder or binary FILE, an invalid instance file, --size/--seed
 with --instances, a too large --size/--count) print one error naming the file or field and exit 2, before
 any heuristic runs.
+
+Exit status: 0 the heuristic is valid on every instance; 3 (:data:`coevo.errors.EXIT_CHECK_FAILED`) it ran
+and is invalid (a syntax error, a wrong return value, a timeout on any instance: a result about the file,
+printed as ``verdict: invalid heuristic``); 2 bad input; 1 is left to bugs (a traceback), as for every
+``coevo`` command.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 
 from coevo.ahd.evaluate import evaluate_heuristic
 from coevo.ahd.problem import available_problems, heuristics_root, load_problem
+from coevo.errors import EXIT_CHECK_FAILED, error_line
 
 #: Default wall-clock limit per instance of ``coevo heuristics eval`` (s).
 DEFAULT_INSTANCE_TIMEOUT_S = 60.0
@@ -138,11 +144,12 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     try:
         out = eval_report(args)
     except (ValueError, FileNotFoundError) as exc:
-        print(f"coevo heuristics eval: {exc}", file=sys.stderr)
+        print(error_line("coevo heuristics eval", str(exc)), file=sys.stderr)
         return 2
+    status = 0 if out["valid"] else EXIT_CHECK_FAILED
     if args.json:
         print(json.dumps(json_safe(out), allow_nan=False))
-        return 0 if out["valid"] else 1
+        return status
     mean = "n/a" if out["mean_objective"] is None else f"{out['mean_objective']:.6f}"
     print(f"problem: {out['problem']} ({out['direction']} {out['objective_name']})")
     print(f"instances: {out['n_instances']} ({out['instances_source']})")
@@ -158,7 +165,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     print(f"invalid: {out['n_invalid']} of {out['n_instances']}")
     for reason, count in out["invalid_reasons"].items():
         print(f"  {count} x {reason}")
-    return 0 if out["valid"] else 1
+    if status:
+        print(f"verdict: invalid heuristic (exit status {status})")
+    return status
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -180,7 +189,10 @@ def add_parser(subparsers: Any) -> None:
     sub = heur.add_subparsers(dest="heuristics_cmd", required=True)
     lst = sub.add_parser("list", help="list the available problems")
     lst.set_defaults(func=_cmd_list)
-    ev = sub.add_parser("eval", help="evaluate a heuristic file on a problem's instances (exit 1 if invalid)")
+    ev = sub.add_parser(
+        "eval",
+        help=f"evaluate a heuristic file on a problem's instances (exit {EXIT_CHECK_FAILED} if it fails any instance)",
+    )
     ev.add_argument("problem", help="problem name (a folder under heuristics/) or a problem folder")
     ev.add_argument("file", help="Python file defining the problem's function (e.g. select_next_node)")
     ev.add_argument(

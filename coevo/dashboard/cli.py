@@ -11,6 +11,7 @@ the server with exit code 0.
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import logging
 import sys
@@ -29,8 +30,41 @@ def add_parser(runs_subparsers: argparse._SubParsersAction) -> None:
 
 
 def _fail(message: str) -> int:
-    print(f"{PROG}: {message}", file=sys.stderr)
+    from coevo.errors import error_line
+
+    print(error_line(PROG, message), file=sys.stderr)
     return 2
+
+
+def _make_server(make_server, host: str, port: int, app):
+    """Werkzeug's server on ``host:port``; a port in use raises the ``OSError`` (Werkzeug itself would print
+    its own lines to stderr and ``sys.exit(1)``, so the socket is tried first, quietly).
+
+    Raises:
+        OSError: the address cannot be bound (in use, not an address of this machine, no permission).
+    """
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if port:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Werkzeug binds
+            probe.bind((host, port))
+    try:
+        return make_server(host, port, app, threaded=True)
+    except SystemExit as exc:  # a race: taken between the probe and the server
+        raise OSError(errno.EADDRINUSE, "address in use") from exc
+
+
+def _listen_problem(exc: OSError, port: int) -> str:
+    """What an ``OSError`` from binding means for the user, in words, with the fix."""
+    if exc.errno == errno.EADDRINUSE:
+        return f"port {port} is in use by another program; choose another with --port N (--port 0 picks a free one)"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "the address is not one of this machine's; use --host 127.0.0.1 (this machine only) or 0.0.0.0"
+    if exc.errno == errno.EACCES:
+        return f"no permission to listen on port {port} (ports below 1024 need root); choose a port above 1023"
+    return exc.strerror or str(exc)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -54,9 +88,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return _fail(f"the dashboard needs the `dash` extra ({exc.name} is missing): pip install 'coevo[dash]'")
         app = create_app(reader, refresh_s=args.refresh)
         try:
-            server = make_server(args.host, args.port, app.server, threaded=True)
-        except (OSError, SystemExit) as exc:  # werkzeug exits when the port is taken
-            return _fail(f"cannot listen on {args.host}:{args.port}: {exc or 'address in use'}")
+            server = _make_server(make_server, args.host, args.port, app.server)
+        except OSError as exc:
+            return _fail(f"cannot listen on {args.host}:{args.port}: {_listen_problem(exc, args.port)}")
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         host = args.host if ":" not in args.host else f"[{args.host}]"
         try:

@@ -75,12 +75,13 @@ def open_run(run_dir: str | Path, busy_timeout_s: float = 2.0) -> RunReader:
         DashboardError: not a run folder, not a coevo store, a schema of another version, a busy or
             unreadable database (the message names the file and the fix).
     """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise DashboardError(f"{run_dir} is not a folder; give a run folder made by `coevo run`")
+    from coevo.errors import RunFolderError, require_run_folder
+
+    try:
+        run_dir = require_run_folder(run_dir)
+    except RunFolderError as exc:
+        raise DashboardError(str(exc)) from None
     db = run_dir / "store.sqlite"
-    if not db.is_file():
-        raise DashboardError(f"{run_dir} holds no run (store.sqlite missing); give a run folder made by `coevo run`")
     try:
         conn = _ro_connect(db, busy_timeout_s)
         try:
