@@ -75,11 +75,29 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import yaml
+
 from coevo.config import RunConfig, load_config
 from coevo.tables import md_table
 
+#: the main job's tune settings (configs/ahd/tsp_construct.yaml), used by the +tune arms; elites: the run's top 4
+MAIN_TUNE = {"elites": 4, "population_size": 8, "generations": 8, "sigma": 0.3, "sigma_final": 0.05}
+
 METHODS = ("eoh", "sample", "eoh_es", "sample_es")
 BASELINE = {"eoh_es": "eoh", "sample_es": "sample"}
+#: ``<method>+tune`` arms (``--tune``): the method's run, then ``tune`` over its elites (:func:`tune_one`)
+TUNED = tuple(f"{m}+tune" for m in METHODS)
+#: every (variant, baseline) pair the table compares: ES vs none, tune vs none, and ES vs none under tune
+COMPARISONS = (
+    ("eoh_es", "eoh"),
+    ("sample_es", "sample"),
+    ("eoh+tune", "eoh"),
+    ("sample+tune", "sample"),
+    ("eoh_es+tune", "eoh_es"),
+    ("sample_es+tune", "sample_es"),
+    ("eoh_es+tune", "eoh+tune"),
+    ("sample_es+tune", "sample+tune"),
+)
 PAPER_WINS, PAPER_SETTINGS = 28, 36
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 
@@ -283,6 +301,94 @@ def run_one(problem: str, method: str, seed: int, args: argparse.Namespace) -> R
     return result
 
 
+def tune_one(problem: str, method: str, seed: int, args: argparse.Namespace, base: RunResult) -> RunResult:
+    """The ``<method>+tune`` arm of one grid cell: ``tune`` (the main job's settings, ``--tune-set`` overrides)
+    over the elites of the finished ``<method>`` run, after its LLM budget is spent, then the better of the
+    run's best and the tuned variants (training score) evaluated on the held-out sizes.
+
+    This is a paired arm: it reuses the base run's LLM samples exactly (no new tokens), so ``+tune`` vs the
+    base isolates what tuning adds. Tuning inside the loop (between rounds, the tuned variants becoming parents of
+    later LLM children) is what the main job (``configs/ahd/tsp_construct.yaml``) runs. The base run's store is
+    read only; the tuned variants go to ``OUT/<problem>/<method>+tune/seed<S>/store.sqlite``.
+    """
+    from coevo.ahd.population import Individual, survivors
+    from coevo.artifacts import HEURISTIC
+    from coevo.budget import Budget
+    from coevo.evolvers.base import RunContext, resolve_evolver
+    from coevo.evolvers.tune import TuneConfig, TuneEvolver
+    from coevo.store import TrajectoryStore
+
+    arm = f"{method}+tune"
+    base_dir = Path(args.out) / problem / method / f"seed{seed}"
+    out = Path(args.out) / problem / arm / f"seed{seed}"
+    done = out / "result.json"
+    settings = [*base.settings, *(f"tune.{kv}" for kv in args.tune_set)]
+    if done.is_file():
+        prev = RunResult.load(done)
+        if prev.settings == settings:
+            print(f"# {problem} {arm} seed {seed}: finished before, skipped", file=sys.stderr)
+            return prev
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "store.sqlite").unlink(missing_ok=True)
+    cfg, _ = load_config(base_dir / "config.yaml")
+    spec = ahd_spec(cfg)
+    tune_cfg = TuneConfig(
+        **{**MAIN_TUNE, **{k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.tune_set)}}
+    )
+    started = time.time()
+    with TrajectoryStore(base_dir / "store.sqlite", readonly=True) as src:
+        run_id = src.query(limit=1, with_steps=False)[0].run_id
+        recorded = [
+            Individual.from_trajectory(t)
+            for t in src.query(run_id=run_id, valid=True, with_steps=False)
+            if t.meta.get("sampler") == spec.name and t.meta.get("code") and t.meta.get("objective") is not None
+        ]
+        art = src.get_artifact(HEURISTIC, f"{problem}/{spec.name}")
+        best = (
+            Individual.from_dict({k: v for k, v in art.content.items() if k not in ("problem", "instances")})
+            if art
+            else None
+        )
+    store = TrajectoryStore(out / "store.sqlite")
+    ctx = RunContext(run_id=run_id, run_dir=out, store=store, budget=Budget(store, run_id), seed=seed)
+    ahd = resolve_evolver(spec.type)(spec.name, spec.params, ctx)
+    ctx.evolvers[spec.name] = ahd
+    pool = recorded + ([best] if best else [])
+    ahd.population = survivors(pool, max(len(pool), 1))
+    tuner = TuneEvolver("tune", tune_cfg, ctx)
+    ctx.evolvers["tune"] = tuner
+    tuner.setup()
+    tuner.step(0)
+    ahd.best = best
+    ahd.publish_best()
+    rows = {}
+    for size, _n, seed_obj, seed_gap, best_obj, best_gap, ref, _beats in ahd.comparison_rows():
+        rows[int(size)] = {
+            "seed_objective": seed_obj,
+            "seed_gap": seed_gap,
+            "best_objective": best_obj,
+            "best_gap": best_gap,
+            "reference": ref,
+        }
+    improved = [r for r in tuner.tried.values() if r.get("status") == "improved"]
+    result = RunResult(
+        problem,
+        arm,
+        seed,
+        base.max_samples,
+        base.samples,
+        base.valid_samples,
+        base.wall_s + (time.time() - started),
+        f"{base.stop_reason}; then tune: {tuner.evaluations} evaluations, {len(improved)} of {len(tuner.tried)} elites improved",
+        rows,
+        settings,
+        round(ahd.heldout_s, 2),
+    )
+    store.close()
+    result.save(done)
+    return result
+
+
 def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
     if not xs:
         return None, None
@@ -305,7 +411,7 @@ def summarise(results: list[RunResult], directions: dict[str, str]) -> tuple[lis
     table, cells = [], {}
     keys = sorted({(r.problem, size) for r in results for size in r.rows})
     for problem, size in keys:
-        for method in METHODS:
+        for method in METHODS + TUNED:
             runs = [r for r in results if r.problem == problem and r.method == method and size in r.rows]
             if not runs:
                 continue
@@ -332,7 +438,7 @@ def summarise(results: list[RunResult], directions: dict[str, str]) -> tuple[lis
     settings = []
     for problem, size in keys:
         sign = 1.0 if directions[problem] == "minimize" else -1.0
-        for variant, base in BASELINE.items():
+        for variant, base in COMPARISONS:
             if (problem, size, variant) not in cells or (problem, size, base) not in cells:
                 continue
             v_runs, b_runs = cells[(problem, size, variant)], cells[(problem, size, base)]
@@ -385,7 +491,14 @@ def plot(results: list[RunResult], directions: dict[str, str], path: Path) -> Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    order = sorted(METHODS, key=lambda m: (METHODS.index(BASELINE.get(m, m)), m in BASELINE))  # variant after base
+    present = {r.method for r in results}
+    arms = [m for m in METHODS + TUNED if m in present]
+
+    def rank(m: str) -> tuple[int, bool, bool]:  # eoh, eoh+tune, eoh_es, eoh_es+tune, sample, ...
+        root = m.split("+")[0]
+        return METHODS.index(BASELINE.get(root, root)), root in BASELINE, m.endswith("+tune")
+
+    order = sorted(arms, key=rank)
     seeds = sorted({r.seed for r in results})
     markers = dict(zip(seeds, "osD^v<>p*h" * (len(seeds) // 10 + 1)))
     fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.8), squeeze=False)
@@ -503,6 +616,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--population-size", type=int, default=None, help="EoH population N of eoh and eoh_es (init = 2N samples)"
     )
+    p.add_argument(
+        "--tune",
+        action="store_true",
+        help="add a <method>+tune arm per run: tune over the run's elites after its LLM budget (no new tokens)",
+    )
+    p.add_argument("--tune-set", action="append", default=[], metavar="KEY=VALUE", help="tune setting override")
     p.add_argument("--out", default="runs/ahd_compare", help="folder of the run folders (must not hold runs)")
     args = p.parse_args(argv)
     problems = [x for x in args.problems.split(",") if x]
@@ -529,15 +648,22 @@ def main(argv: list[str] | None = None) -> int:
                 except ValueError as exc:
                     print(f"ahd_compare: {exc}", file=sys.stderr)
                     return 2
-                results.append(r)
-                print(
-                    f"# {problem} {method} seed {seed}: {r.samples}/{r.max_samples} samples, {r.valid_samples} "
-                    f"valid, {r.wall_s:.0f} s (held-out evaluation {r.heldout_s} s); {r.stop_reason}",
-                    file=sys.stderr,
-                )
+                arms = [r]
+                if args.tune:
+                    arms.append(tune_one(problem, method, seed, args, r))
+                for r in arms:
+                    results.append(r)
+                    print(
+                        f"# {problem} {r.method} seed {seed}: {r.samples}/{r.max_samples} samples, {r.valid_samples} "
+                        f"valid, {r.wall_s:.0f} s (held-out evaluation {r.heldout_s} s); {r.stop_reason}",
+                        file=sys.stderr,
+                    )
     (out / "results.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
 
-    table, settings = summarise(results, directions)
+    table, all_settings = summarise(results, directions)
+    settings = [s for s in all_settings if (s["variant"], s["baseline"]) in BASELINE.items()]
+    tune_settings = [s for s in all_settings if s["variant"].endswith("+tune") and not s["baseline"].endswith("+tune")]
+    es_tuned = [s for s in all_settings if s["baseline"].endswith("+tune")]
     wins = sum(s["win"] for s in settings)
     lines = [
         f"AHD comparison: {len(seeds)} seeds, {args.max_samples} LLM samples per run, model {args.model}",
@@ -548,11 +674,24 @@ def main(argv: list[str] | None = None) -> int:
             f"ES variant beats its matched baseline in {wins} of {len(settings)} settings "
             f"(paper: {PAPER_WINS} of {PAPER_SETTINGS})"
         ),
+        *(
+            [
+                (
+                    f"tune arm beats the same run without tune in {sum(s['win'] for s in tune_settings)} of "
+                    f"{len(tune_settings)} settings; ES arm beats its baseline under tune in "
+                    f"{sum(s['win'] for s in es_tuned)} of {len(es_tuned)}"
+                ),
+            ]
+            if tune_settings
+            else []
+        ),
         "",
         *(
             f"- {s['problem']} n={s['size']}: {s['variant']} {s['variant_found']} vs {s['baseline']} "
-            f"{s['baseline_found']}: {'win' if s['win'] else 'no win'}"
-            for s in settings
+            f"{s['baseline_found']}: {'win' if s['win'] else 'no win'} "
+            f"({_fmt(s['variant_mean'], 0.0)[:-9] if s['variant_mean'] is not None else '-'} vs "
+            f"{_fmt(s['baseline_mean'], 0.0)[:-9] if s['baseline_mean'] is not None else '-'})"
+            for s in all_settings
         ),
     ]
     text = "\n".join(lines)
@@ -561,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     if png := plot(results, directions, out / "ahd_compare.png"):
         print(f"# plot: {png}", file=sys.stderr)
     records: list[dict[str, Any]] = [{"type": "row", **dict(zip(HEADER, row))} for row in table]
-    records += [{"type": "setting", **s} for s in settings]
+    records += [{"type": "setting", **s} for s in all_settings]
     metrics: list[dict[str, Any]] = []
 
     def emit(name: str, value: Any, goal: str, met: bool) -> None:
@@ -582,6 +721,11 @@ def main(argv: list[str] | None = None) -> int:
         bool(settings) and frac >= PAPER_WINS / PAPER_SETTINGS,
     )
     emit("ahd_es_wins", wins, f"count of the {len(settings)} settings won by the ES variant", wins > 0)
+    if tune_settings:
+        tw = sum(s["win"] for s in tune_settings)
+        emit("ahd_tune_wins", tw, f"count of the {len(tune_settings)} settings won by the +tune arm", tw > 0)
+        ew = sum(s["win"] for s in es_tuned)
+        emit("ahd_es_wins_under_tune", ew, f"count of the {len(es_tuned)} settings ES+tune beats tune", True)
     emit("ahd_matched_budgets", matched, "every ES variant run has its baseline's max_samples", matched)
     cut = [f"{r.problem}/{r.method}/seed{r.seed} ({r.samples}/{r.max_samples})" for r in results if cut_by_wall(r)]
     emit(

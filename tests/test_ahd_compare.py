@@ -156,3 +156,30 @@ def test_grid_runs_writes_tables_then_skips_finished_and_resumes_interrupted(tmp
     # other settings in the same folder are refused
     assert BENCH.main([*argv[:-2], "--out", str(out), "--max-samples", "20"]) == 2
     assert "holds a run of other settings" in capsys.readouterr().err
+
+
+def test_tune_arm_reuses_the_finished_run_and_spends_no_samples(tmp_path, tiny_model_dir, capsys):
+    """``--tune``: an ``eoh+tune`` arm per run, from the run's own elites (the tiny model writes no valid heuristic,
+    so the elites are the seed heuristic, which has no constants: tune records that and changes nothing)."""
+    out = tmp_path / "cmp"
+    argv = ["--problems", "tsp_construct", "--methods", "eoh", "--seeds", "7", "--max-samples", "4"]
+    argv += ["--population-size", "2", "--sizes", "tsp_construct=8", "--ahd-set", "train_size=8"]
+    argv += ["--ahd-set", "train_count=2", "--ahd-set", "test_count=2", "--set", "sampling.max_new_tokens=4"]
+    argv += ["--set", "model.dtype=float32", "--model", str(tiny_model_dir), "--seed-heuristic", "--tune"]
+    argv += ["--out", str(out)]
+    assert BENCH.main(argv) == 0
+    base = json.loads((out / "tsp_construct" / "eoh" / "seed7" / "result.json").read_text())
+    tuned = json.loads((out / "tsp_construct" / "eoh+tune" / "seed7" / "result.json").read_text())
+    assert (
+        tuned["samples"] == base["samples"]
+        and tuned["rows"]["8"]["best_objective"] == base["rows"]["8"]["best_objective"]
+    )
+    assert "then tune: 0 evaluations, 0 of 1 elites improved" in tuned["stop_reason"]
+    table = (out / "table.md").read_text()
+    assert "| eoh+tune |" in table and "tune arm beats the same run without tune in 0 of 1 settings" in table
+    records = [json.loads(line) for line in (out / "table.jsonl").read_text().splitlines()]
+    assert ("eoh+tune", "eoh") in {(r["variant"], r["baseline"]) for r in records if r["type"] == "setting"}
+    # a second call skips both finished arms
+    capsys.readouterr()
+    assert BENCH.main(argv) == 0
+    assert capsys.readouterr().err.count("finished before, skipped") == 2
