@@ -33,6 +33,7 @@ SKILL_GATE = "skill_gate"
 HEURISTIC = "heuristic"
 ES_MEMBER = "es_member"
 LOOP_STEP = "loop_step"
+STEP_CUT = "step_cut"
 REPORT_SECTION = "report_section"
 CONTEXT = "context"
 RUN_IDENTITY = "run_identity"
@@ -91,6 +92,19 @@ ARTIFACT_KINDS: dict[str, ArtifactKind] = {
             {
                 "samples, trajectories, best_reward, reward_unit, metrics, stop, stop_reason": "the step's StepReport",
                 "round, evolver, space, samples_total, wall_s": "when and how long",
+            },
+        ),
+        ArtifactKind(
+            STEP_CUT,
+            "coevo.loop",
+            "the evolver's name",
+            {
+                "round, slot, evolver, space": "the step the wall-clock budget cut (it re-runs on resume)",
+                "reason": "the stop line's budget part (``wall-clock budget reached ...``)",
+                "wall_s, max_wall_s": "wall seconds of the run when it was cut (all sessions) and its budget",
+                "samples_total": "LLM samples in the store then (the cut batch is not among them)",
+                "cut_batch": "None (cut between two LLM calls) or the call decoding was stopped in: rows, "
+                "rows_decoded, new_tokens, decode_s, backend (``coevo.errors.DeadlineReached``)",
             },
         ),
         ArtifactKind(

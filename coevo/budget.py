@@ -6,8 +6,13 @@ trajectory, so the count is exact after a crash and a resume cannot reset it (th
 docs/references.md §2 where a budget ignoring failed samples let a run make 75k calls).
 
 The wall clock is checked by the loop before every step and, through the run context
-(:meth:`coevo.evolvers.base.RunContext.sample_boundary`), before every LLM call inside a step, so a long
-step cannot overrun ``max_wall_s`` by more than one batch of samples.
+(:meth:`coevo.evolvers.base.RunContext.sample_boundary`), before every LLM call inside a step; inside a call,
+the backends stop decoding at :meth:`Budget.deadline` (the loop enters
+:func:`coevo.backends.base.decode_deadline` around every step), so a batch that would run past ``max_wall_s``
+is cut there instead of finishing. A cut batch is not charged to the sample budget (no trajectory holds it);
+the loop records it as cut (artifact ``step_cut``) and the step re-runs, drawing the batch again with the same
+seeds, on resume. The wall time of a cut session is charged: a resumed run starts from the later of its
+checkpoint's and its last cut's wall time.
 """
 
 from __future__ import annotations
@@ -58,11 +63,22 @@ class Budget:
         """Wall seconds used by the run so far, over all sessions."""
         return self.wall_used_s + (time.monotonic() - self._session_start)
 
+    def deadline(self) -> float | None:
+        """When the wall-clock budget runs out, in this session's ``time.monotonic()`` seconds (None: unlimited);
+        may be in the past."""
+        if self.max_wall_s is None:
+            return None
+        return self._session_start + (self.max_wall_s - self.wall_used_s)
+
     def wall_exhausted(self) -> str | None:
         """The reason the wall-clock budget stops the run, or None (unlimited or time left)."""
         if self.max_wall_s is not None and self.wall_elapsed() >= self.max_wall_s:
-            return f"wall-clock budget reached ({self.wall_elapsed():.0f}/{self.max_wall_s:.0f} s)"
+            return self.wall_reason()
         return None
+
+    def wall_reason(self) -> str:
+        """``wall-clock budget reached (903 s of budget.max_wall_s = 900 s)``: the stop line's budget part."""
+        return f"wall-clock budget reached ({self.wall_elapsed():.0f} s of budget.max_wall_s = {self.max_wall_s:.0f} s)"
 
     def sample_exhausted(self) -> str | None:
         """The reason the sample budget stops the LLM steps of the run, or None (unlimited or samples left)."""

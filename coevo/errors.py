@@ -9,7 +9,8 @@ bad input.
 
 **Run stops** (:class:`RunStop`) are control flow, not errors: the run context raises them at a sample
 boundary inside an evolver step (before the next LLM call) to end the step now, when the wall-clock budget
-is spent (:class:`BudgetExhausted`) or a stop was requested by SIGINT / SIGTERM (:class:`RunInterrupted`).
+is spent (:class:`BudgetExhausted`; :class:`DeadlineReached` when a backend stopped decoding at the
+deadline) or a stop was requested by SIGINT / SIGTERM (:class:`RunInterrupted`).
 They derive from :class:`BaseException`, like :class:`KeyboardInterrupt`, so that evolver code which
 catches ``Exception`` to record a failed sample does not swallow them. The loop catches them; the samples
 the step finished are already in the store, and a resumed run re-runs the step and finds them by key.
@@ -77,6 +78,46 @@ class RunStop(BaseException):
 
 class BudgetExhausted(RunStop):
     """The run's wall-clock budget is spent; the step stops before its next LLM call."""
+
+
+class DeadlineReached(BudgetExhausted):
+    """Decoding was stopped at the run's wall-clock deadline (:func:`coevo.backends.base.decode_deadline`): the
+    backend discarded the batch it was generating (no completion is returned, so the caller records no sample
+    of it) and the loop records the batch as cut (artifact ``step_cut``); a resumed run re-runs the step.
+
+    Attributes:
+        rows: samples (conversations) of the cut call. rows_decoded: how many of them had been generated
+            (earlier model batches of the call) when it was cut; they are discarded too.
+        new_tokens: tokens decoded per row in the model batch that was cut (0: cut before it started).
+        decode_s: wall seconds the call ran before it was cut. backend: which backend cut it (``"hf"``, ...).
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        rows: int = 0,
+        rows_decoded: int = 0,
+        new_tokens: int = 0,
+        decode_s: float = 0.0,
+        backend: str = "",
+    ):
+        super().__init__(reason)
+        self.rows = rows
+        self.rows_decoded = rows_decoded
+        self.new_tokens = new_tokens
+        self.decode_s = decode_s
+        self.backend = backend
+
+    def to_dict(self) -> dict[str, object]:
+        """The cut batch as JSON fields (rows, rows_decoded, new_tokens, decode_s, backend)."""
+        return {
+            "rows": self.rows,
+            "rows_decoded": self.rows_decoded,
+            "new_tokens": self.new_tokens,
+            "decode_s": round(self.decode_s, 3),
+            "backend": self.backend,
+        }
 
 
 class RunInterrupted(RunStop):

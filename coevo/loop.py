@@ -9,8 +9,13 @@ and finds its already stored trajectories by their deterministic keys, so nothin
 
 Budgets (:class:`~coevo.budget.Budget`) are checked before every step (LLM samples, failed ones included;
 rounds; wall clock) and the wall clock also before every LLM call inside a step (the run context's sample
-boundary, :meth:`~coevo.evolvers.base.RunContext.sample_boundary`): a step cut short by the wall-clock budget
-keeps the samples it finished in the store and is re-run, finding them, when the run is resumed.
+boundary, :meth:`~coevo.evolvers.base.RunContext.sample_boundary`) and inside every call: each step runs under
+:func:`~coevo.backends.base.decode_deadline` with the budget's deadline, so the backends stop decoding there
+(plain ``policy.generate`` batches and low-rank ES population batches alike). A step cut short by the
+wall-clock budget keeps the samples it finished in the store; the batch that was being decoded is discarded
+(no trajectory, not charged to the sample budget) and recorded as cut (artifact ``step_cut``, with the stop
+line); the step is re-run, finding the finished samples and drawing the cut batch again with the same seeds,
+when the run is resumed (after raising ``budget.max_wall_s`` in the run folder's ``config.yaml``).
 
 Run identity: a new run's id is its folder's name at creation, recorded in its store (``run_identity``
 artifact); a resumed run takes the recorded id, so a run folder that was copied or renamed keeps its id (its
@@ -48,11 +53,12 @@ from typing import Any
 import yaml
 
 from coevo.artifacts import LOOP_STEP as STEP_KIND
-from coevo.artifacts import RUN_IDENTITY
+from coevo.artifacts import RUN_IDENTITY, STEP_CUT
+from coevo.backends.base import decode_deadline
 from coevo.budget import Budget
 from coevo.checkpoint import CheckpointDir
 from coevo.config import RunConfig, parse_config
-from coevo.errors import BudgetExhausted, ConfigError, RunFolderError, RunInterrupted
+from coevo.errors import BudgetExhausted, ConfigError, DeadlineReached, RunFolderError, RunInterrupted
 from coevo.evolvers.base import Evolver, RunContext, StepReport, record_report_sections, resolve_evolver
 from coevo.lock import RunLock
 from coevo.progress import RunProgress
@@ -301,6 +307,7 @@ class CoEvolutionLoop:
         self.checkpoint_note = self.checkpoints.note
         if self.checkpoint_note:
             log.warning("%s", self.checkpoint_note)
+        self.budget.wall_used_s = self._cut_wall_s()  # a cut session's wall time counts (module docstring)
         if loaded is None:
             log.info("no checkpoint in %s: starting the run from its first step", self.run_dir)
             self.resumed = (
@@ -309,7 +316,7 @@ class CoEvolutionLoop:
             return
         path, state, _note = loaded
         self.round, self.slot, self.steps_done = state["round"], state["slot"], state["steps_done"]
-        self.budget.wall_used_s = state["wall_used_s"]
+        self.budget.wall_used_s = max(state["wall_used_s"], self.budget.wall_used_s)
         self.ctx.shared.update(state["shared"])
         for name, ev in self.evolvers.items():
             ev.load_state_dict(state["evolvers"].get(name, {}))
@@ -432,11 +439,7 @@ class CoEvolutionLoop:
                 try:
                     stop_reason = self._rounds()
                 except BudgetExhausted as stop:
-                    r, name = self._current or (self.round, "?")
-                    stop_reason = (
-                        f"{stop.reason} inside round {r}, step {name}: the samples it finished are "
-                        "stored, the step re-runs on resume"
-                    )
+                    stop_reason = self._cut(stop)
                 except RunInterrupted as stop:
                     self._stopping = True
                     return self._interrupted(stop)
@@ -487,7 +490,8 @@ class CoEvolutionLoop:
             self._current = (self.round, name)
             self.progress.step_started(self.round, name, evolver.space, self.budget.samples_used())
             started = time.time()
-            report = evolver.step(self.round)
+            with decode_deadline(self.budget.deadline()):
+                report = evolver.step(self.round)
             self._record_step(name, report, started)
             if report.best_reward is not None:
                 prev = best.get(name)
@@ -500,6 +504,43 @@ class CoEvolutionLoop:
             log.info("round %d %s: %s", self.round, name, report)
             if report.stop:
                 return f"{name} stopped the run: {report.stop_reason}"
+
+    def _cut(self, stop: BudgetExhausted) -> str:
+        """Record the step the wall-clock budget cut (artifact ``step_cut``) and return the stop line."""
+        r, name = self._current or (self.round, "?")
+        reason = self.budget.wall_exhausted() or stop.reason
+        batch = stop.to_dict() if isinstance(stop, DeadlineReached) else None
+        samples = self.budget.samples_used()
+        wall = self.budget.wall_elapsed()
+        self.store.put_artifact(
+            self.run_id,
+            STEP_CUT,
+            name,
+            {
+                "round": r,
+                "slot": self.slot,
+                "evolver": name,
+                "space": self.evolvers[name].space if name in self.evolvers else None,
+                "reason": reason,
+                "wall_s": wall,
+                "max_wall_s": self.budget.max_wall_s,
+                "samples_total": samples,
+                "cut_batch": batch,
+            },
+            key=f"{self.run_id}/step_cut/{r}/{self.slot}/{name}/{wall:.3f}",
+        )
+        where = f"{reason} inside round {r}, step {name}"
+        if batch is not None:
+            where += (
+                f": decoding stopped at the deadline, a call of {batch['rows']} samples cut after "
+                f"{batch['decode_s']:.0f} s (recorded as cut, not charged to the sample budget)"
+            )
+        return f"{where}; the samples the step finished are stored, the step re-runs on resume"
+
+    def _cut_wall_s(self) -> float:
+        """The largest wall time recorded by a cut step of this run (0.0 if none)."""
+        cuts = self.store.list_artifacts(kind=STEP_CUT, run_id=self.run_id)
+        return max((float(a.content.get("wall_s") or 0.0) for a in cuts), default=0.0)
 
     def _earlier_stop(self, stop_reason: str) -> str:
         """The stop reason of a resumed session that ran no step: the one its ``summary.json`` recorded when the run

@@ -17,8 +17,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from coevo.backends.base import PolicyError, SamplingParams
+from coevo.backends.base import PolicyError, SamplingParams, decode_deadline
 from coevo.backends.openai_api import OpenAIPolicy
+from coevo.errors import DeadlineReached
 
 
 class ChatServer(ThreadingHTTPServer):
@@ -31,6 +32,8 @@ class ChatServer(ThreadingHTTPServer):
         self.mode = "ok"
         self.requests: list[dict] = []
         self.failures_left = 0
+        self.delay_s = 0.0  # each answer waits this long (or until ``release`` is set)
+        self.release = threading.Event()
         self.lock = threading.Lock()
 
     @property
@@ -59,6 +62,8 @@ class ChatHandler(BaseHTTPRequestHandler):
             srv.requests.append(body)
             fail = srv.failures_left > 0 or srv.mode == "always_500"
             srv.failures_left = max(0, srv.failures_left - 1)
+        if srv.delay_s:
+            srv.release.wait(srv.delay_s)
         if self.path != "/v1/chat/completions":
             return self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
         if fail:
@@ -103,6 +108,7 @@ def server():
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     yield srv
+    srv.release.set()
     srv.shutdown()
     srv.server_close()
     thread.join(timeout=5)
@@ -220,3 +226,22 @@ def test_bad_generate_input_names_the_field(server):
     with pytest.raises(ValueError, match=r"conversations\[0\]\[0\]\['role'\]"):
         policy.generate([[{"role": "robot", "content": "x"}]], SamplingParams())
     assert server.requests == []
+
+
+def test_requests_are_bounded_by_the_decode_deadline(server):
+    server.delay_s = 30.0  # a busy server: every answer takes 30 s
+    policy = OpenAIPolicy("tiny-chat", server.base_url, concurrency=2, timeout_s=120, max_retries=3)
+    began = time.monotonic()
+    with pytest.raises(DeadlineReached) as cut, decode_deadline(began + 0.5):
+        policy.generate(_convs("one", "two"), SamplingParams(max_new_tokens=5))
+    assert time.monotonic() - began < 5  # the timeout was the time left, not timeout_s, and nothing was retried
+    assert (cut.value.rows, cut.value.backend) == (2, "openai")
+    assert len(server.requests) == 2
+    with pytest.raises(DeadlineReached), decode_deadline(time.monotonic() - 1):
+        policy.generate(_convs("three"), SamplingParams(max_new_tokens=5))
+    assert len(server.requests) == 2  # past the deadline: no request is sent
+    server.release.set()
+    server.delay_s = 0.0
+    with decode_deadline(time.monotonic() + 60):  # with time left, requests run as before
+        assert policy.generate(_convs("four"), SamplingParams(max_new_tokens=5))[0].text.startswith("FOUR")
+    policy.close()

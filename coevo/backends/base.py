@@ -7,8 +7,10 @@ API backends (OpenAI-compatible endpoints) have none and serve context evolution
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
     from coevo.es.replica import ESReplica
     from coevo.es.scope import ScopeSpec
 
-from coevo.errors import UserError
+from coevo.errors import DeadlineReached, UserError
 
 Message = dict[str, str]  # {"role": "system"|"user"|"assistant", "content": str}
 
@@ -37,6 +39,58 @@ def torch_dtype(name: str) -> torch.dtype:
     if name not in DTYPE_NAMES:
         raise ValueError(f"dtype must be one of {sorted(DTYPE_NAMES)}, got {name!r}")
     return getattr(torch, name)
+
+
+#: the decode deadline of the running evolver step, in ``time.monotonic()`` seconds (None: none); set by
+#: :func:`decode_deadline`, read by every backend (process-wide, so threads a backend starts see it too)
+_DEADLINE: float | None = None
+
+
+@contextmanager
+def decode_deadline(at: float | None) -> Iterator[None]:
+    """``with decode_deadline(t):`` every backend call inside stops decoding at ``time.monotonic() >= t``.
+
+    The run loop enters it around each evolver step with the wall-clock budget's deadline
+    (:meth:`coevo.budget.Budget.deadline`), so a batch that would run past ``budget.max_wall_s`` is cut: the HF
+    backend checks it before each model batch and at every decoding step (a ``transformers`` stopping
+    criterion), the OpenAI backend bounds each request's timeout by it. A cut call raises
+    :class:`~coevo.errors.DeadlineReached` and returns nothing. Nested blocks keep the earlier deadline;
+    ``None`` adds none. The previous deadline is restored on exit.
+    """
+    global _DEADLINE
+    old = _DEADLINE
+    if at is not None:
+        _DEADLINE = float(at) if old is None else min(old, float(at))
+    try:
+        yield
+    finally:
+        _DEADLINE = old
+
+
+def current_deadline() -> float | None:
+    """The decode deadline in force (``time.monotonic()`` seconds), or None (:func:`decode_deadline`)."""
+    return _DEADLINE
+
+
+def deadline_passed(deadline: float | None) -> bool:
+    """Whether ``deadline`` (``time.monotonic()`` seconds, None = never) has passed."""
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def deadline_reached(
+    backend: str, rows: int, *, rows_decoded: int = 0, new_tokens: int = 0, started: float | None = None
+):
+    """The :class:`~coevo.errors.DeadlineReached` a backend raises when it cuts a call of ``rows`` samples
+    (``started``: the call's ``time.monotonic()`` start, for ``decode_s``)."""
+    decode_s = 0.0 if started is None else time.monotonic() - started
+    return DeadlineReached(
+        f"decoding stopped at the wall-clock deadline ({backend}: a call of {rows} samples cut after {decode_s:.1f} s)",
+        rows=rows,
+        rows_decoded=rows_decoded,
+        new_tokens=new_tokens,
+        decode_s=decode_s,
+        backend=backend,
+    )
 
 
 def request_seed(seed: int, index: int) -> int:

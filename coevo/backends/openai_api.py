@@ -6,6 +6,11 @@ Works with OpenAI, vLLM / SGLang / llama.cpp servers and other servers speaking 
 backoff; when the endpoint stays down, :class:`~coevo.backends.base.PolicyError` names the base URL and the
 cause. A request the server rejects as malformed (HTTP 400/422, e.g. a prompt longer than the context)
 becomes a ``finish_reason="error"`` completion, so the caller records an invalid sample.
+
+Deadline (:func:`coevo.backends.base.decode_deadline`, the run's wall-clock budget): each request's timeout is
+``min(timeout_s, time left to the deadline)``, and no request or backoff starts past it; a call whose deadline
+passes raises :class:`~coevo.errors.DeadlineReached` and returns nothing (the server may still finish the
+requests in flight, their answers are dropped).
 """
 
 from __future__ import annotations
@@ -18,7 +23,17 @@ from typing import Any
 import openai
 
 from coevo.backends import check_conversations, check_sampling_params, cut_at_stop
-from coevo.backends.base import Completion, Message, Policy, PolicyError, SamplingParams
+from coevo.backends.base import (
+    Completion,
+    Message,
+    Policy,
+    PolicyError,
+    SamplingParams,
+    current_deadline,
+    deadline_passed,
+    deadline_reached,
+)
+from coevo.errors import DeadlineReached
 
 _RETRY_STATUS = (408, 409, 429)  # plus every 5xx: transient, retried with backoff
 _MAX_API_STOP = 4  # the OpenAI API accepts at most 4 stop sequences; further ones are applied client-side
@@ -75,6 +90,7 @@ class OpenAIPolicy(Policy):
         self.backoff_s = float(backoff_s)
         self.backoff_max_s = float(backoff_max_s)
         self.concurrency = concurrency
+        self.timeout_s = float(timeout_s)
         key = api_key if api_key is not None else os.environ.get(api_key_env) or "EMPTY"
         # retries are ours (bounded, counted); the client makes exactly one attempt per call
         self.client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout_s)
@@ -92,14 +108,23 @@ class OpenAIPolicy(Policy):
             ValueError, TypeError: malformed conversations or params (field named).
             PolicyError: the endpoint is unreachable, keeps failing after the retries, or refuses the
                 model or key (HTTP 401/403/404).
+            DeadlineReached: the decode deadline passed (module docstring).
         """
         check_conversations(conversations)
         check_sampling_params(params)
         if not conversations:
             return []
+        began, deadline = time.monotonic(), current_deadline()
+        if deadline_passed(deadline):
+            raise deadline_reached("openai", len(conversations))
         seeds = [None if params.seed is None else params.seed + i for i in range(len(conversations))]
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(conversations))) as pool:
-            return list(pool.map(lambda cs: self._complete(cs[0], params, cs[1]), zip(conversations, seeds)))
+        try:
+            with ThreadPoolExecutor(max_workers=min(self.concurrency, len(conversations))) as pool:
+                return list(
+                    pool.map(lambda cs: self._complete(cs[0], params, cs[1], deadline), zip(conversations, seeds))
+                )
+        except DeadlineReached:
+            raise deadline_reached("openai", len(conversations), started=began) from None
 
     def _request(self, conversation: list[Message], params: SamplingParams, seed: int | None) -> dict[str, Any]:
         req: dict[str, Any] = {
@@ -118,12 +143,27 @@ class OpenAIPolicy(Policy):
             req["extra_body"] = {"top_k": params.top_k}
         return req
 
-    def _complete(self, conversation: list[Message], params: SamplingParams, seed: int | None) -> Completion:
+    def _timeout(self, deadline: float | None) -> float:
+        """This request's timeout (s): ``timeout_s``, bounded by the time left to ``deadline``.
+
+        Raises:
+            DeadlineReached: no time is left.
+        """
+        if deadline is None:
+            return self.timeout_s
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise deadline_reached("openai", 1)
+        return min(self.timeout_s, left)
+
+    def _complete(
+        self, conversation: list[Message], params: SamplingParams, seed: int | None, deadline: float | None = None
+    ) -> Completion:
         req = self._request(conversation, params, seed)
         t0 = time.perf_counter()
         for attempt in range(self.max_retries + 1):
             try:
-                resp = self.client.chat.completions.create(**req)
+                resp = self.client.chat.completions.create(**req, timeout=self._timeout(deadline))
                 return self._to_completion(resp, params, attempt + 1, time.perf_counter() - t0)
             except openai.APIStatusError as e:
                 status = e.status_code
@@ -140,10 +180,15 @@ class OpenAIPolicy(Policy):
                         f"endpoint {self.base_url} refused the request (HTTP {status}): {e.message}"
                     ) from e
                 cause: Exception = e
-            except openai.APIConnectionError as e:
+            except openai.APIConnectionError as e:  # APITimeoutError included
+                if deadline_passed(deadline):
+                    raise deadline_reached("openai", 1) from None
                 cause = e
             if attempt < self.max_retries:
-                time.sleep(min(self.backoff_s * 2**attempt, self.backoff_max_s))
+                wait = min(self.backoff_s * 2**attempt, self.backoff_max_s)
+                if deadline is not None and time.monotonic() + wait >= deadline:
+                    raise deadline_reached("openai", 1)
+                time.sleep(wait)
         detail = f"HTTP {cause.status_code}" if isinstance(cause, openai.APIStatusError) else type(cause).__name__
         raise PolicyError(
             f"endpoint {self.base_url} failed after {self.max_retries + 1} attempt(s): {detail}: {cause}"

@@ -54,6 +54,9 @@ from coevo.backends.base import (
     Policy,
     PolicyError,
     SamplingParams,
+    current_deadline,
+    deadline_passed,
+    deadline_reached,
     request_seed,
     terminal_token_ids,
     torch_dtype,
@@ -334,6 +337,8 @@ class VLLMPolicy(Policy):
 
         Raises:
             ValueError: option lists of the wrong length; see :meth:`generate`.
+            DeadlineReached: the decode deadline (:func:`coevo.backends.base.decode_deadline`) has passed
+                before the engine call; a call already running is not cut.
         """
         import vllm
 
@@ -345,6 +350,8 @@ class VLLMPolicy(Policy):
                 raise ValueError(f"{label} has {len(opt)} items but conversations has {n}")
         if not conversations:
             return []
+        if deadline_passed(current_deadline()):  # the engine call itself runs to its end (not cut inside)
+            raise deadline_reached("vllm", n)
         prompts = [{"prompt_token_ids": ids} for ids in self._prompt_ids(conversations)]
         index = list(range(n)) if seed_indices is None else [int(i) for i in seed_indices]
         sps = [vllm.SamplingParams(**vllm_sampling_kwargs(params, i, self._stop_ids)) for i in index]
