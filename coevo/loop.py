@@ -63,6 +63,7 @@ from coevo.evolvers.base import Evolver, RunContext, StepReport, record_report_s
 from coevo.lock import RunLock
 from coevo.progress import RunProgress
 from coevo.store import TrajectoryStore
+from coevo.tables import step_line
 from coevo.tracking import RunTracker
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ class RunSummary:
     stop_reason: str
     best_reward: dict[str, float | None] = field(default_factory=dict)
     interrupted: int | None = None
+    #: wall-clock seconds the run has used, over all its sessions (``budget.max_wall_s`` counts these)
+    wall_s: float | None = None
 
 
 def new_run_dir(cfg: RunConfig, out: str | Path | None = None) -> Path:
@@ -455,6 +458,7 @@ class CoEvolutionLoop:
                     samples=self.budget.samples_used(),
                     stop_reason=stop_reason,
                     best_reward={n: self.store_best(n) for n in self.evolvers},
+                    wall_s=round(self.budget.wall_elapsed(), 1),
                 )
                 self._finish(summary)
                 return summary
@@ -501,7 +505,7 @@ class CoEvolutionLoop:
             self._checkpoint()
             self._current = None
             self.progress.step_finished(self.budget.samples_used(), best)
-            log.info("round %d %s: %s", self.round, name, report)
+            log.info("round %d %s: %s", self.round, name, step_line(asdict(report)))
             if report.stop:
                 return f"{name} stopped the run: {report.stop_reason}"
 

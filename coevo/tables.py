@@ -66,3 +66,24 @@ def step_table(
         for s in steps
     ]
     return headers, rows
+
+
+def step_line(report: dict[str, Any]) -> str:
+    """One evolver step's result as a line for ``run.log`` (a ``StepReport`` as a dict, e.g. ``asdict(report)``):
+    ``8 samples, 8 trajectories, best reward 0.5 (unit); metrics: alpha=0.0005, sigma=0.001; stop: why``."""
+    parts = [f"{report.get('samples', 0)} samples, {report.get('trajectories', 0)} trajectories"]
+    best = report.get("best_reward")
+    unit = report.get("reward_unit")
+    parts[0] += f", best reward {fmt(best)}" + (f" ({unit})" if unit and best is not None else "")
+    metrics = report.get("metrics") or {}
+    if metrics:
+        parts.append("metrics: " + ", ".join(f"{k}={fmt(v)}" for k, v in metrics.items()))
+    if report.get("stop"):
+        parts.append(f"stop: {report.get('stop_reason') or 'asked by the evolver'}")
+    return "; ".join(parts)
+
+
+def mean(values: list[float]) -> float:
+    """The mean of ``values`` (not empty) with a correctly rounded sum (``math.fsum``): rewards that cancel
+    exactly (centred ranks, antithetic pairs) give 0.0, not -6.9e-18 from the summation order."""
+    return math.fsum(values) / len(values)

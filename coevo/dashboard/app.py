@@ -236,10 +236,7 @@ def heuristics_panel(reader: RunReader, selected: str | None) -> tuple[list[Any]
         ]
     top = [
         html.H2("Heuristic design"),
-        html.P(
-            f"{len(rows)} heuristics ({sum(r['valid'] for r in rows)} valid); click one for its code and thought.",
-            id="h-count",
-        ),
+        html.P(heuristic_count(rows) + "; click one for its code and thought.", id="h-count"),
         graph(figures.lineage(rows, selected), "lineage-graph"),
     ]
     return top, [
@@ -271,6 +268,31 @@ def heuristics_panel(reader: RunReader, selected: str | None) -> tuple[list[Any]
             row_classes=classes,
         ),
     ]
+
+
+def heuristic_count(rows: list[dict[str, Any]]) -> str:
+    """``33 heuristics (9 valid): 32 LLM samples (8 valid) and the problem's seed heuristic``: the lineage's
+    count split into samples (what the report's tables count) and the parents that are no sample."""
+    samples = [r for r in rows if r["trajectory_id"] is not None]
+    others = [r for r in rows if r["trajectory_id"] is None]
+    text = f"{len(rows)} heuristics ({sum(r['valid'] for r in rows)} valid)"
+    if not others:
+        return text
+    seeds = sum(r["operator"] == "seed" for r in others)
+    extra = []
+    if seeds:
+        extra.append("the problem's seed heuristic" if seeds == 1 else f"{seeds} seed heuristics")
+    if len(others) > seeds:
+        extra.append(f"{len(others) - seeds} parent(s) that are no sample of this run")
+    return f"{text}: {len(samples)} LLM samples ({sum(r['valid'] for r in samples)} valid) and " + " and ".join(extra)
+
+
+def heldout_note(reader: RunReader, evolver: str) -> str | None:
+    """Why an ES evolver's held-out panel is empty (``eval_every: 0`` in the run's config), or None."""
+    for spec in reader.config().get("evolvers") or []:
+        if isinstance(spec, dict) and spec.get("name") == evolver and spec.get("eval_every") == 0:
+            return "no held-out evaluation of the centre: eval_every is 0 in this run's config"
+    return None
 
 
 def heuristic_detail(reader: RunReader, selected: str | None) -> list[Any]:
@@ -321,6 +343,7 @@ def es_panel(reader: RunReader, evolver: str | None) -> list[Any]:
                 g["heldout_reward"],
             ]
         )
+    note = heldout_note(reader, evolver) if not any(g.get("heldout_reward") is not None for g in gens) else None
     return [
         html.H3(f"ES evolver {evolver}"),
         table(
@@ -340,7 +363,8 @@ def es_panel(reader: RunReader, evolver: str | None) -> list[Any]:
             rows,
             "es-table",
         ),
-        graph(figures.es_generations(evolver, gens), "es-graph"),
+        html.P(f"Held-out R: {note}.", className="muted", id="es-heldout-note") if note else None,
+        graph(figures.es_generations(evolver, gens, heldout_note=note), "es-graph"),
     ]
 
 

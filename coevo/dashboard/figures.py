@@ -150,9 +150,10 @@ def best_so_far(curves: dict[str, tuple[list[int], list[float]]]) -> go.Figure:
     )
 
 
-def es_generations(evolver: str, gens: list[dict[str, Any]]) -> go.Figure:
+def es_generations(evolver: str, gens: list[dict[str, Any]], heldout_note: str | None = None) -> go.Figure:
     """Per ES generation: sigma, member rewards (+ and − halves, mean line), normalised coefficients,
-    update norm and held-out reward of the centre, as five stacked panels sharing the generation axis."""
+    update norm and held-out reward of the centre, as five stacked panels sharing the generation axis;
+    ``heldout_note`` is written in the held-out panel when it has no point (why it is empty)."""
     rows = [g for g in gens if not g.get("final")]
     if not gens:
         return _empty(f"ES {evolver}", "no generation yet")
@@ -200,6 +201,15 @@ def es_generations(evolver: str, gens: list[dict[str, Any]]) -> go.Figure:
         row=5,
         col=1,
     )
+    if not held:
+        fig.add_annotation(
+            text=heldout_note or "no held-out evaluation yet",
+            showarrow=False,
+            xref="x5 domain",
+            yref="y5 domain",
+            x=0.5,
+            y=0.5,
+        )
     fig.update_layout(**{**_LAYOUT, "height": 900, "title": f"ES {evolver}: per generation"})
     fig.update_xaxes(title="generation", dtick=1, row=5, col=1)
     return fig

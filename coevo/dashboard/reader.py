@@ -31,6 +31,7 @@ import yaml
 
 from coevo.store import SCHEMA_VERSION, TrajectoryStore
 from coevo.store.schema import read_version
+from coevo.tables import mean
 from coevo.types import Trajectory
 
 #: artifact kinds written by other parts of coevo (kept as literals so that reading a run imports no
@@ -248,7 +249,7 @@ class RunReader:
                     "trajectories": len(ts),
                     "samples": sum(t.llm_calls for t in ts),
                     "valid_percent": 100.0 * sum(t.valid for t in ts) / len(ts),
-                    "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+                    "mean_reward": mean(rewards) if rewards else None,
                     "best_reward": max(rewards) if rewards else None,
                 }
             )
@@ -446,7 +447,7 @@ class RunReader:
                     "coeffs": [float(c) for c in row.get("coeffs") or []],
                     "signs": list(row.get("signs") or []),
                     "seeds": list(row.get("seeds") or []),
-                    "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+                    "mean_reward": mean(rewards) if rewards else None,
                     "max_reward": max(rewards) if rewards else None,
                     "min_reward": min(rewards) if rewards else None,
                     "update_norm": _finite(update.get("update_norm")),

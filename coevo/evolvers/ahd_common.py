@@ -249,6 +249,21 @@ class AHDEvolver(Evolver):
             return "tie"
         return "yes" if (best < seed) == (self.problem.direction == "minimize") else "no"
 
+    def best_sentence(self) -> str:
+        """The report's sentence on the best heuristic: its id, training objective and who made it, with its
+        thought in quotes; the problem's seed heuristic is named as such, with the first line of its docstring."""
+        from coevo.sandbox.extract import function_docstring
+
+        b = self.best
+        assert b is not None
+        head = f"Best heuristic `{b.id}` (training objective {b.objective:.6g})"
+        if b.operator == "seed":
+            doc = function_docstring(b.code, self.problem.function_name) or ""
+            what = f" ({doc.splitlines()[0].rstrip('.')})" if doc.strip() else ""
+            return f"{head} is the problem's seed heuristic{what}: no sampled heuristic beat it on the training set."
+        thought = " ".join(b.thought.split())
+        return f"{head}, made by {b.provenance()}" + (f'; its thought: "{thought}".' if thought else ".")
+
     def es_children_rows(self) -> list[list[Any]]:
         """Per ES evolver and generation, the children its members wrote for this search (read from the store):
         [ES evolver, generation, sigma, children, valid, valid %, best child objective, mean objective of the
@@ -327,12 +342,7 @@ class AHDEvolver(Evolver):
                 "held-out sizes" + (f" (ties: {compared.count('tie')})." if "tie" in compared else "."),
             ]
         if self.best is not None:
-            b = self.best
-            summary = (
-                f"Best heuristic `{b.id}` (training objective {b.objective:.6g}), made by {b.provenance()}: "
-                f"{{{b.thought}}}."
-            )
-            lines += ["", summary + " Code: `best_heuristic.py`."]
+            lines += ["", self.best_sentence() + " Code: `best_heuristic.py`."]
         else:
             lines += ["", "No valid heuristic was found."]
         es_rows = self.es_children_rows()

@@ -66,6 +66,7 @@ from coevo.es.replica import ESReplica
 from coevo.evolvers.base import ContextScore, Evolver, EvolverConfig, StepReport, register_evolver, score_context
 from coevo.rollouts.base import Rollout, Split, build_rollout, validate_rollout_spec
 from coevo.rollouts.ray_pool import RayReplicaPool
+from coevo.tables import mean
 from coevo.types import ESMember, Trajectory
 
 #: artifact kind of the per-member resume markers (content: the member's trajectory keys)
@@ -472,7 +473,7 @@ class ESEvolver(Evolver):
             generation=float(g),
             sigma=sigma,
             alpha=cfg.alpha,
-            mean_reward=sum(rewards) / len(rewards),
+            mean_reward=mean(rewards),
             max_reward=max(rewards),
             min_reward=min(rewards),
             update_norm=stats.update_norm,
@@ -589,11 +590,11 @@ class ESEvolver(Evolver):
             [
                 r["generation"],
                 r["sigma"],
-                sum(r["rewards"]) / len(r["rewards"]),
+                mean(r["rewards"]),  # correctly rounded: rewards that cancel give 0, not -6.9e-18
                 max(r["rewards"]),
                 r.get("update", {}).get("update_norm"),
                 r.get("test_reward_before"),
-                "skipped" if r["skipped"] else "",
+                "skipped (sigma 0)" if r["skipped"] else "applied",
             ]
             for r in rows
         ]
@@ -603,8 +604,14 @@ class ESEvolver(Evolver):
             if final
             else ""
         )
+        total = self.config.total_generations
+        ran = f"{len(rows)} of its {total} generations ran" + (
+            " (the run stopped first: see the stop reason at the top)" if len(rows) < total else ""
+        )
+        if self.config.eval_every == 0:
+            tail += "\n\nNo held-out evaluation of the centre: `eval_every` is 0 in this config (`test R` stays empty)."
         head = (
-            f"### ES `{self.name}`\n\nN={self.config.population_size}, antithetic={self.config.antithetic}, "
+            f"### ES `{self.name}`\n\n{ran}. N={self.config.population_size}, antithetic={self.config.antithetic}, "
             f"scope={self.config.scope}, perturbation={self.config.perturbation}"
             f"{f' (rank {self.config.rank})' if self.config.perturbation == 'lowrank' else ''}, "
             f"rollout={self.config.rollout['type']}; weights hash "

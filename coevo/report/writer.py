@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from coevo.artifacts import LOOP_STEP, REPORT_SECTION
 from coevo.report.web import web_report
-from coevo.tables import md_table, step_table
+from coevo.tables import fmt, md_table, mean, step_table
 
 if TYPE_CHECKING:
     from coevo.store import TrajectoryStore
@@ -81,7 +81,7 @@ def _plot(run_dir: Path, store: TrajectoryStore, run_id: str, steps: list[dict[s
     for s in steps:
         by_evolver[s["evolver"]].append(s)
     for name, recs in sorted(by_evolver.items()):
-        keys = sorted({k for r in recs for k, v in (r.get("metrics") or {}).items() if isinstance(v, (int, float))})
+        keys, _constant = metric_keys(recs)
         if not keys:
             continue
         fig, axes = plt.subplots(len(keys), 1, figsize=(6, 2.4 * len(keys)), squeeze=False)
@@ -89,6 +89,7 @@ def _plot(run_dir: Path, store: TrajectoryStore, run_id: str, steps: list[dict[s
             pts = [(r["samples_total"], r["metrics"][key]) for r in recs if key in (r.get("metrics") or {})]
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
             ax.set_ylabel(key)
+            ax.ticklabel_format(axis="y", useOffset=False)  # 0.999997 reads as such, not "1e-7+9.99997e-1"
             ax.grid(alpha=0.3)
         axes[-1, 0].set_xlabel("LLM samples (run total)")
         axes[0, 0].set_title(f"{name}: metrics per step")
@@ -98,6 +99,53 @@ def _plot(run_dir: Path, store: TrajectoryStore, run_id: str, steps: list[dict[s
         plt.close(fig)
         written.append(path)
     return written
+
+
+def metric_keys(recs: list[dict[str, Any]]) -> tuple[list[str], dict[str, float]]:
+    """The numeric step metrics of one evolver's step records: ``(names that vary, {name: value} of those
+    that keep one value over every step)``, both sorted by name. Only varying metrics are plotted; a
+    constant (ES ``alpha``, ``skipped`` 0) is a flat line that says nothing, so the report names its value."""
+    values: dict[str, list[float]] = defaultdict(list)
+    for r in recs:
+        for k, v in (r.get("metrics") or {}).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                values[k].append(float(v))
+    varying = sorted(k for k, vs in values.items() if len(set(vs)) > 1)
+    constant = {k: vs[0] for k, vs in sorted(values.items()) if len(set(vs)) == 1}
+    return varying, constant
+
+
+def _run_facts(run_dir: Path, store: TrajectoryStore, run_id: str, summary: dict[str, Any] | None) -> list[str]:
+    """The report's top lines after the stop reason: the wall clock against its budget (and by how much a
+    batch ran past it) and, per ES evolver, how many of its generations ran. Read from ``summary.json``,
+    the saved ``config.yaml`` and the store's ES history."""
+    import yaml
+
+    try:
+        cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        cfg = {}
+    cfg = cfg if isinstance(cfg, dict) else {}
+    lines = []
+    cap = (cfg.get("budget") or {}).get("max_wall_s") if isinstance(cfg.get("budget"), dict) else None
+    wall = (summary or {}).get("wall_s")
+    if isinstance(wall, (int, float)):
+        if isinstance(cap, (int, float)) and cap > 0:
+            over = wall - cap
+            lines.append(
+                f"- wall clock: {wall:.0f} s of the {cap:g} s budget"
+                + (f" ({over:.0f} s over it)" if over >= 1 else "")
+            )
+        else:
+            lines.append(f"- wall clock: {wall:.0f} s (no wall-clock budget)")
+    for spec in cfg.get("evolvers") or []:
+        if not isinstance(spec, dict) or spec.get("type") != "es" or not spec.get("name"):
+            continue
+        done = len(store.es_history(run_id, spec["name"]))
+        total = spec.get("total_generations")
+        of = f" of its {total}" if isinstance(total, int) else ""
+        lines.append(f"- ES `{spec['name']}`: {done}{of} generations ran")
+    return lines
 
 
 def _evolver_sections(store: TrajectoryStore, run_id: str) -> list[tuple[str, str]]:
@@ -114,6 +162,19 @@ def _domain_sections(run_dir: Path, store: TrajectoryStore, run_id: str, plots: 
     return [s for s in (web_report(run_dir, store, run_id, plots=plots),) if s]
 
 
+def _constant_lines(steps: list[dict[str, Any]]) -> list[str]:
+    """``Not plotted, one value over every step: es: alpha=0.0005, skipped=0`` (one line per evolver that has such)."""
+    by_evolver: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in steps:
+        by_evolver[s["evolver"]].append(s)
+    out = []
+    for name, recs in sorted(by_evolver.items()):
+        _, constant = metric_keys(recs)
+        if constant and len(recs) > 1:
+            out.append(f"- {name}: " + ", ".join(f"{k}={fmt(v)}" for k, v in constant.items()))
+    return ["", "Not plotted, one value over every step:", "", *out] if out else []
+
+
 def write_report(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool = True) -> Path:
     """Write ``report.md`` (and plots) into ``run_dir`` from what ``store`` holds for ``run_id`` (read only);
     returns the report's path."""
@@ -121,13 +182,14 @@ def write_report(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool
     steps = step_records(store, run_id)
     lines = [f"# Run report: {run_id}", ""]
     summary_path = run_dir / "summary.json"
-    if summary_path.exists():
-        s = json.loads(summary_path.read_text())
+    s = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    if s is not None:
         lines += [
             f"- stop reason: {s['stop_reason']}",
             f"- rounds completed: {s['rounds_completed']}, evolver steps: {s['steps']}, LLM samples: {s['samples']}",
-            "",
         ]
+    facts = _run_facts(run_dir, store, run_id, s)
+    lines += [*facts, ""] if s is not None or facts else []
     trajs = store.query(run_id=run_id)
     per: dict[str, list] = defaultdict(list)
     for t in trajs:
@@ -143,7 +205,7 @@ def write_report(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool
                 len(ts),
                 sum(t.llm_calls for t in ts),
                 f"{100 * len(valid) / len(ts):.1f}%",
-                sum(rewards) / len(rewards) if rewards else None,
+                mean(rewards) if rewards else None,
                 max(rewards) if rewards else None,
                 trajectory_reward_unit(ts),
             ]
@@ -190,6 +252,7 @@ def write_report(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool
         if written:
             lines += ["", "## Plots", ""]
             lines += [f"![{p.stem}](plots/{p.name})" for p in written]
+            lines += _constant_lines(steps)
     path = run_dir / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
