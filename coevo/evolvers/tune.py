@@ -143,9 +143,10 @@ class TuneEvolver(Evolver):
             Individual.from_trajectory(t) for t in sampler.recorded() if t.meta.get("sampler") == self.config.evolver
         ]
         ranked, seen = [], set()
+        pool = [i for i in pool if i.reward is not None and math.isfinite(i.reward) and i.objective is not None]
         for ind in sorted(pool, key=lambda i: (-i.reward, i.id)):
             k = code_key(ind.code)
-            if k in seen or not math.isfinite(ind.reward):
+            if k in seen:
                 continue
             seen.add(k)
             ranked.append(ind)
