@@ -6,7 +6,10 @@
   for a correct expression, 0.1 for a well-formed but wrong one (format reward), 0.0 otherwise.
 
 Cases are generated from a seed: train cases change per ES generation (seed = (split seed, generation)),
-held-out test cases are fixed. The answer is parsed from ``<answer>...</answer>`` when present, else from
+held-out test cases are fixed, and so is their sampling seed (with ``temperature > 0``): every held-out
+evaluation (the base model's, after each update, the last one) samples with the same random numbers, so two
+evaluations differ by the weights and the context only. The answer is parsed from ``<answer>...</answer>``
+when present, else from
 the last line. Expressions are checked with :mod:`ast` (only + - * / and parentheses on integers): the model
 output is never ``eval``-ed.
 """
@@ -159,17 +162,19 @@ class CountdownRollout(SingleTurnRollout):
             n = cfg.cases_per_member
         return [make_case(cfg.task, rng, cfg.max_operand, cfg.n_numbers) for _ in range(n)]
 
-    def _sampling(self, generation: int) -> SamplingParams:
+    def _sampling(self, generation: int, split: Split = "train") -> SamplingParams:
+        """Decoding of one call: seed ``seed + generation`` on the train split (every member of a generation
+        draws the same random numbers), ``seed + 7919`` on the held-out split whatever the generation."""
         cfg = self.config
-        return SamplingParams(
-            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0, seed=cfg.seed + generation
-        )
+        seed = cfg.seed + (generation if split == "train" else 7_919)
+        return SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=1.0, seed=seed)
 
     def answer(self, policy, rows, cases, split: Split, generation: int) -> list[tuple[Completion | None, Any]]:
         """``(completion or None, (log p(answer), tokens) or None)`` per row: completions unless the reward is
         dense and the split is train; the answer's log-probability with ``reward: answer_logprob``."""
         dense = self.config.reward == "answer_logprob"
-        outs = policy.generate(rows, self._sampling(generation)) if split == "test" or not dense else [None] * len(rows)
+        sampling = self._sampling(generation, split)
+        outs = policy.generate(rows, sampling) if split == "test" or not dense else [None] * len(rows)
         scored = target_logprobs(policy, rows, [str(c["answer"]) for c in cases]) if dense else [None] * len(rows)
         return list(zip(outs, scored, strict=True))
 
