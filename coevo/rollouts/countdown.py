@@ -9,8 +9,7 @@ Cases are generated from a seed: train cases change per ES generation (seed = (s
 held-out test cases are fixed, and so is their sampling seed (with ``temperature > 0``): every held-out
 evaluation (the base model's, after each update, the last one) samples with the same random numbers, so two
 evaluations differ by the weights and the context only. The answer is parsed from ``<answer>...</answer>``
-when present, else from
-the last line. Expressions are checked with :mod:`ast` (only + - * / and parentheses on integers): the model
+when present, else from the last line. Expressions are checked with :mod:`ast` (only + - * / and parentheses on integers): the model
 output is never ``eval``-ed.
 """
 
