@@ -33,7 +33,8 @@ class Budget:
         max_samples: LLM samples allowed over the run (None = unlimited).
         max_rounds: loop rounds allowed.
         max_wall_s: wall-clock seconds allowed, summed over resumed sessions (None = unlimited).
-        wall_used_s: wall seconds used by earlier sessions of this run (restored from checkpoints).
+        wall_used_s: wall seconds used by earlier sessions of this run (restored from the checkpoint, or from the
+            last cut step when it is later: module docstring).
     """
 
     store: TrajectoryStore
