@@ -18,7 +18,7 @@ import shutil
 import site
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from coevo.resources import package_parent
@@ -46,6 +46,17 @@ def project_root() -> Path:
 def worker_script() -> Path:
     """Absolute path of :mod:`coevo.sandbox.worker`, run as a script so start-up does not import coevo."""
     return Path(__file__).resolve().with_name("worker.py")
+
+
+@functools.cache
+def bwrap_features(bwrap: str) -> frozenset[str]:
+    """Options of this bubblewrap that the sandbox uses when present (``--disable-userns``,
+    ``--as-pid-1``, ``--seccomp``), read from its ``--help`` once per process."""
+    try:
+        text = subprocess.run([bwrap, "--help"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return frozenset()
+    return frozenset(opt for opt in ("--disable-userns", "--as-pid-1", "--seccomp") if opt in text)
 
 
 @functools.cache
@@ -130,9 +141,25 @@ def child_env(tmpdir: str, pythonpath: Sequence[str], hash_seed: int, marker: st
     return env
 
 
-#: The unprivileged identity the candidate runs as (``nobody`` / ``nogroup`` on Debian-like systems).
+#: The unprivileged identity the candidate sees inside a user namespace (``nobody`` / ``nogroup``).
 SANDBOX_UID = 65534
 SANDBOX_GID = 65534
+#: Started as root, each evaluation runs as its own host uid = gid drawn from
+#: ``[EVAL_UID_BASE, EVAL_UID_BASE + EVAL_UID_SPAN)`` (:func:`evaluation_uid`): nothing the kernel keeps
+#: per user (keyrings, RLIMIT_NPROC's count, signals to "own" processes) is shared between evaluations.
+EVAL_UID_BASE = 1 << 24
+EVAL_UID_SPAN = 1 << 30
+#: Placeholder of the seccomp program's fd in :func:`bwrap_command` (replaced per process start).
+SECCOMP_FD_PLACEHOLDER = "SECCOMP_FD"
+
+
+def evaluation_uid() -> int:
+    """A fresh unprivileged host uid for one evaluation (see :data:`EVAL_UID_BASE`)."""
+    import secrets
+
+    return EVAL_UID_BASE + secrets.randbelow(EVAL_UID_SPAN)
+
+
 #: Where the worker script appears inside the sandbox (the only project file the candidate can see).
 WORKER_IN_SANDBOX = "/coevo-sandbox/worker.py"
 #: System folders bound read-only: the dynamic loader and the shared libraries the interpreter and
@@ -170,8 +197,75 @@ def exposed_paths(site_dirs: Iterable[str], extra: Iterable[str] = ()) -> list[s
     return out
 
 
+def package_entries(site_dirs: Iterable[str], packages: Iterable[str]) -> dict[str, list[str]]:
+    """The top-level entries (package folders, modules, ``*.libs``, ``*.dist-info``) of the distributions
+    ``packages`` (distribution or import names, e.g. ``"numpy"``) and of what they require, per site folder.
+
+    Returns:
+        ``{site folder: [absolute paths of its entries to expose]}`` for every folder of ``site_dirs`` (an
+        empty list where none of the packages lives).
+    """
+    import importlib.metadata as md
+    import re
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    dists: dict[str, tuple[str, object]] = {}  # normalised name / top-level module -> (site dir, dist)
+    sites = [os.path.abspath(str(d)) for d in site_dirs]
+    for site_dir in sites:
+        for dist in md.distributions(path=[site_dir]):
+            name = dist.metadata["Name"] or ""
+            dists.setdefault(norm(name), (site_dir, dist))
+            for mod in (dist.read_text("top_level.txt") or "").split():
+                dists.setdefault(norm(mod), (site_dir, dist))
+    out: dict[str, list[str]] = {d: [] for d in sites}
+    todo, seen = [norm(p) for p in packages], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in dists:
+            continue
+        seen.add(name)
+        site_dir, dist = dists[name]
+        for f in dist.files or ():
+            top = f.parts[0] if f.parts else ""
+            if not top or top in ("..", "__pycache__") or top.endswith(".pth"):
+                continue
+            path = os.path.join(site_dir, top)
+            if path not in out[site_dir] and os.path.exists(path):
+                out[site_dir].append(path)
+        for req in dist.requires or ():
+            if "extra ==" not in req:
+                match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", req)
+                if match:
+                    todo.append(norm(match.group(0)))
+    return out
+
+
+def site_folders_under(prefixes: Iterable[str]) -> list[str]:
+    """Every ``site-packages`` / ``dist-packages`` folder below ``lib*/python*`` of ``prefixes`` (an
+    interpreter's own, which a candidate could put on ``sys.path`` itself)."""
+    import glob
+
+    out = []
+    for prefix in prefixes:
+        for pattern in ("lib*/python*/site-packages", "lib*/python*/dist-packages", "local/lib*/python*/*-packages"):
+            for path in sorted(glob.glob(os.path.join(prefix, pattern))):
+                if os.path.isdir(path) and path not in out:
+                    out.append(path)
+    return out
+
+
 def bwrap_command(
-    bwrap: str, ro_paths: Iterable[str], network: bool, tmp_mb: int, as_root: bool | None = None
+    bwrap: str,
+    ro_paths: Iterable[str],
+    network: bool,
+    tmp_mb: int,
+    as_root: bool | None = None,
+    *,
+    seccomp: bool = False,
+    hidden: Iterable[str] = (),
+    shown: Iterable[str] = (),
 ) -> list[str]:
     """The bubblewrap prefix of a worker command (the interpreter command follows it).
 
@@ -181,10 +275,18 @@ def bwrap_command(
     a minimal /dev and a /proc of its own PID namespace. Namespaces: PID, IPC, UTS, cgroup, and network
     unless ``network``. Identity: as root (``as_root``, default: the current euid is 0), bwrap keeps only
     CAP_SETUID / CAP_SETGID and the worker drops to :data:`SANDBOX_UID` before any candidate code runs (a
-    real unprivileged host uid; no_new_privs is set by bwrap, so setuid binaries cannot lift it back);
-    otherwise a user namespace maps the caller to uid/gid 65534 and all capabilities are dropped.
+    real unprivileged host uid, one per evaluation; no_new_privs is set by bwrap, so setuid binaries
+    cannot lift it back); otherwise a user namespace maps the caller to uid/gid 65534, all capabilities are
+    dropped and (``--disable-userns``, where bwrap has it) no further user namespace can be made.
+
+    With ``seccomp``, ``--seccomp SECCOMP_FD`` (:data:`SECCOMP_FD_PLACEHOLDER`, replaced by the fd of a
+    :mod:`coevo.sandbox.seccomp` program at each start). The worker runs as PID 1 of its namespace
+    (``--as-pid-1``, where bwrap has it), so ``/proc/1/cmdline`` is its own command, not bwrap's.
+    ``hidden``: folders (bound through ``ro_paths``) covered by an empty read-only tmpfs, on which the paths
+    of ``shown`` are bound again (how :func:`package_entries` restricts site-packages).
     """
     as_root = (os.geteuid() == 0) if as_root is None else as_root
+    features = bwrap_features(bwrap)
     cmd = [
         bwrap,
         "--unshare-ipc",
@@ -193,11 +295,16 @@ def bwrap_command(
         "--unshare-cgroup-try",
         *([] if network else ["--unshare-net"]),
         "--die-with-parent",
+        *(["--as-pid-1"] if "--as-pid-1" in features else []),
     ]
     if as_root:
         cmd += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         cmd += ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--cap-drop", "ALL"]
+        if "--disable-userns" in features:
+            cmd += ["--disable-userns"]
+    if seccomp:
+        cmd += ["--seccomp", SECCOMP_FD_PLACEHOLDER]
     paths = sorted(set(ro_paths))
     parents: set[str] = set()
     for path in [*paths, WORKER_IN_SANDBOX]:
@@ -216,6 +323,12 @@ def bwrap_command(
         cmd += ["--perms", "0755", "--dir", parent]  # bwrap would create them 0700: unreadable as nobody
     for path in paths:
         cmd += ["--ro-bind", path, path]
+    for folder in hidden:
+        cmd += ["--perms", "0755", "--size", str(1 << 20), "--tmpfs", folder]
+    for path in shown:
+        cmd += ["--ro-bind", path, path]
+    for folder in hidden:
+        cmd += ["--remount-ro", folder]
     cmd += [
         "--ro-bind",
         str(worker_script()),
@@ -241,3 +354,43 @@ def interpreter_command(
     :data:`WORKER_IN_SANDBOX`)."""
     flags = ["-s", *(["-P"] if sys.version_info >= (3, 11) else []), *([] if site_import else ["-S"])]
     return [python, *flags, script or str(worker_script()), mode, str(result_fd)]
+
+
+def path_scrubber(extra: Iterable[str | os.PathLike] = ()) -> Callable[[str], str]:
+    """A function that replaces host paths in text the candidate's process produced (its exception
+    messages, stderr) with neutral names before that text is stored or shown in a later prompt: the project
+    checkout (``<project>``), site-packages (``<site-packages>``), the venv (``<venv>``), the interpreter's
+    installation (``<python>``), the home folder (``<home>``), cgroup folders (``<cgroup>``) and ``extra``
+    (``<host>``). Longest paths are replaced first; the sandbox's own ``/tmp`` is left as it is."""
+    import re
+
+    named: dict[str, str] = {}
+
+    def add(path: str | os.PathLike | None, label: str) -> None:
+        if not path:
+            return
+        for p in {os.path.abspath(str(path)), os.path.realpath(str(path))}:
+            if p not in ("/", "/tmp", "/usr", "/usr/local", "/usr/lib", "/usr/bin") and len(p) > 1:
+                named.setdefault(p, label)
+
+    add(os.path.dirname(sys.executable), "<python>/bin")
+    for p in extra:
+        add(p, "<host>")
+    add(str(project_root()), "<project>")
+    for p in child_pythonpath():
+        add(p, "<site-packages>")
+    add(sys.prefix, "<venv>" if sys.prefix != sys.base_prefix else "<python>")
+    add(sys.base_prefix, "<python>")
+    add(os.path.dirname(os.path.realpath(sys.executable)), "<python>/bin")
+    add(os.path.expanduser("~"), "<home>")
+    paths = sorted(named, key=len, reverse=True)
+    pattern = re.compile(
+        "|".join(re.escape(p) + r"(?=[/\s'\":,)\]]|$)" for p in paths) + r"|/sys/fs/cgroup[^\s'\":,)\]]*"
+    )
+
+    def scrub(text: str) -> str:
+        if not text or "/" not in text:
+            return text
+        return pattern.sub(lambda m: named.get(m.group(0), "<cgroup>"), text)
+
+    return scrub

@@ -38,11 +38,11 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coevo.sandbox import isolation
+from coevo.sandbox import cgroups, isolation, seccomp
 from coevo.sandbox.errors import CandidateFailure, failure_kind
 from coevo.sandbox.extract import Extraction, extract_code
 from coevo.sandbox.process import CappedBuffer, ProcessOutcome
@@ -99,8 +99,14 @@ class SandboxLimits:
 
     @property
     def effective_cpu_s(self) -> int:
-        """The RLIMIT_CPU soft limit actually set (whole seconds)."""
-        return math.ceil(self.cpu_s) if self.cpu_s is not None else math.ceil(self.timeout_s) + 1
+        """The RLIMIT_CPU soft limit of an evaluation run with the default ``timeout_s`` (whole seconds)."""
+        return self.cpu_limit(self.timeout_s)
+
+    def cpu_limit(self, timeout_s: float) -> int:
+        """RLIMIT_CPU (whole CPU seconds) of an evaluation whose wall-clock limit is ``timeout_s``: ``cpu_s``
+        when set, else ``ceil(timeout_s) + 1`` -- never below what one core can spend before the wall clock
+        ends the evaluation, so an honest single-threaded heuristic is stopped by its timeout, not by SIGXCPU."""
+        return math.ceil(self.cpu_s) if self.cpu_s is not None else math.ceil(timeout_s) + 1
 
 
 @dataclass
@@ -135,6 +141,8 @@ class Sandbox:
         hash_seed: PYTHONHASHSEED of the worker (fixed so set iteration order is reproducible).
         site_import: start the worker with ``site`` (slower; only needed for packages relying on ``.pth``
             code rather than folders).
+        use_cgroups: True = require per-evaluation cgroups (ValueError when none is writable), False = rlimits
+            only, None = use them where the machine has them (:func:`coevo.sandbox.cgroups.detect`).
     """
 
     def __init__(
@@ -147,6 +155,7 @@ class Sandbox:
         python: str | None = None,
         hash_seed: int = 0,
         site_import: bool = False,
+        use_cgroups: bool | None = None,
     ):
         if limits is not None and not isinstance(limits, SandboxLimits):
             raise TypeError(f"limits must be a SandboxLimits, got {type(limits).__name__}")
@@ -167,11 +176,29 @@ class Sandbox:
         self.bwrap = how if usable else None
         if self.bwrap is None:
             _warn_no_isolation(how)
+        #: the seccomp program handed to bubblewrap (None without bwrap, or on a machine without a table)
+        self.seccomp = (
+            seccomp.build_filter()
+            if self.bwrap and seccomp.supported() and "--seccomp" in isolation.bwrap_features(self.bwrap)
+            else None
+        )
+        #: per-evaluation cgroups (None: rlimits only; see coevo.sandbox.cgroups and docs/sandbox.md)
+        self.cgroups = cgroups.detect() if use_cgroups is not False else None
+        if use_cgroups and self.cgroups is None:
+            raise ValueError("use_cgroups=True but no writable cgroup hierarchy was found")
+        self._views: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
+        self._scrub = isolation.path_scrubber([*self.python_path, *self.ro_paths, os.path.dirname(self.python)])
 
     @property
     def isolation(self) -> str:
         """``"bwrap"`` or ``"rlimits"`` (no network / filesystem isolation)."""
         return "bwrap" if self.bwrap else "rlimits"
+
+    @property
+    def accounting(self) -> str:
+        """How one evaluation's memory, processes and CPU are limited: ``"cgroup v2"``, ``"cgroup v1"``
+        (the evaluation as a whole) or ``"rlimits"`` (each process; see docs/sandbox.md)."""
+        return f"cgroup v{self.cgroups.version}" if self.cgroups else "rlimits"
 
     def run(
         self, code: str, function_name: str, target: str, payload: dict[str, Any], *, timeout_s: float | None = None
@@ -212,34 +239,76 @@ class Sandbox:
         return self.run(extraction.code, function_name, target, payload), extraction
 
     # ------------------------------------------------------------------ the candidate's process
-    def launch(self, code: str, function_name: str, timeout_s: float, tmpdir: str | None) -> Launch:
-        """How to start a worker for ``code`` (bubblewrap prefix, interpreter, environment, init frame)."""
+    def _package_view(self, packages: Sequence[str] | None) -> tuple[list[str], list[str]]:
+        """(folders hidden, entries shown again) that restrict the candidate's imports to ``packages`` and
+        the standard library (see :func:`coevo.sandbox.isolation.package_entries`); ``None``: everything."""
+        if packages is None:
+            return [], []
+        key = tuple(sorted(set(packages)))
+        if key not in self._views:
+            entries = isolation.package_entries(self.candidate_path, key)
+            prefixes = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+            hidden = sorted({*self.candidate_path, *isolation.site_folders_under(prefixes)})
+            self._views[key] = (hidden, sorted(p for paths in entries.values() for p in paths))
+        return self._views[key]
+
+    def launch(
+        self,
+        code: str,
+        function_name: str,
+        timeout_s: float,
+        tmpdir: str | None,
+        cgroup: cgroups.EvaluationCgroup | None = None,
+        packages: Sequence[str] | None = None,
+    ) -> Launch:
+        """How to start a worker for ``code`` (bubblewrap prefix, interpreter, environment, init frame).
+
+        ``timeout_s`` is the evaluation's wall-clock limit (it sets RLIMIT_CPU, :meth:`SandboxLimits.cpu_limit`);
+        ``cgroup``: the evaluation's cgroup, joined before bubblewrap starts; ``packages``: the only
+        third-party distributions the candidate may import (None: all of site-packages)."""
         limits = self.limits
         marker = uuid.uuid4().hex
         as_root = os.geteuid() == 0
+        uid = isolation.evaluation_uid() if self.bwrap and as_root else None
+        # RLIMIT_NPROC counts every process of the uid: per evaluation only where the uid is the
+        # evaluation's own; elsewhere the cgroup's pids.max bounds the evaluation instead when there is one
+        nproc = None if (uid is None and cgroup is not None) else int(limits.max_procs)
         init = {
             "op": "init",
             "code": code,
             "function_name": function_name,
             "limits": {
                 "memory_mb": int(limits.memory_mb),
-                "cpu_s": limits.effective_cpu_s,
-                "max_procs": int(limits.max_procs),
+                "cpu_s": limits.cpu_limit(timeout_s),
+                "max_procs": nproc,
                 "max_file_mb": int(limits.max_file_mb),
             },
-            "drop": [isolation.SANDBOX_UID, isolation.SANDBOX_GID] if self.bwrap and as_root else None,
+            "drop": [uid, uid] if uid is not None else None,
         }
+        seccomp_program, seccomp_slot = None, None
         if self.bwrap:
             env = isolation.child_env("/tmp", self.candidate_path, self.hash_seed, None)
             cmd = isolation.interpreter_command(self.python, -1, self.site_import, "serve", isolation.WORKER_IN_SANDBOX)
             exposed = isolation.exposed_paths(self.candidate_path, self.ro_paths)
+            hidden, shown = self._package_view(packages)
             prefix = isolation.bwrap_command(
-                self.bwrap, exposed, limits.network, tmp_mb=max(16, 4 * limits.max_file_mb), as_root=as_root
+                self.bwrap,
+                exposed,
+                limits.network,
+                tmp_mb=max(16, 4 * limits.max_file_mb),
+                as_root=as_root,
+                seccomp=self.seccomp is not None,
+                hidden=hidden,
+                shown=shown,
             )
-            argv, cwd, mark = prefix + cmd, "/", None
+            argv, cwd, mark = cgroups.enter_prefix(cgroup) + prefix + cmd, "/", None
+            if self.seccomp is not None:
+                seccomp_program, seccomp_slot = self.seccomp, argv.index(isolation.SECCOMP_FD_PLACEHOLDER)
         else:
             env = isolation.child_env(tmpdir, self.candidate_path, self.hash_seed, marker)
-            argv = isolation.interpreter_command(self.python, -1, self.site_import, "serve")
+            argv = cgroups.enter_prefix(cgroup) + isolation.interpreter_command(
+                self.python, -1, self.site_import, "serve"
+            )
             cwd, mark = tmpdir, (isolation.MARKER_VAR, marker)
         return Launch(
             argv=argv,
@@ -248,12 +317,16 @@ class Sandbox:
             reply_slot=len(argv) - 1,
             init=init,
             timeout_s=timeout_s,
-            cpu_s=limits.effective_cpu_s,
+            cpu_s=limits.cpu_limit(timeout_s),
             memory_mb=limits.memory_mb,
             isolated=self.bwrap is not None,
             marker=mark,
             max_reply_mb=limits.max_result_mb,
             output_cap=limits.max_output_kb * 1024,
+            seccomp=seccomp_program,
+            seccomp_slot=seccomp_slot,
+            cgroup=cgroup,
+            scrub=self._scrub,
         )
 
     def start(self, launch: Launch, deadline: float, out: CappedBuffer, err: CappedBuffer) -> CandidateProcess:
@@ -269,7 +342,8 @@ class Sandbox:
             proc.close()
             kind = header.get("error_kind")
             kind = kind if kind in ("syntax", "import", "memory", "parse", "return_type", "sandbox") else "sandbox"
-            raise CandidateFailure(kind, str(header.get("error"))[:2000])
+            raise CandidateFailure(kind, launch.scrub(str(header.get("error"))[:2000]))
+        proc.load_s = proc.alive_s
         return proc
 
     def execute(
@@ -306,11 +380,20 @@ class Sandbox:
                 self.isolation,
                 None,
             )
+        packages = payload.get("candidate_packages")
+        if packages is not None and (
+            not isinstance(packages, (list, tuple)) or not all(isinstance(p, str) and p for p in packages)
+        ):
+            raise ValueError(f"payload['candidate_packages'] must be a list of package names, got {packages!r}")
         tmpdir = None if self.bwrap else tempfile.mkdtemp(prefix="coevo-sbx-")
         remote = None
         returncode = 0
+        cgroup = None
         try:
-            launch = self.launch(code, function_name, limit, tmpdir)
+            if self.cgroups is not None:
+                # bwrap on the host, its PID 1 and the worker come on top of the candidate's processes
+                cgroup = cgroups.EvaluationCgroup(self.cgroups, self.limits.memory_mb, self.limits.max_procs + 4)
+            launch = self.launch(code, function_name, limit, tmpdir, cgroup, packages)
             deadline = start + limit
             try:  # OSError (the process cannot start) propagates: the caller's problem, not the candidate's
                 remote = RemoteFunction(lambda: self.start(launch, deadline, out, err), deadline, restart=restart)
@@ -329,13 +412,16 @@ class Sandbox:
                     remote.close()
                     returncode = remote.proc.returncode if remote.proc and remote.proc.returncode is not None else 0
         finally:
+            if cgroup is not None:
+                cgroup.close()
             if tmpdir is not None:
                 shutil.rmtree(tmpdir, ignore_errors=True)
-        stdout = out.getvalue().decode("utf-8", errors="replace")
-        stderr = err.getvalue().decode("utf-8", errors="replace")
+        stdout = self._scrub(out.getvalue().decode("utf-8", errors="replace"))
+        stderr = self._scrub(err.getvalue().decode("utf-8", errors="replace"))
         result.duration_s = time.perf_counter() - start
         if not result.valid:
             result.feedback = stderr[-800:]
+            result.error = self._scrub(result.error) if result.error else result.error
         return SandboxRun(
             result=result,
             stdout=stdout,

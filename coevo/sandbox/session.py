@@ -31,6 +31,7 @@ import numpy as np
 
 from coevo.sandbox.errors import CandidateFailure
 from coevo.sandbox.process import DRAIN_S, CappedBuffer, kill_marked, spawn_with_pipe
+from coevo.sandbox.seccomp import filter_fd as seccomp_fd
 from coevo.sandbox.wire import FrameReader, MalformedFrame, decode_value, encode_frame
 
 _CHUNK = 65536
@@ -53,6 +54,9 @@ class Launch:
         memory_mb: RLIMIT_AS (MiB) for messages. isolated: bwrap is in front (exit codes above 128 are
         signals). marker: ``(variable, token)`` to find escaped processes (no bwrap).
         max_reply_mb: largest reply frame accepted (MiB). output_cap: bytes kept per stdout / stderr.
+        seccomp: the filter program (:mod:`coevo.sandbox.seccomp`) whose fd replaces ``argv[seccomp_slot]``
+        at each start, or None. cgroup: the evaluation's :class:`~coevo.sandbox.cgroups.EvaluationCgroup`
+        (its OOM count names a memory failure), or None. scrub: removes host paths from failure text.
     """
 
     argv: list[str]
@@ -68,6 +72,10 @@ class Launch:
     max_reply_mb: int = 8
     output_cap: int = 65536
     popen_kwargs: dict[str, Any] = field(default_factory=dict)
+    seccomp: bytes | None = None
+    seccomp_slot: int | None = None
+    cgroup: Any = None
+    scrub: Callable[[str], str] = field(default=lambda text: text)
 
 
 class CandidateProcess:
@@ -89,14 +97,20 @@ class CandidateProcess:
         self.returncode: int | None = None
         self.started = time.perf_counter()
         kwargs = dict(launch.popen_kwargs)
-        self.proc, self.reply_fd, self.pidfd = spawn_with_pipe(
-            launch.argv,
-            launch.reply_slot,
-            env=launch.env,
-            cwd=launch.cwd,
-            pass_fds=kwargs.pop("pass_fds", ()),
-            **kwargs,
-        )
+        argv, pass_fds, filter_fd = list(launch.argv), tuple(kwargs.pop("pass_fds", ())), None
+        if launch.seccomp is not None:
+            filter_fd = seccomp_fd(launch.seccomp)  # bwrap reads it once: a fresh pipe per start
+            argv[launch.seccomp_slot] = str(filter_fd)
+            pass_fds = (*pass_fds, filter_fd)
+        try:
+            self.proc, self.reply_fd, self.pidfd = spawn_with_pipe(
+                argv, launch.reply_slot, env=launch.env, cwd=launch.cwd, pass_fds=pass_fds, **kwargs
+            )
+        finally:
+            if filter_fd is not None:
+                os.close(filter_fd)
+        #: seconds from the start to the reply to the init frame (start-up and the code's import)
+        self.load_s: float | None = None
         self.fd_in, self.fd_out, self.fd_err = (
             self.proc.stdin.fileno(),
             self.proc.stdout.fileno(),
@@ -145,7 +159,9 @@ class CandidateProcess:
         sig = -rc if rc < 0 else (rc - 128 if self.launch.isolated and rc > 128 else None)
         if sig == signal.SIGXCPU:
             return CandidateFailure("timeout", f"CPU limit of {self.launch.cpu_s} s reached")
-        if any(s in stderr for s in _MEMORY_SIGNS):
+        if any(s in stderr for s in _MEMORY_SIGNS) or (
+            self.launch.cgroup is not None and self.launch.cgroup.oom_killed()
+        ):
             return CandidateFailure("memory", f"out of memory (limit {self.launch.memory_mb} MiB)")
         how = (
             f"signal {signal.Signals(sig).name}"
@@ -154,7 +170,8 @@ class CandidateProcess:
         )
         last = next((x for x in reversed(stderr.splitlines()) if x.strip()), "")
         return CandidateFailure(
-            "sandbox", f"worker ended with {how} without a result" + (f": {last[:300]}" if last else "")
+            "sandbox",
+            f"worker ended with {how} without a result" + (f": {self.launch.scrub(last)[:300]}" if last else ""),
         )
 
     def exchange(
@@ -287,6 +304,7 @@ class RemoteFunction:
         self._limit_s: float | None = None
         self._drivers: dict[str, int] = {}
         self.calls = 0
+        self._charged: set[int] = set()
 
     def _encode(self, value: Any, blobs: list[np.ndarray], prelude: list[bytes]) -> Any:
         if value is None or isinstance(value, (bool, int, float, str)):
@@ -341,6 +359,16 @@ class RemoteFunction:
         self.proc = self._spawn()
         return self.proc
 
+    def take_load_s(self) -> float:
+        """Seconds the current process took to start and import the candidate's code, the first time this
+        is asked for that process (0.0 afterwards, and for a process that has not loaded): the caller adds
+        it to the time of the instance the process serves first, so work done at import time is counted."""
+        proc = self.proc
+        if proc is None or proc.load_s is None or id(proc) in self._charged:
+            return 0.0
+        self._charged.add(id(proc))
+        return proc.load_s
+
     def __call__(self, *args: Any) -> Any:
         """``fn(*args)`` answered by the candidate's process (see the class docstring)."""
         return self._request({"op": "call"}, args)
@@ -383,7 +411,7 @@ class RemoteFunction:
         if ok is False:
             kind = header.get("error_kind")
             kind = kind if kind in ("runtime", "memory", "return_type", "infeasible", "timeout") else "runtime"
-            raise CandidateFailure(kind, str(header.get("error"))[:2000])
+            raise CandidateFailure(kind, proc.launch.scrub(str(header.get("error"))[:2000]))
         self._broken = CandidateFailure("sandbox", "malformed reply: neither a value nor an error")
         proc.close()
         raise self._broken

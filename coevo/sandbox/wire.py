@@ -8,7 +8,8 @@ Everything read back from the candidate's process is untrusted data: :class:`Fra
 header above ``max_header`` bytes or a frame above ``max_frame`` bytes, parses the header with
 :func:`json.loads` only (no pickle, nothing that runs code; ``NaN``/``Infinity`` become floats), accepts
 array dtypes from :data:`coevo.sandbox.worker.DTYPES` only and exactly ``prod(shape) * itemsize`` bytes
-per array, and raises :class:`MalformedFrame` for anything else.
+per array with no dimension above ``max_frame`` (so an empty array of shape ``[0, 2**62, 2**62]`` is refused
+too), and raises :class:`MalformedFrame` for anything else.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ class FrameReader:
             ):
                 raise MalformedFrame(f"bad array spec in reply: {str(spec)[:100]}")
             dtype = _DTYPES[spec["dtype"]]
+            if any(s > self.max_frame for s in spec["shape"]):  # also for empty arrays: [0, 2**62, 2**62]
+                raise MalformedFrame(f"array shape {str(spec['shape'])[:100]} in reply exceeds {self.max_frame}")
             nbytes = math.prod(spec["shape"]) * dtype.itemsize
             if total + nbytes > self.max_frame:
                 raise MalformedFrame(f"reply larger than {self.max_frame} bytes")
@@ -111,7 +114,10 @@ class FrameReader:
             return None
         arrays = []
         for dtype, shape, start, nbytes in layout:
-            arr = np.frombuffer(bytes(self.buf[start : start + nbytes]), dtype=dtype).reshape(shape)
+            try:
+                arr = np.frombuffer(bytes(self.buf[start : start + nbytes]), dtype=dtype).reshape(shape)
+            except (ValueError, MemoryError) as exc:
+                raise MalformedFrame(f"array of shape {list(shape)[:8]} in reply: {str(exc)[:100]}") from None
             arrays.append(arr)  # frombuffer on bytes: read-only
         del self.buf[:total]
         return header, arrays

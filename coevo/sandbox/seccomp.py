@@ -1,0 +1,280 @@
+"""The system-call filter of a sandboxed evaluation: a classic-BPF seccomp program, built here without
+libseccomp, handed to bubblewrap (``--seccomp FD``), which installs it right before it executes the worker.
+
+What a heuristic never needs is refused with ``EPERM`` (:data:`DENIED`): the kernel keyring
+(``keyctl``, ``add_key``, ``request_key`` -- a user keyring outlives the processes that wrote it, so an
+evaluation could leave data for the next one), new namespaces (``unshare``, ``setns``, and ``clone`` with
+any ``CLONE_NEW*`` flag -- a new user namespace would give the candidate its own mounts and tmpfs, outside
+the memory accounting of its sandbox), mounts, ``ptrace`` and cross-process memory access, ``bpf``,
+``perf_event_open``, ``userfaultfd``, ``io_uring`` (its operations bypass the filter), kernel modules,
+reboot, clock, host name and swap changes. ``clone3`` gets ``ENOSYS`` (its flags sit in memory a filter
+cannot read), so the C library falls back to ``clone``, whose flags are checked. A call from another ABI
+(32-bit ``int 0x80`` on x86_64, the x32 ABI) kills the process: the numbers below would not apply to it.
+
+Program layout (``struct sock_filter`` = ``<HBBI``, ``struct seccomp_data`` = nr @0, arch @4, args @16 + 8 i;
+Linux ``Documentation/userspace-api/seccomp_filter.rst``): check the architecture, load the number, one
+``JEQ`` per refused call, ``clone``'s flags tested with ``JSET``, then ``ALLOW``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import platform
+import struct
+
+# BPF opcodes (linux/filter.h, linux/bpf_common.h)
+_LD_W_ABS = 0x20
+_JEQ_K = 0x15
+_JGE_K = 0x35
+_JSET_K = 0x45
+_RET_K = 0x06
+# seccomp return actions (linux/seccomp.h)
+RET_ALLOW = 0x7FFF0000
+RET_ERRNO = 0x00050000
+RET_KILL_PROCESS = 0x80000000
+# struct seccomp_data offsets
+_NR, _ARCH, _ARG0 = 0, 4, 16
+
+#: ``CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET`` (linux/sched.h)
+CLONE_NEW_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+
+#: the refused calls (see the module docstring), by name
+DENIED = (
+    "keyctl",
+    "add_key",
+    "request_key",
+    "unshare",
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "pidfd_getfd",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
+    "sethostname",
+    "setdomainname",
+    "quotactl",
+    "quotactl_fd",
+    "name_to_handle_at",
+    "open_by_handle_at",
+    "syslog",
+    "vhangup",
+    "lookup_dcookie",
+)
+
+#: per machine: (AUDIT_ARCH_* value, first number of a foreign ABI sharing the arch value or None, numbers)
+_X86_64 = {
+    "keyctl": 250,
+    "add_key": 248,
+    "request_key": 249,
+    "unshare": 272,
+    "setns": 308,
+    "mount": 165,
+    "umount2": 166,
+    "pivot_root": 155,
+    "chroot": 161,
+    "ptrace": 101,
+    "process_vm_readv": 310,
+    "process_vm_writev": 311,
+    "bpf": 321,
+    "perf_event_open": 298,
+    "userfaultfd": 323,
+    "kexec_load": 246,
+    "kexec_file_load": 320,
+    "init_module": 175,
+    "finit_module": 313,
+    "delete_module": 176,
+    "reboot": 169,
+    "swapon": 167,
+    "swapoff": 168,
+    "acct": 163,
+    "settimeofday": 164,
+    "clock_settime": 227,
+    "clock_adjtime": 305,
+    "adjtimex": 159,
+    "sethostname": 170,
+    "setdomainname": 171,
+    "quotactl": 179,
+    "name_to_handle_at": 303,
+    "open_by_handle_at": 304,
+    "syslog": 103,
+    "vhangup": 153,
+    "lookup_dcookie": 212,
+    "clone": 56,
+    "iopl": 172,
+    "ioperm": 173,
+    "uselib": 134,
+}
+_AARCH64 = {
+    "keyctl": 219,
+    "add_key": 217,
+    "request_key": 218,
+    "unshare": 97,
+    "setns": 268,
+    "mount": 40,
+    "umount2": 39,
+    "pivot_root": 41,
+    "chroot": 51,
+    "ptrace": 117,
+    "process_vm_readv": 270,
+    "process_vm_writev": 271,
+    "bpf": 280,
+    "perf_event_open": 241,
+    "userfaultfd": 282,
+    "kexec_load": 104,
+    "kexec_file_load": 294,
+    "init_module": 105,
+    "finit_module": 273,
+    "delete_module": 106,
+    "reboot": 142,
+    "swapon": 224,
+    "swapoff": 225,
+    "acct": 89,
+    "settimeofday": 170,
+    "clock_settime": 112,
+    "clock_adjtime": 266,
+    "adjtimex": 171,
+    "sethostname": 161,
+    "setdomainname": 162,
+    "quotactl": 60,
+    "name_to_handle_at": 264,
+    "open_by_handle_at": 265,
+    "syslog": 116,
+    "vhangup": 58,
+    "lookup_dcookie": 18,
+    "clone": 220,
+}
+_COMMON = {  # numbers shared by both tables (the unified numbering of newer calls)
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "clone3": 435,
+    "pidfd_getfd": 438,
+    "mount_setattr": 442,
+    "quotactl_fd": 443,
+}
+#: machine -> (AUDIT_ARCH value, numbers at or above this are another ABI (x32) or None, syscall table)
+ARCHES = {
+    "x86_64": (0xC000003E, 0x40000000, {**_X86_64, **_COMMON}),
+    "aarch64": (0xC00000B7, None, {**_AARCH64, **_COMMON}),
+}
+#: refused on x86_64 only (no such call elsewhere)
+_X86_ONLY = ("iopl", "ioperm", "uselib")
+
+
+def supported(machine: str | None = None) -> bool:
+    """Whether a filter can be built for ``machine`` (default: this one, ``platform.machine()``)."""
+    return (machine or platform.machine()) in ARCHES
+
+
+def _ins(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+    return struct.pack("<HBBI", code, jt, jf, k)
+
+
+def denied_numbers(machine: str | None = None) -> dict[str, int]:
+    """The refused calls of ``machine`` by name -> number (``clone`` and ``clone3`` excluded).
+
+    Raises:
+        ValueError: no table for this machine (:func:`supported` is False).
+    """
+    machine = machine or platform.machine()
+    if machine not in ARCHES:
+        raise ValueError(f"no seccomp table for machine {machine!r} (known: {sorted(ARCHES)})")
+    table = ARCHES[machine][2]
+    names = [*DENIED, *(_X86_ONLY if machine == "x86_64" else ())]
+    return {n: table[n] for n in names}
+
+
+def build_filter(machine: str | None = None) -> bytes:
+    """The filter program for ``machine`` (default: this one) as bubblewrap's ``--seccomp`` reads it: an
+    array of ``struct sock_filter`` (8 bytes each, native little-endian), no header.
+
+    Raises:
+        ValueError: no table for this machine.
+    """
+    machine = machine or platform.machine()
+    deny = sorted(set(denied_numbers(machine).values()))
+    arch, foreign_from, table = ARCHES[machine]
+    body: list[tuple] = []  # (code, k, jt label or offset, jf label or offset)
+    body.append((_LD_W_ABS, _ARCH, 0, 0))
+    body.append((_JEQ_K, arch, 1, 0))
+    body.append((_RET_K, RET_KILL_PROCESS, 0, 0))
+    body.append((_LD_W_ABS, _NR, 0, 0))
+    if foreign_from is not None:
+        body.append((_JGE_K, foreign_from, "kill", 0))
+    for nr in deny:
+        body.append((_JEQ_K, nr, "eperm", 0))
+    body.append((_JEQ_K, table["clone3"], "enosys", 0))
+    body.append((_JEQ_K, table["clone"], 0, "allow"))
+    body.append((_LD_W_ABS, _ARG0, 0, 0))  # low 32 bits of clone's flags (little-endian)
+    body.append((_JSET_K, CLONE_NEW_FLAGS, "eperm", "allow"))
+    labels = {"allow": len(body), "eperm": len(body) + 1, "enosys": len(body) + 2, "kill": len(body) + 3}
+    tail = [
+        (_RET_K, RET_ALLOW),
+        (_RET_K, RET_ERRNO | errno.EPERM),
+        (_RET_K, RET_ERRNO | errno.ENOSYS),
+        (_RET_K, RET_KILL_PROCESS),
+    ]
+    out = []
+    for i, (code, k, jt, jf) in enumerate(body):
+        jt = labels[jt] - i - 1 if isinstance(jt, str) else jt
+        jf = labels[jf] - i - 1 if isinstance(jf, str) else jf
+        if not (0 <= jt <= 255 and 0 <= jf <= 255):
+            raise ValueError("seccomp program too long for 8-bit jumps")
+        out.append(_ins(code, k, jt, jf))
+    out += [_ins(code, k) for code, k in tail]
+    return b"".join(out)
+
+
+def filter_fd(program: bytes) -> int:
+    """A readable file descriptor holding ``program`` (a pipe whose write end is already closed), to be
+    passed to bubblewrap as ``--seccomp FD``; the caller closes it once the child has started.
+
+    Raises:
+        OSError: no pipe could be made, or the program does not fit into the pipe's buffer.
+    """
+    read_fd, write_fd = os.pipe()
+    try:
+        if os.write(write_fd, program) != len(program):
+            raise OSError("seccomp program did not fit into a pipe")
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+    return read_fd
