@@ -70,5 +70,5 @@ def test_deep_candidate_is_an_invalid_sample_in_evaluation_and_cli(tmp_path, cap
     path.write_text(DEEP)
     rc = main(["heuristics", "eval", "bpp_online", str(path), "--size", "50", "--count", "2", "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert rc in (0, 1) and out["valid"] is False and out["n_invalid"] == 2
+    assert rc == 3 and out["valid"] is False and out["n_invalid"] == 2
     assert out["error_kind"] == "syntax"

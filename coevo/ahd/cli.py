@@ -6,8 +6,10 @@
 ``eval`` runs the file through the sandbox on every instance (going on after failures, to count them) and
 prints the mean objective, the gap and what it is measured against, and the number of invalid instances.
 ``--timeout S`` is the wall-clock limit of EACH instance (default :data:`DEFAULT_INSTANCE_TIMEOUT_S`): an
-instance that runs out of time is invalid (kind ``timeout``) and the next one starts in a fresh process, so
-a heuristic that is valid but slow on large instances is reported per instance, not invalid as a whole.
+instance that runs out of time is invalid (kind ``timeout``) and ends the evaluation (the instances after it
+are not run and count as invalid, so an endless loop costs one limit); an instance whose process crashed is
+invalid alone and the next one starts in a fresh process. Instances before the first timeout are reported
+one by one, so a heuristic that is valid but slow on large instances is not invalid as a whole.
 With ``--json`` it prints one object with keys mean_objective, gap_percent, reference, n_instances,
 n_invalid, invalid_reasons, instance_timeout_s and ``instances`` (per instance: name, objective, valid,
 time_s, error_kind, error), plus problem, direction, objective_name, valid, error_kind; non-finite numbers

@@ -211,6 +211,12 @@ def _time_options(
     return out
 
 
+def _package_option(problem: HeuristicProblem) -> dict[str, Any]:
+    """The payload key naming the packages the candidate may import (read by the sandbox; absent = all)."""
+    packages = problem.candidate_packages
+    return {} if packages is None else {"candidate_packages": list(packages)}
+
+
 def default_sandbox() -> Any:
     """A :class:`coevo.sandbox.runner.Sandbox` with its default limits (imported lazily)."""
     from coevo.sandbox.runner import Sandbox
@@ -263,6 +269,7 @@ def evaluate_heuristic(
         "problem": str(prob.root),
         "instances_path": str(instances_file(inst)),
         "keep_going": keep_going,
+        **_package_option(prob),
         **_time_options(prob, inst, sandbox, timeout_s, instance_timeout_s, timeout_basis),
     }
     raw = sandbox.run(code, prob.resolve_function_name(code), TARGET, payload)
@@ -291,6 +298,7 @@ def evaluate_many(
     payload = {
         "problem": str(prob.root),
         "instances_path": str(instances_file(inst)),
+        **_package_option(prob),
         **_time_options(prob, inst, sandbox, timeout_s, instance_timeout_s, timeout_basis),
     }
     requests = [

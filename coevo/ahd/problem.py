@@ -193,6 +193,10 @@ class HeuristicProblem(ABC):
         func_inputs, func_outputs: argument / return names (EoH prompt parts).
         sizes: the usual instance sizes; default_size, default_count: the CLI defaults.
         reference_name: the reference used for generated instances (shown with every gap).
+        candidate_packages: the third-party distributions a candidate may import (the standard library is
+            always there; what they require comes along); ``None`` = all of site-packages. Default
+            ``("numpy",)``: the reference solver (elkai) and every other installed package are not visible
+            in the sandbox.
 
     Args:
         root: the problem folder (where ``seed_heuristic.py`` and ``README.md`` live).
@@ -210,6 +214,7 @@ class HeuristicProblem(ABC):
     default_size: ClassVar[int] = 0
     default_count: ClassVar[int] = 64
     reference_name: ClassVar[str] = ""
+    candidate_packages: ClassVar[tuple[str, ...] | None] = ("numpy",)
     instance_fields: ClassVar[tuple[str, ...]] = ()
     max_count: ClassVar[int] = 100_000
     max_cells: ClassVar[int] = 100_000_000  # array entries over all generated instances (800 MB as float64)
@@ -370,7 +375,11 @@ class HeuristicProblem(ABC):
             ``{"objectives": [float per instance], "names": [str], "times_s": [wall s per instance]}``; with
             ``keep_going`` also ``"failures": [None or {"kind": failure kind, "error": detail}]`` and
             ``None`` objectives for failed instances (instances not reached after the evaluation's own
-            limit count as failed, kind ``timeout``).
+            limit count as failed, kind ``timeout``). The first instance that times out ends the evaluation:
+            the instances after it are not run and count as failed (kind ``timeout``), so an endless loop
+            costs one time limit, not one per instance. ``times_s`` of the first instance a candidate
+            process serves includes that process's start and the import of the candidate's code (work
+            done at import time is counted).
 
         Raises:
             InvalidReturn, InfeasibleSolution, CandidateFailure: (not keep_going) on the first instance where
@@ -379,12 +388,19 @@ class HeuristicProblem(ABC):
         if not callable(fn):
             raise InvalidReturn(f"{self.function_name} is not callable (got {type(fn).__name__})")
         call = heuristic_call(fn)
-        if keep_going and getattr(call, "is_remote_function", False):
-            call.restart = True  # a fresh process for the instance after one that timed out or crashed
+        remote = getattr(call, "is_remote_function", False)
+        if keep_going and remote:
+            call.restart = True  # a fresh process for the instance after one that crashed
         objectives: list[float | None] = []
         failures: list[dict[str, str] | None] = []
         times: list[float] = []
+        timed_out = None
         for inst in instances:
+            if timed_out is not None:  # the first timeout ends the evaluation: the rest is not run
+                objectives.append(None)
+                failures.append({"kind": "timeout", "error": f"not run: {timed_out}"[:500]})
+                times.append(0.0)
+                continue
             start = time.perf_counter()
             try:
                 with call.limit(instance_timeout_s):
@@ -396,8 +412,12 @@ class HeuristicProblem(ABC):
                     raise
                 objectives.append(None)
                 detail = str(exc) if isinstance(exc, CandidateFailure) else f"{type(exc).__name__}: {exc}"
-                failures.append({"kind": failure_kind(exc), "error": detail[:500]})
-            times.append(time.perf_counter() - start)
+                kind = failure_kind(exc)
+                failures.append({"kind": kind, "error": detail[:500]})
+                if kind == "timeout":
+                    timed_out = f"an earlier instance timed out ({detail[:200]})"
+            # the import of the candidate's code (and its process start) counts for the first instance it serves
+            times.append(time.perf_counter() - start + (call.take_load_s() if remote else 0.0))
         out: dict[str, Any] = {"objectives": objectives, "names": list(instances.names), "times_s": times}
         if keep_going:
             out["failures"] = failures
