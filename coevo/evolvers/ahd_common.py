@@ -24,6 +24,7 @@ from pydantic import Field, field_validator
 from coevo.ahd.population import Individual
 from coevo.ahd.problem import HeuristicProblem, load_problem
 from coevo.ahd.sampler import HeuristicSampler
+from coevo.ahd.seeds import run_instance_seed
 from coevo.artifacts import HEURISTIC
 from coevo.evolvers.base import Evolver, EvolverConfig, RunContext
 from coevo.sandbox.runner import SandboxLimits
@@ -37,12 +38,23 @@ class AHDConfig(EvolverConfig):
     problem: str = Field(description="heuristic problem: a folder name under heuristics/ (e.g. tsp_construct)")
     train_size: int | None = Field(None, ge=1, description="training instance size (default: the problem's)")
     train_count: int = Field(8, ge=1, description="training instances (EoH: 8 x TSP50)")
-    train_seed: int = Field(2024, ge=0, description="seed of the training instances")
+    train_seed: int | None = Field(
+        None,
+        ge=0,
+        description="seed of the training instances; default (null): drawn at random when the run starts and "
+        "kept in the run folder (coevo.ahd.seeds), so no candidate can regenerate its instances; an explicit "
+        "seed is knowable by whoever reads the config",
+    )
     test_sizes: list[int] | None = Field(
         None, description="held-out test sizes for the report (default: the problem's first three sizes)"
     )
     test_count: int = Field(16, ge=1, description="held-out instances per test size")
-    test_seed: int = Field(1234, ge=0, description="seed of the held-out instances (keep != train_seed)")
+    test_seed: int | None = Field(
+        None,
+        ge=0,
+        description="seed of the held-out instances (keep != train_seed); default (null): drawn per run like "
+        "train_seed",
+    )
     eval_timeout_s: float = Field(30.0, gt=0, description="wall-clock limit of one evaluation (s)")
     eval_memory_mb: int = Field(2048, ge=64, description="address-space limit of one evaluation (MiB)")
     eval_workers: int = Field(2, ge=1, description="evaluations run in parallel")
@@ -110,6 +122,8 @@ class AHDEvolver(Evolver):
             raise ValueError(f"evolvers.{name}.problem: {exc}") from None
         self.train_size = config.train_size or self.problem.default_size
         c = config
+        self.train_seed = run_instance_seed(ctx.run_dir, name, "train", c.train_seed)
+        self.test_seed = run_instance_seed(ctx.run_dir, name, "test", c.test_seed)
         self.sampler = HeuristicSampler(
             self.problem,
             owner=name,
@@ -121,7 +135,7 @@ class AHDEvolver(Evolver):
             ),
             train_size=self.train_size,
             train_count=c.train_count,
-            train_seed=c.train_seed,
+            train_seed=self.train_seed,
             limits=SandboxLimits(timeout_s=c.eval_timeout_s, memory_mb=c.eval_memory_mb),
             workers=c.eval_workers,
             default_policy=lambda: ctx.policy,
@@ -189,7 +203,7 @@ class AHDEvolver(Evolver):
         key = (hashlib.sha256(code.encode()).hexdigest(), size)
         if key not in self._test_cache:
             t0 = time.perf_counter()
-            inst = self.problem.generate(size, self.config.test_count, self.config.test_seed)
+            inst = self.problem.generate(size, self.config.test_count, self.test_seed)
             self._test_cache[key] = self.sampler.evaluate(
                 [code], inst, timeout_basis=(self.train_size, self.config.train_count)
             )[0]
@@ -315,7 +329,7 @@ class AHDEvolver(Evolver):
                 f"Problem `{p.name}`: objective = {p.objective_name} ({p.direction}, {better} is better); the "
                 f"rewards of this evolver's samples and EoH children in the run tables are the {self.sampler.reward_unit}. "
                 f"Training set {self.train_tag}; held-out instances: {self.config.test_count} per size, seed "
-                f"{self.config.test_seed}. Per held-out size: the seed heuristic vs the best heuristic (mean "
+                f"{self.test_seed}. Per held-out size: the seed heuristic vs the best heuristic (mean "
                 f"objective), each with its gap to the reference named in the `reference` column."
             ),
             "",
