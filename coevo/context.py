@@ -81,7 +81,10 @@ class RunContext:
             :meth:`sampling_params`.
         progress: called as ``progress(kind, n)`` on progress inside a step (set by the loop, may be None):
             ``"sampling"`` (n LLM samples about to be drawn), ``"samples"`` (n drawn) and ``"trajectories"``
-            (n new trajectories recorded, e.g. evaluated candidates). See :meth:`report_progress`.
+            (n new trajectories recorded, e.g. evaluated candidates); ``"loading"`` / ``"loaded"`` around
+            the creation of the policy; from a backend that reports decoding (``policy.progress``, set by
+            :meth:`observe`): ``"batch"`` (rows of a model batch), ``"tokens"`` (rows still decoding, once per
+            step) and ``"rows"`` (rows finished). See :meth:`report_progress`.
         stop_requested: why the run should stop at the next sample boundary (set by :meth:`request_stop`,
             e.g. on SIGINT), or None.
 
@@ -123,7 +126,12 @@ class RunContext:
                 from coevo.errors import ConfigError
 
                 raise ConfigError("this run has no model configured (config field `model`)")
-            self._policy = self.observe(self.policy_factory())
+            self.report_progress("loading", 1)  # a model may take minutes to build and load: say so
+            try:
+                policy = self.policy_factory()
+            finally:
+                self.report_progress("loaded", 1)
+            self._policy = self.observe(policy)
         return self._policy
 
     @property
@@ -151,6 +159,8 @@ class RunContext:
             policy._unobserved = originals  # type: ignore[attr-defined]
         for name, inner in originals.items():
             setattr(policy, name, self._observed(inner))
+        if hasattr(policy, "progress"):  # a backend that reports decoding progress (HFPolicy: tokens, rows)
+            policy.progress = self.report_progress  # type: ignore[attr-defined]
         policy._observed_by = self  # type: ignore[attr-defined]
         return policy
 

@@ -380,6 +380,11 @@ class CoEvolutionLoop:
             name = signal.Signals(signum).name
             if self.ctx.stop_requested is None:
                 self.ctx.request_stop(f"interrupted by {name}", signum)
+                again = "Ctrl-C" if signum == signal.SIGINT else name
+                self.progress.acknowledge(
+                    f"{name} received: stopping before the next batch of LLM samples (the current one finishes; "
+                    f"the unfinished step re-runs on resume); {again} again stops at once"
+                )
             else:
                 raise RunInterrupted(f"interrupted by {name} (second signal: step aborted)", signum)
 
@@ -424,6 +429,7 @@ class CoEvolutionLoop:
             max_rounds=self.config.budget.max_rounds,
             max_samples=self.config.budget.max_samples,
             quiet=self.quiet,
+            model=self.config.model.name if self.config.model is not None else None,
         )
         self.ctx.progress = self.progress.event
         self._current: tuple[int, str] | None = None

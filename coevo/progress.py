@@ -17,11 +17,22 @@ Modes:
 ``auto`` picks ``bar`` when the stream is a terminal, else ``lines``. In every mode the same bounded-rate
 lines are also logged (logger ``coevo.progress``, INFO), which the loop writes to the run folder's
 ``run.log``.
+
+Long phases show life: while the run's model is created (``"loading"`` ... ``"loaded"``, minutes for a first
+build of the embedded model) the line says so, and the progress bars of libraries (transformers' GGUF
+conversion, written with ``tqdm`` to stderr) are kept off the stream: their latest state is shown in the
+line instead (:class:`_BarSink`). While a model batch decodes, the backend's counter
+(:class:`coevo.backends.streaming.DecodeCounter`) reports the rows finished and tokens decoded, so the
+line changes during a 15-minute batch. :meth:`RunProgress.acknowledge` prints a message at once from
+another context (the loop's SIGINT handler: "stopping after the current batch"), through the heartbeat
+thread, so a signal handler never writes to the stream itself.
 """
 
 from __future__ import annotations
 
+import io
 import logging
+import re
 import sys
 import threading
 import time
@@ -35,6 +46,56 @@ def _hms(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
+def loading_text(model: str | None) -> str:
+    """What the line says while the run's model is created: ``loading model NAME``, or, for an embedded model
+    not built yet, that it is being built first (about two minutes)."""
+    if not model:
+        return "loading the model"
+    try:
+        from coevo.backends.models import MODEL_REGISTRY, default_cache_dir, read_marker
+
+        spec = MODEL_REGISTRY.get(model)
+        if (
+            spec is not None
+            and (read_marker(default_cache_dir() / "models" / spec.name) or {}).get("sha256") != spec.sha256
+        ):
+            return f"building model {model} from its installed GGUF packages (first use, about 2 min), then loading it"
+    except (ImportError, OSError, ValueError):
+        pass
+    return f"loading model {model}"
+
+
+class _BarSink(io.TextIOBase):
+    """Stands in for ``sys.stderr`` while the model is created: a progress bar's redraws (``tqdm`` writes
+    ``"\r" + bar``, then a lone newline when it closes) are kept, the latest as :attr:`bar`; any other text
+    (warnings) goes on to the real stream."""
+
+    def __init__(self, real: TextIO) -> None:
+        super().__init__()
+        self.real = real
+        self.bar: str | None = None
+        self._open = False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if "\r" in text:
+            tail = text.rsplit("\r", 1)[-1].strip()
+            if tail:
+                self.bar = re.sub(r"\s+", " ", tail)
+            self._open = True
+            return len(text)
+        if self._open and text.strip() == "":
+            self._open = False
+            return len(text)
+        self.real.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.real.flush()
+
+
 class RunProgress:
     """Progress display of one run session (module docstring).
 
@@ -44,6 +105,7 @@ class RunProgress:
         interval_s: minimum seconds between two progress lines (lines mode and the log), > 0.
         max_rounds, max_samples: budget totals shown beside the counters (None = unknown).
         quiet: :meth:`note` only logs (in every mode, including "off", notes are printed otherwise).
+        model: the run's model name, for the line shown while it loads (None: "the model").
     """
 
     def __init__(
@@ -55,6 +117,7 @@ class RunProgress:
         max_rounds: int | None = None,
         max_samples: int | None = None,
         quiet: bool = False,
+        model: str | None = None,
     ) -> None:
         if mode not in ("auto", "bar", "lines", "off"):
             raise ValueError(f"progress mode must be auto, bar, lines or off, got {mode!r}")
@@ -73,6 +136,14 @@ class RunProgress:
         self.step_samples = 0  # drawn in the current step (reported by the policy hook)
         self.step_trajectories = 0
         self.pending = 0  # samples being drawn right now
+        self.model = model
+        self.loading: str | None = None  # what is being loaded (the line says it), None when nothing is
+        self.batch_rows = 0  # rows of the model batch decoding now (0: none), its rows finished, tokens decoded
+        self.rows_done = 0
+        self.tokens = 0
+        self._sink: _BarSink | None = None
+        self._acks: list[str] = []
+        self._wake = threading.Event()
         self.best: dict[str, float] = {}
         self.started = time.monotonic()
         self._last_line = float("-inf")
@@ -108,15 +179,49 @@ class RunProgress:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop the bar and the heartbeat (idempotent)."""
+        """Stop the bar and the heartbeat, print any acknowledgement not printed yet (idempotent)."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
         with self._lock:
+            self._release_stderr()
+            self._print_acks()
             if self._bar is not None:
                 self._bar.stop()
                 self._bar = None
+
+    def acknowledge(self, text: str) -> None:
+        """Print ``text`` at once (within a fraction of a second, through the heartbeat thread; logged only when
+        quiet); safe to call from a signal handler (it only queues the text)."""
+        self._acks.append(text)
+        self._wake.set()
+
+    def _print_acks(self) -> None:
+        while self._acks:
+            text = self._acks.pop(0)
+            log.info(text)
+            if not self.quiet:
+                self._print(text)
+
+    def _print(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(text, markup=False, highlight=False)
+        else:
+            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", file=self.stream, flush=True)
+
+    def _hold_stderr(self) -> None:
+        """Route ``sys.stderr`` through a :class:`_BarSink` (while the model is created)."""
+        if self._sink is None and self.mode != "off":
+            self._sink = _BarSink(sys.stderr)
+            sys.stderr = self._sink
+
+    def _release_stderr(self) -> None:
+        if self._sink is not None:
+            if sys.stderr is self._sink:
+                sys.stderr = self._sink.real
+            self._sink = None
 
     # ------------------------------------------------------------------ feeding
     def step_started(self, round_index: int, evolver: str, space: str, samples_used: int) -> None:
@@ -127,22 +232,38 @@ class RunProgress:
             self._line()
 
     def event(self, kind: str, n: int = 1) -> None:
-        """The run context's ``progress`` callback: ``kind`` is "sampling", "samples" or "trajectories"."""
+        """The run context's ``progress`` callback: ``kind`` is "sampling", "samples", "trajectories",
+        "loading" / "loaded" (the model), or a backend's "batch", "tokens", "rows" (see the module docstring)."""
         with self._lock:
             if kind == "sampling":
                 self.pending = n
+                self.batch_rows = 0
             elif kind == "samples":
                 self.step_samples += n
-                self.pending = 0
+                self.pending = self.batch_rows = 0
             elif kind == "trajectories":
                 self.step_trajectories += n
+            elif kind == "loading":
+                self.loading = loading_text(self.model)
+                self._hold_stderr()
+                self._line(force=True)
+            elif kind == "loaded":
+                self._release_stderr()
+                self.loading = None
+                self._line(force=True)
+            elif kind == "batch":
+                self.batch_rows, self.rows_done, self.tokens = n, 0, 0
+            elif kind == "tokens":
+                self.tokens += n
+            elif kind == "rows":
+                self.rows_done += n
             self._refresh()
             self._line()
 
     def step_finished(self, samples_used: int, best: dict[str, float | None]) -> None:
         with self._lock:
             self.best = {k: v for k, v in best.items() if v is not None}
-            self.samples_base, self.step_samples, self.pending = samples_used, 0, 0
+            self.samples_base, self.step_samples, self.pending, self.batch_rows = samples_used, 0, 0, 0
             self._refresh()
             self._line()
 
@@ -157,10 +278,7 @@ class RunProgress:
         if self.quiet:
             return
         with self._lock:
-            if self._bar is not None:
-                self._bar.console.print(text, markup=False, highlight=False)
-            else:
-                print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", file=self.stream, flush=True)
+            self._print(text)
 
     # ------------------------------------------------------------------ output
     def status(self) -> str:
@@ -172,15 +290,24 @@ class RunProgress:
         if self.step is not None:
             parts.append(f"{self.step[0]} ({self.step[1]})")
         parts.append(f"LLM samples {samples}")
-        if self.step is not None:
-            step = f"this step: {self.step_samples} samples, {self.step_trajectories} trajectories"
-            if self.pending:
-                step += f", drawing {self.pending}"
-            parts.append(step)
+        if self.loading:
+            parts.append(self.loading + (f" ({self._sink.bar})" if self._sink is not None and self._sink.bar else ""))
+        elif self.step is not None:
+            parts.append(
+                f"this step: {self.step_samples} samples, {self.step_trajectories} trajectories{self._drawing()}"
+            )
         if self.best:
             parts.append("best " + " ".join(f"{k}={v:.4g}" for k, v in self.best.items()))
         parts.append(f"elapsed {_hms(time.monotonic() - self.started)}")
         return " · ".join(parts)
+
+    def _drawing(self) -> str:
+        """``, drawing 8 (batch of 8 rows: 3 finished, 412 tokens)``: what is being sampled now, or ""."""
+        text = f", drawing {self.pending}" if self.pending else ""
+        if self.batch_rows:
+            text += f"{' (' if text else ', decoding ('}batch of {self.batch_rows} rows: {self.rows_done} finished, "
+            text += f"{self.tokens} tokens)"
+        return text
 
     def _refresh(self) -> None:
         if self._bar is None:
@@ -191,8 +318,7 @@ class RunProgress:
             info=f"round {self.round} · {self.step[0]} ({self.step[1]})" if self.step else "",
         )
         step = f"step: {self.step_samples} samples, {self.step_trajectories} trajectories" if self.step else ""
-        if self.pending:
-            step += f", drawing {self.pending}"
+        step = self.loading or step + self._drawing()
         best = " ".join(f"{k}={v:.4g}" for k, v in self.best.items())
         self._bar.update(
             self._tasks["samples"],
@@ -211,7 +337,12 @@ class RunProgress:
             print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}", file=self.stream, flush=True)
 
     def _heartbeat(self) -> None:
-        while not self._stop.wait(min(1.0, self.interval_s / 2)):
+        while not self._stop.is_set():
+            self._wake.wait(min(1.0, self.interval_s / 2))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             with self._lock:
+                self._print_acks()
                 if time.monotonic() - self._last_line >= self.interval_s:
                     self._line()

@@ -236,7 +236,9 @@ def test_progress_lines_without_a_terminal_quiet_and_log_files(tmp_path):
     assert len(set(counts)) >= 3  # moved inside steps, not once per step
     assert lines[-1].endswith("stopped: round budget reached (2 rounds)")
     log = (run / "run.log").read_text()
-    assert "session start" in log and "this step:" in log and "round 1 a: 10 samples, 10 trajectories, best reward" in log
+    assert (
+        "session start" in log and "this step:" in log and "round 1 a: 10 samples, 10 trajectories, best reward" in log
+    )
     assert "StepReport(" not in log and "; metrics: total=" in log  # words, not a Python repr
     assert extra.read_text() == log
 

@@ -72,7 +72,7 @@ def test_es_section_says_applied_how_many_generations_and_why_no_held_out(run):
     assert "- wall clock: " in head and "(no wall-clock budget)" in head
     es = _section(report, "es")
     assert "2 of its 4 generations ran (the run stopped first: see the stop reason at the top)" in es
-    rows = [line for line in es.splitlines() if line.startswith("| 0 |") or line.startswith("| 1 |")]
+    rows = [line for line in es.splitlines() if line.startswith(("| 0 |", "| 1 |"))]
     assert len(rows) == 2 and all(line.endswith("| applied |") for line in rows), rows
     assert "No held-out evaluation of the centre: `eval_every` is 0 in this config" in es
 

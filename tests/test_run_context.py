@@ -41,16 +41,23 @@ def test_the_run_policy_reports_each_batch_and_stays_an_hf_policy(ctx):
     out = policy.generate(CONVS, ctx.sampling_params(max_new_tokens=3, temperature=0.0))
     assert len(out) == 2
     policy.logprob(CONVS[:1], ["Hello"])
-    assert ctx.events == [("sampling", 2), ("samples", 2), ("sampling", 1), ("samples", 1)]
+    assert ctx.events[:2] == [("loading", 1), ("loaded", 1)]  # the policy's creation is said
+    boundary = [e for e in ctx.events if e[0] in ("sampling", "samples")]
+    assert boundary == [("sampling", 2), ("samples", 2), ("sampling", 1), ("samples", 1)]
+    decoding = [e for e in ctx.events if e[0] in ("batch", "tokens", "rows")]  # HF decoding, through the streamer
+    assert decoding[0] == ("batch", 2) and sum(n for k, n in decoding if k == "rows") == 2
+    assert sum(n for k, n in decoding if k == "tokens") == sum(c.completion_tokens for c in out)
+    n = len(ctx.events)
     ctx.record(Trajectory(key="k", run_id="r", evolver="e", space="context", round=0, llm_calls=1))
     ctx.record(Trajectory(key="k", run_id="r", evolver="e", space="context", round=0, llm_calls=1))  # cached
-    assert ctx.events[-1] == ("trajectories", 1) and len(ctx.events) == 5
+    assert ctx.events[-1] == ("trajectories", 1) and len(ctx.events) == n + 1
     ctx.close_policy()
     assert not ctx.policy_loaded
 
 
 def test_a_stop_request_ends_the_step_before_the_next_llm_call(ctx):
     policy = ctx.policy
+    ctx.events.clear()  # ("loading", 1), ("loaded", 1)
     ctx.request_stop("interrupted by SIGINT", 2)
     ctx.request_stop("interrupted by SIGTERM", 15)  # the first request wins
     with pytest.raises(RunInterrupted) as exc:

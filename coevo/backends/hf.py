@@ -42,6 +42,7 @@ from coevo.backends.base import (
     terminal_token_ids,
     torch_dtype,
 )
+from coevo.backends.streaming import DecodeCounter
 
 #: ``batch_hook(start, stop)``: a context manager entered around the model batch holding rows [start, stop); with
 #: ``row_groups`` it yields ``narrow(indices)``, a context manager under which the model serves only those rows
@@ -150,6 +151,9 @@ class HFPolicy(Policy):
     """
 
     has_parameters = True
+    #: ``progress(kind, n)`` while a batch decodes (set by the run context, :meth:`RunContext.observe`): "batch"
+    #: (rows), "tokens" (rows still decoding, per step), "rows" (rows finished); see :mod:`coevo.backends.streaming`
+    progress: Callable[[str, int], None] | None = None
     #: shortest shared token prefix worth a prefix cache (:meth:`_generate_batch`); larger than any length disables it
     min_shared_prefix = 16
 
@@ -390,6 +394,9 @@ class HFPolicy(Policy):
         if deadline is not None:
             deadline.reset()
             extra["stopping_criteria"] = StoppingCriteriaList([deadline])
+        if self.progress is not None:  # tokens decoded, rows finished: the run's progress line moves in a long batch
+            finish = {*self._stop_ids, self.tokenizer.pad_token_id}
+            extra["streamer"] = DecodeCounter(self.progress, len(prompts), finish)
         seqs = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
