@@ -367,26 +367,44 @@ def test_candidates_import_only_the_problems_packages_and_import_time_counts(san
     assert times[0] >= 0.6 > times[1]
 
 
-def test_a_venv_under_tmp_evaluates_a_heuristic(bpp):
-    """Before: the sandbox's private /tmp hid an interpreter whose venv lives under /tmp (a wheel installed
-    there, as users and CI do): every evaluation failed with ``No module named 'numpy'``."""
+def test_a_venv_under_tmp_evaluates_a_heuristic():
+    """Before: with coevo installed as a wheel into a venv under /tmp (as users and CI do), every evaluation
+    failed with ``No module named 'numpy'``: the venv's site-packages is coevo's package parent, which the
+    sandbox left out as "the project checkout". Here coevo is laid out as its wheel installs it (package
+    plus ``coevo/_shipped/heuristics``) next to numpy."""
+    import shutil
+
     site_packages = next(p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p))
     with tempfile.TemporaryDirectory(prefix="coevo-venv-", dir="/tmp") as tmp:
         venv = Path(tmp) / "v"
         subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
         py = venv / "bin" / "python"
-        ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
-        # numpy from this environment, through a .pth in the new venv (as a --system-site-packages venv would)
-        (venv / "lib" / ver / "site-packages" / "deps.pth").write_text(site_packages + "\n")
+        target = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+        ignore = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(project_root() / "coevo", target / "coevo", ignore=ignore)
+        shutil.copytree(project_root() / "heuristics", target / "coevo" / "_shipped" / "heuristics", ignore=ignore)
+        for entry in Path(site_packages).iterdir():  # numpy installed into the venv itself, as pip would
+            if entry.name == "numpy" or entry.name.startswith(("numpy.", "numpy-")):
+                shutil.copytree(entry, target / entry.name, copy_function=_link_or_copy, ignore=ignore)
         script = (
+            "import coevo\n"
             "from coevo.ahd import load_problem\n"
             "from coevo.ahd.evaluate import evaluate_heuristic\n"
             "p = load_problem('bpp_online')\n"
             "r = evaluate_heuristic(p, p.seed_heuristic_code(), p.generate(20, 2, seed=1), with_reference=False)\n"
-            "print(r.valid, r.error)\n"
+            f"print(coevo.__file__.startswith({str(target)!r}), r.valid, r.error)\n"
         )
-        env = {**os.environ, "PYTHONPATH": str(project_root())}
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         done = subprocess.run(
-            [str(py), "-c", script], check=False, capture_output=True, text=True, timeout=120, env=env
+            [str(py), "-c", script], check=False, capture_output=True, text=True, timeout=120, env=env, cwd=tmp
         )
-        assert done.stdout.strip() == "True None", done.stdout + done.stderr[-2000:]
+        assert done.stdout.strip() == "True True None", done.stdout + done.stderr[-2000:]
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        import shutil
+
+        shutil.copy2(src, dst)

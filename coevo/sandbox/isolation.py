@@ -113,9 +113,11 @@ def child_pythonpath(extra: Iterable[str | os.PathLike] = ()) -> list[str]:
 
 def site_dirs() -> list[str]:
     """The running interpreter's site-packages folders (and folders ``.pth`` files add inside them): the
-    candidate's import path, without the project checkout."""
+    candidate's import path, without the project checkout. When coevo is installed from a wheel its
+    "project root" is a site-packages folder itself, which stays (numpy lives there)."""
     project = os.path.abspath(str(project_root()))
-    return [p for p in child_pythonpath() if p != project]
+    sites = {os.path.abspath(p) for p in site.getsitepackages()}
+    return [p for p in child_pythonpath() if p != project or p in sites]
 
 
 def child_env(tmpdir: str, pythonpath: Sequence[str], hash_seed: int, marker: str | None) -> dict[str, str]:
