@@ -10,7 +10,9 @@ start-up time by not importing ``site`` or coevo in the candidate's process (``-
 explicitly) and by pinning BLAS thread pools to one thread. The candidates mix
 pure-Python and numpy heuristics with a few failing ones (runtime error, infeasible choice, syntax error),
 as a population of LLM samples does. Rounds alternate the order of the evaluators; medians are reported.
-Two more rows separate the effects: "plain (lean start-up)" has the sandbox's start-up without isolation,
+The sandbox row is the sandbox as evaluations use it: bubblewrap with the seccomp filter, a fresh uid (as
+root) and a per-evaluation cgroup where the machine has one, site-packages restricted to the problem's
+``candidate_packages``. Two more rows separate the effects: "plain (lean start-up)" has the sandbox's start-up without isolation,
 "sandbox (rlimits only)" the sandbox without bubblewrap.
 
 Prints a table, then one JSON line per metric:
@@ -127,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         "problem": str(tsp.root),
         "instances_path": str(instances_file(tsp.generate(args.n, args.instances, seed=2024))),
+        "candidate_packages": list(tsp.candidate_packages or ()),  # what coevo.ahd.evaluate passes
     }
     jobs = [Job(CANDIDATES[i % len(CANDIDATES)], FN, TARGET, payload) for i in range(args.evals)]
     limits = SandboxLimits(timeout_s=30.0)
@@ -151,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     valid = {name: sum(x.valid for x in outputs[name]) for name in outputs}
     print(
         f"{args.evals} evaluations x {args.rounds} rounds, {args.workers} workers, "
-        f"{args.instances} x {args.n}-node instances, sandbox isolation: {evaluators['sandbox'].isolation}"
+        f"{args.instances} x {args.n}-node instances, sandbox isolation: {evaluators['sandbox'].isolation}, "
+        f"limits: {evaluators['sandbox'].accounting}, seccomp: {evaluators['sandbox'].seccomp is not None}"
     )
     print(f"{'evaluator':<24}{'evals/s (median)':>18}{'ms/eval':>10}{'valid':>8}  rounds")
     for name in evaluators:
