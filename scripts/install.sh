@@ -22,6 +22,8 @@ apt_pkgs=()
 command -v bwrap >/dev/null 2>&1 || apt_pkgs+=(bubblewrap)
 if [ "$dev" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || apt_pkgs+=(chromium)
+  # libseccomp's syscall tables cross-check the sandbox's own seccomp program (tests/test_sandbox_isolation.py)
+  ldconfig -p 2>/dev/null | grep -q 'libseccomp\.so\.2' || apt_pkgs+=(libseccomp2)
 fi
 if [ "${#apt_pkgs[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
