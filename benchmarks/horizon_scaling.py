@@ -235,6 +235,7 @@ def child_es(spec: dict[str, Any]) -> dict[str, Any]:
                 **({"rank": a["rank"], "master_weights": False} if a["perturbation"] == "lowrank" else {}),
                 "eval_every": gens,
                 "checkpoint_every": max(gens, 1),
+                "weight_snapshots": "full",  # the final snapshot gives the changed fraction below
                 "rollout": spec["rollout"],
             }
         ],

@@ -64,6 +64,7 @@ def es_config(model_dir, *, dtype="float32", max_rounds=20, max_samples=None, **
         "scope": "full",
         "eval_every": 4,
         "checkpoint_every": 3,
+        "weight_snapshots": "full",  # these tests check the snapshot files (the default keeps none)
         "rollout": {"type": "target_logprob"},
         **es,
     }

@@ -16,6 +16,14 @@ crash leaves either no snapshot or a complete one.
 
 History rows (``TrajectoryStore.es_history``) are ``GenerationRecord.to_dict()`` plus run metadata
 (model id, dtype, restore mode, metrics); :func:`record_from_row` recovers the record.
+
+What a run keeps (:data:`SNAPSHOT_MODES`, the ES setting ``weight_snapshots``): since the history alone
+rebuilds the weights exactly, the default (``auto`` -> ``replay``) writes no snapshot file; resume and
+``coevo es export`` replay the history from the base model. ``full`` writes a snapshot every
+``checkpoint_every`` generations and at the end (:func:`snapshot_nbytes` bytes each: 1.4 GB for the 0.5B
+model in float32): a later resume or export starts from it instead of the base model. Runs whose weights
+drift from their history (:func:`replays_exactly` is False: full perturbations undone in ``inference`` mode
+without float32 masters) need ``full``, which ``auto`` picks for them.
 """
 
 from __future__ import annotations
@@ -40,6 +48,46 @@ WEIGHTS_DIR = "weights"
 #: key prefix of float32 master tensors inside a snapshot
 MASTER_PREFIX = "__master__."
 _SNAPSHOT_RE = re.compile(r"^gen-(\d{5,})\.safetensors$")
+
+
+#: ``weight_snapshots`` values: "auto" (replay when the run replays exactly, else full), "replay" (no weight
+#: file: base model + history), "full" (safetensors snapshots)
+SNAPSHOT_MODES = ("auto", "replay", "full")
+
+
+def replays_exactly(perturbation: str, restore_mode: str, master_weights: bool) -> bool:
+    """Whether the base model plus the history rebuild a run's weights bit for bit: False only for full
+    perturbations undone in ``inference`` mode without float32 masters (the undo drifts, ``coevo.es.perturb``)."""
+    return not (perturbation == "full" and restore_mode == "inference" and not master_weights)
+
+
+def snapshot_mode(requested: str, exact_replay: bool) -> str:
+    """The snapshot mode a run uses: ``requested`` ("auto", "replay" or "full"), "auto" resolved to "replay"
+    when ``exact_replay`` else "full".
+
+    Raises:
+        ValueError: an unknown mode, or "replay" for a run that does not replay exactly.
+    """
+    if requested not in SNAPSHOT_MODES:
+        raise ValueError(f"weight_snapshots must be one of {', '.join(SNAPSHOT_MODES)}, got {requested!r}")
+    if requested == "auto":
+        return "replay" if exact_replay else "full"
+    if requested == "replay" and not exact_replay:
+        raise ValueError(
+            "weight_snapshots 'replay' keeps no weight file, but this run's weights drift from its history "
+            "(restore_mode inference without master_weights); use weight_snapshots: full (or auto)"
+        )
+    return requested
+
+
+def snapshot_nbytes(params: ESParams) -> int:
+    """Bytes of the tensors one snapshot of ``params`` holds (working tensors in scope plus float32 masters)."""
+    total = 0
+    for e in params.entries:
+        total += e.tensor.numel() * e.tensor.element_size()
+        if e.master is not None:
+            total += e.master.numel() * e.master.element_size()
+    return total
 
 
 class SnapshotError(RuntimeError):

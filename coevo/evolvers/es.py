@@ -61,7 +61,13 @@ from pydantic import Field, field_validator, model_validator
 
 from coevo.artifacts import ES_MEMBER as MEMBER_KIND
 from coevo.es import GenerationRecord, Schedule, ScopeSpec, normalize_rewards
-from coevo.es.checkpoint import rebuild_plan, snapshot_path
+from coevo.es.checkpoint import (
+    rebuild_plan,
+    replays_exactly,
+    snapshot_mode,
+    snapshot_nbytes,
+    snapshot_path,
+)
 from coevo.es.replica import ESReplica
 from coevo.evolvers.base import ContextScore, Evolver, EvolverConfig, StepReport, register_evolver, score_context
 from coevo.rollouts.base import Rollout, Split, build_rollout, validate_rollout_spec
@@ -108,7 +114,17 @@ class ESConfig(EvolverConfig):
         default_factory=lambda: {"type": "target_logprob"}, description="rollout spec {type: <registered rollout>, ...}"
     )
     eval_every: int = Field(5, ge=0, description="held-out evaluation of the centre every k generations (0 = off)")
-    checkpoint_every: int = Field(10, ge=1, description="K: weight snapshot every K generations (and at the end)")
+    checkpoint_every: int = Field(
+        10, ge=1, description="K: with weight_snapshots full, a weight snapshot every K generations (and at the end)"
+    )
+    weight_snapshots: Literal["auto", "replay", "full"] = Field(
+        "auto",
+        description="what ES keeps of its weights (coevo.es.checkpoint): 'replay' no weight file (the base model and "
+        "the ES history in store.sqlite rebuild them exactly, for resume and `coevo es export`); 'full' a safetensors "
+        "snapshot of the ES scope every checkpoint_every generations and at the end (4 bytes per float32 weight in "
+        "scope: 1.4 GB for the 0.5B model); 'auto' (default) replay, or full for a run whose weights drift from its "
+        "history (restore_mode inference without master_weights)",
+    )
     workers: int = Field(0, ge=0, description="0 = in-process; >= 1 = Ray actors evaluating members")
     worker_num_cpus: float = Field(1.0, gt=0, description="Ray CPUs per actor")
     worker_num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per actor (> 0 runs actors on cuda)")
@@ -130,6 +146,9 @@ class ESConfig(EvolverConfig):
             raise ValueError("perturbation 'lowrank' perturbs matrices of linear layers only: use scope all_linear")
         if self.master_weights is None:
             self.master_weights = self.perturbation == "full"
+        self.weight_snapshots = snapshot_mode(
+            self.weight_snapshots, replays_exactly(self.perturbation, self.restore_mode, self.master_weights)
+        )
         self.scope_spec()
         self.sigma_schedule()
         return self
@@ -512,10 +531,13 @@ class ESEvolver(Evolver):
     def snapshot(self) -> str:
         """Write ``<run_dir>/weights/gen-XXXXX.safetensors`` for the current generation; returns its hash.
 
-        Nothing is written while no generation has changed the weights (every update skipped at sigma = 0
-        or all coefficients zero, no weight decay): the base model plus the history already rebuilds them,
-        and a snapshot of a 0.5B model with float32 masters takes about 2 GB.
+        Nothing is written with ``weight_snapshots: replay`` (the default: the base model plus the history
+        rebuild the weights exactly) or while no generation has changed the weights (every update skipped at
+        sigma = 0 or all coefficients zero, no weight decay); a snapshot of a 0.5B model with float32 masters
+        takes about 2 GB.
         """
+        if self.config.weight_snapshots == "replay":
+            return self.replica.weights_hash()
         rows = self.ctx.store.es_history(self.ctx.run_id, self.name)
         if all(r.get("skipped") or (not any(r.get("coeffs", [])) and not r.get("weight_decay")) for r in rows):
             return self.replica.weights_hash()
@@ -579,6 +601,22 @@ class ESEvolver(Evolver):
             self._pool = None
         self.rollout.close()
 
+    def _kept_weights(self) -> str:
+        """The report's sentence on what the run keeps of its weights (``weight_snapshots``) and how to get them."""
+        params = getattr(self._replica, "params", None)  # in-process replicas: the size of one snapshot
+        size = f" of about {snapshot_nbytes(params) / 1e9:.3g} GB each" if params is not None else ""
+        if self.config.weight_snapshots == "replay":
+            return (
+                "Weights: no weight file is kept (`weight_snapshots: replay`): the base model and this run's ES "
+                "history in `store.sqlite` rebuild them exactly; `coevo es export RUN_DIR OUT` writes them as a "
+                f"transformers folder. Set `weight_snapshots: full` for snapshot files{size}."
+            )
+        return (
+            f"Weights: snapshot files in `weights/` (`weight_snapshots: full`: every {self.config.checkpoint_every} "
+            f"generations and at the end of the run{',' + size if size else ''}); `coevo es export "
+            "RUN_DIR OUT` starts from the newest."
+        )
+
     def report_markdown(self) -> str | None:
         """A table of the ES generations (sigma, rewards, update size, held-out reward) from the history."""
         from coevo.tables import md_table
@@ -615,7 +653,7 @@ class ESEvolver(Evolver):
             f"scope={self.config.scope}, perturbation={self.config.perturbation}"
             f"{f' (rank {self.config.rank})' if self.config.perturbation == 'lowrank' else ''}, "
             f"rollout={self.config.rollout['type']}; weights hash "
-            f"`{(self.weights_hash or '')[:16]}`; replay with `coevo es replay RUN_DIR --check`.\n\n"
+            f"`{(self.weights_hash or '')[:16]}`; replay with `coevo es replay RUN_DIR --check`. {self._kept_weights()}\n\n"
         )
         return (
             head
