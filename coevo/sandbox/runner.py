@@ -10,13 +10,19 @@ candidate's process, and the target validates every answer and computes the metr
 (:mod:`coevo.sandbox.session` says why that makes scores unforgeable). Isolation of the candidate's process:
 
 - bubblewrap when usable (:mod:`coevo.sandbox.isolation`): an empty read-only root holding only the
-  interpreter, its libraries and site-packages (read-only) and a private tmpfs ``/tmp``; no project
-  checkout, no /etc, no home; no network; a private PID namespace that dies with the sandbox; an
-  unprivileged uid (65534); environment cleared;
+  interpreter, its libraries and site-packages (read-only; only the payload's ``candidate_packages`` when
+  given) and a private tmpfs ``/tmp``; no project checkout, no /etc, no home; no network; private PID, IPC
+  and UTS namespaces that die with the sandbox; an unprivileged uid (as root: a fresh one per evaluation);
+  a seccomp filter (:mod:`coevo.sandbox.seccomp`: no keyring, namespaces, mounts, ptrace, bpf, ...);
+  environment cleared;
+- where a cgroup hierarchy is writable: one cgroup per evaluation (:mod:`coevo.sandbox.cgroups`) bounding
+  the memory, processes and CPU of all its processes together;
 - always: ``setsid`` (own process group), rlimits set by the worker before any candidate code runs
-  (RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_CORE = 0), a wall-clock deadline, capped
-  stdout/stderr, a size-bounded reply pipe, and a SIGKILL to the whole process group after every run.
-  Without bubblewrap (a warning is logged once) the process runs as the caller's user with rlimits only.
+  (RLIMIT_AS, RLIMIT_CPU from the evaluation's wall-clock limit, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_CORE = 0),
+  a wall-clock deadline, capped stdout/stderr, a size-bounded reply pipe, host paths scrubbed from failure
+  text, and a SIGKILL to the whole process group after every run. Without bubblewrap (a warning is logged
+  once) the process runs as the caller's user with rlimits only. What each fallback guarantees:
+  ``docs/sandbox.md``.
 
 The sandbox converts nothing to scores: a valid result carries the target's metrics dict unchanged, and the
 caller computes objective and score.
@@ -214,7 +220,9 @@ class Sandbox:
                 :class:`~coevo.sandbox.errors.InfeasibleSolution` / :class:`~coevo.sandbox.errors.InvalidReturn`
                 to mark those failures.
             payload: JSON-serialisable dict handed to the target. Its optional key ``"timeout_s"`` sets the
-                wall-clock limit of this evaluation (for callers that only pass a payload through).
+                wall-clock limit of this evaluation (for callers that only pass a payload through);
+                ``"candidate_packages"`` (list of distribution names) limits what the candidate can import
+                to those, what they require, and the standard library (bubblewrap only).
             timeout_s: wall-clock limit of this evaluation (s); default ``payload["timeout_s"]``, else
                 ``limits.timeout_s``.
 
