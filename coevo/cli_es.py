@@ -2,7 +2,7 @@
 
 * ``coevo es replay RUN_DIR [--check] [--evolver NAME]``: load the run config's base model, re-apply every
   recorded ES update from the store's history (no rollouts, no snapshots) and print the trained and the
-  replayed weight hashes; with ``--check`` exit 1 when they differ (or any generation's recorded hash
+  replayed weight hashes; with ``--check`` exit 3 when they differ (or any generation's recorded hash
   differs). Replays are bit-identical on the backend, dtype and torch build the run used
   (``coevo.es.update``); runs with ``restore_mode: inference`` and no float32 masters drift during training
   and cannot be replayed exactly.
@@ -10,7 +10,8 @@
   the history after it, or the full history with ``--replay``) and write a folder that
   ``transformers.AutoModelForCausalLM.from_pretrained(OUT)`` loads (weights, config, tokenizer).
 
-Exit codes: 0 success, 1 hash mismatch, 2 unusable input (no run, no ES evolver, no history).
+Exit codes: 0 success, 3 hash mismatch (:data:`coevo.errors.EXIT_CHECK_FAILED`: the check ran and failed),
+2 unusable input (no run, no ES evolver, no history); 1 is left to bugs (a traceback), as for every command.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from coevo.errors import RunFolderError, error_line, require_run_folder
+from coevo.errors import EXIT_CHECK_FAILED, RunFolderError, error_line, require_run_folder
 
 
 @dataclass
@@ -162,7 +163,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print(f"first mismatching generation: {res.first_mismatch}", file=sys.stderr)
     if args.check:
         print("check: OK" if res.ok else "check: MISMATCH")
-        return 0 if res.ok else 1
+        return 0 if res.ok else EXIT_CHECK_FAILED
     return 0
 
 
@@ -177,7 +178,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
         return 2
     except (SnapshotError, ReplayMismatchError) as exc:
         print(error_line("coevo es export", str(exc)), file=sys.stderr)
-        return 1
+        return EXIT_CHECK_FAILED
     print(f"exported to {path} (ES weights hash {digest})")
     return 0
 
@@ -188,7 +189,7 @@ def add_parser(subparsers) -> None:
     sub = es.add_subparsers(dest="es_cmd", required=True)
     rp = sub.add_parser("replay", help="rebuild the final weights from the base model + history (no rollouts)")
     rp.add_argument("run_dir")
-    rp.add_argument("--check", action="store_true", help="exit 1 unless the replayed hash equals the trained one")
+    rp.add_argument("--check", action="store_true", help="exit 3 unless the replayed hash equals the trained one")
     rp.add_argument("--evolver", help="ES evolver name (needed when the run has several)")
     rp.set_defaults(func=_cmd_replay)
     ex = sub.add_parser("export", help="write the final weights as a transformers folder")

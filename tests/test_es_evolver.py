@@ -176,7 +176,7 @@ def test_snapshots_and_replay_cli(trained, tmp_path, capsys):
     row["coeffs"] = [c * 1.001 for c in row["coeffs"]]
     with sqlite3.connect(tampered / "store.sqlite") as conn:
         conn.execute("UPDATE es_history SET row = ? WHERE generation = 2", (json.dumps(row),))
-    assert coevo_main(["es", "replay", str(tampered), "--check"]) == 1
+    assert coevo_main(["es", "replay", str(tampered), "--check"]) == 3  # the check failed (1 is for bugs)
     captured = capsys.readouterr()
     assert "check: MISMATCH" in captured.out and "first mismatching generation: 2" in captured.err
     hashes = [ln.split()[-1] for ln in captured.out.splitlines() if "weights hash" in ln]

@@ -202,7 +202,7 @@ def test_cli_exit_codes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "0 violation(s)" in out
     bad = make_skill(tmp_path, folder="Bad-Skill", description="has <tag>")
-    assert main(["skills", "validate", str(SHIPPED_SKILLS_DIR / "web-navigation"), str(bad)]) == 1
+    assert main(["skills", "validate", str(SHIPPED_SKILLS_DIR / "web-navigation"), str(bad)]) == 3
     out = capsys.readouterr().out
     assert f"{bad / 'SKILL.md'}: name:" in out and f"{bad / 'SKILL.md'}: description:" in out
     with pytest.raises(SystemExit) as info:
@@ -214,7 +214,7 @@ def test_cli_folder_of_skills(tmp_path):
     make_skill(tmp_path, folder="one-skill")
     make_skill(tmp_path, folder="two-skill", name="wrong-name")
     buf = io.StringIO()
-    assert run_validate([str(tmp_path)], out=buf) == 1
+    assert run_validate([str(tmp_path)], out=buf) == 3
     text = buf.getvalue()
     assert "one-skill: ok" in text and "two-skill" in text and "2 skill(s) checked, 1 invalid" in text
     shutil.rmtree(tmp_path / "two-skill")
@@ -229,7 +229,7 @@ def test_folder_of_skills_reports_subfolders_without_skill_md(tmp_path):
     (tmp_path / "notes").mkdir()
     (tmp_path / ".git").mkdir()  # hidden folders are not skills and are not reported
     buf = io.StringIO()
-    assert run_validate([str(tmp_path)], out=buf) == 1
+    assert run_validate([str(tmp_path)], out=buf) == 3
     text = buf.getvalue()
     assert f"{lower / 'SKILL.md'}: SKILL.md: missing: found skill.md; the file must be named SKILL.md" in text
     assert f"{tmp_path / 'notes' / 'SKILL.md'}: SKILL.md: missing" in text and ".git" not in text

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from coevo.errors import EXIT_CHECK_FAILED
 from coevo.skills.validate import validate_paths
 
 
@@ -23,7 +24,8 @@ def run_validate(dirs: Sequence[str], out: TextIO | None = None) -> int:
     (see :func:`coevo.skills.validate.validate_paths`).
 
     Returns:
-        0 when every skill is valid, 1 when any violation was found.
+        0 when every skill is valid, 3 (:data:`coevo.errors.EXIT_CHECK_FAILED`) when any violation was found
+        (1 is left to bugs, as for every ``coevo`` command).
     """
     out = out or sys.stdout
     results = validate_paths(dirs)
@@ -36,7 +38,7 @@ def run_validate(dirs: Sequence[str], out: TextIO | None = None) -> int:
             print(f"{skill_dir}: ok", file=out)
     n_bad = sum(1 for v in results.values() if v)
     print(f"{len(results)} skill(s) checked, {n_bad} invalid, {n_violations} violation(s)", file=out)
-    return 1 if n_violations else 0
+    return EXIT_CHECK_FAILED if n_violations else 0
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -56,7 +58,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="check skill folders against the Agent Skills specification",
         description="Check skill folders against the Agent Skills specification. Each DIR is a skill folder "
         "(holding SKILL.md) or a folder of skill folders, in which every non-hidden subfolder must "
-        "hold SKILL.md (one without, e.g. with skill.md, is a violation). Exit status 1 on any "
+        "hold SKILL.md (one without, e.g. with skill.md, is a violation). Exit status 3 on any "
         "violation.",
     )
     validate.add_argument("dirs", nargs="+", metavar="DIR", help="a skill folder or a folder of skills")
