@@ -408,3 +408,12 @@ def _link_or_copy(src: str, dst: str) -> None:
         import shutil
 
         shutil.copy2(src, dst)
+
+
+def test_without_cgroups_each_process_is_still_bounded():
+    """The documented fallback (docs/sandbox.md): no cgroup, limits per process (RLIMIT_AS)."""
+    plain = Sandbox(SandboxLimits(timeout_s=20, memory_mb=256), use_cgroups=False)
+    assert plain.accounting == "rlimits"
+    res = _call(plain, "def f():\n    return len(bytearray(400 << 20))\n")
+    assert not res.valid and res.error_kind == "memory"
+    assert _call(plain, "def f():\n    return len(bytearray(1 << 20))\n").metrics["values"] == [1 << 20]

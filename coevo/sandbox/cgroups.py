@@ -119,7 +119,15 @@ def _detect_v2(own: dict[str, str], mounts) -> CgroupLayout | None:
         with contextlib.suppress(OSError):
             os.rmdir(mine)
         return None
+    import atexit
+
+    atexit.register(_remove_quietly, mine)  # empty by then: every evaluation removes its own child
     return CgroupLayout(2, {"": mine})
+
+
+def _remove_quietly(folder: str) -> None:
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
 
 
 def _detect_v1(own: dict[str, str], mounts) -> CgroupLayout | None:

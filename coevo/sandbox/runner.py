@@ -190,6 +190,7 @@ class Sandbox:
         )
         #: per-evaluation cgroups (None: rlimits only; see coevo.sandbox.cgroups and docs/sandbox.md)
         self.cgroups = cgroups.detect() if use_cgroups is not False else None
+        self.require_cgroups = bool(use_cgroups)
         if use_cgroups and self.cgroups is None:
             raise ValueError("use_cgroups=True but no writable cgroup hierarchy was found")
         self._views: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
@@ -400,7 +401,12 @@ class Sandbox:
         try:
             if self.cgroups is not None:
                 # bwrap on the host, its PID 1 and the worker come on top of the candidate's processes
-                cgroup = cgroups.EvaluationCgroup(self.cgroups, self.limits.memory_mb, self.limits.max_procs + 4)
+                try:
+                    cgroup = cgroups.EvaluationCgroup(self.cgroups, self.limits.memory_mb, self.limits.max_procs + 4)
+                except OSError as exc:
+                    if self.require_cgroups:
+                        raise
+                    log.warning("no cgroup for this evaluation (%s): its limits are per process", exc)
             launch = self.launch(code, function_name, limit, tmpdir, cgroup, packages)
             deadline = start + limit
             try:  # OSError (the process cannot start) propagates: the caller's problem, not the candidate's
