@@ -12,6 +12,7 @@ import importlib
 import logging
 import signal
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -107,12 +108,28 @@ def _open_run(args: argparse.Namespace):
             raise RunFolderError(f"--out {out} exists and is not an empty folder; give a new folder")
         run_dir = new_run_dir(cfg, args.out)
     print(f"run folder: {run_dir}", flush=True)
+    if args.resume and not (args.quiet or args.no_progress) and _rebuilds_weights(cfg):
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        print(
+            f"{stamp} resuming: restoring the checkpoint (ES weights after a generation are rebuilt first: "
+            f"model {cfg.model.name} loads, the run's ES history is replayed)",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         return CoEvolutionLoop(cfg, run_dir, raw_config=raw, resume=bool(args.resume), **opts)
     except RunInterrupted as stop:
         if (run_dir / "config.yaml").is_file():
             stop.run_dir = run_dir  # type: ignore[attr-defined]
         raise
+
+
+def _rebuilds_weights(cfg) -> bool:
+    """Whether resuming ``cfg`` loads the model before the first step (a parameter-space evolver, e.g. ES,
+    rebuilds its weights when its checkpoint is restored)."""
+    from coevo.evolvers.base import resolve_evolver
+
+    return cfg.model is not None and any(resolve_evolver(s.type).space == "parameter" for s in cfg.evolvers)
 
 
 @contextmanager

@@ -48,8 +48,13 @@ def test_the_default_keeps_no_weight_file_and_the_history_rebuilds_the_weights(t
     data = yaml.safe_load((cut / "config.yaml").read_text())
     data["budget"]["max_rounds"] = 4
     (cut / "config.yaml").write_text(yaml.safe_dump(data))
-    assert main(["run", "--resume", str(cut), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["run", "--resume", str(cut)]) == 0
     assert _hashes(cut) == hashes and list_snapshots(cut) == []
+    err = capsys.readouterr().err  # the model loads before the first progress line: said at once
+    assert (
+        "resuming: restoring the checkpoint (ES weights after a generation are rebuilt first: model tiny:micro" in err
+    )
 
 
 def test_full_snapshots_on_request(tmp_path):
