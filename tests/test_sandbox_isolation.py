@@ -261,8 +261,12 @@ def test_training_seeds_are_drawn_per_run_and_kept_for_resume(tmp_path):
 
 # ----------------------------------------------------------------------------- 5: host details in stored text
 def test_failure_text_and_proc_carry_no_host_path(sandbox, bpp):
-    """Before: /proc/1/cmdline was bubblewrap's whole command line (every bound host path) and what the
-    candidate raised (e.g. numpy's file) was stored as failure detail shown to later prompts."""
+    """Before: /proc/1/cmdline was bubblewrap's whole command line (every bound host path), /proc/meminfo and
+    /proc/loadavg were the host's, and what the candidate raised (e.g. numpy's file) was stored as failure
+    detail shown to later prompts."""
+    seen = _call(sandbox, "def f():\n    return [open(f'/proc/{n}').read() for n in ('meminfo', 'loadavg')]\n")
+    meminfo, loadavg = seen.metrics["values"][0]
+    assert meminfo.startswith("MemTotal:") and f"{1024 * 1024} kB" in meminfo and loadavg.startswith("0.00 0.00")
     code = (
         "import numpy as np, sys\n"
         "def score(item, bins):\n"

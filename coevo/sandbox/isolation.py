@@ -268,6 +268,7 @@ def bwrap_command(
     seccomp: bool = False,
     hidden: Iterable[str] = (),
     shown: Iterable[str] = (),
+    proc_files: dict[str, str] | None = None,
 ) -> list[str]:
     """The bubblewrap prefix of a worker command (the interpreter command follows it).
 
@@ -285,7 +286,8 @@ def bwrap_command(
     :mod:`coevo.sandbox.seccomp` program at each start). The worker runs as PID 1 of its namespace
     (``--as-pid-1``, where bwrap has it), so ``/proc/1/cmdline`` is its own command, not bwrap's.
     ``hidden``: folders (bound through ``ro_paths``) covered by an empty read-only tmpfs, on which the paths
-    of ``shown`` are bound again (how :func:`package_entries` restricts site-packages).
+    of ``shown`` are bound again (how :func:`package_entries` restricts site-packages). ``proc_files``:
+    ``{"/proc/meminfo": host file, ...}`` bound over the sandbox's /proc (:func:`proc_stand_ins`).
     """
     as_root = (os.geteuid() == 0) if as_root is None else as_root
     features = bwrap_features(bwrap)
@@ -339,6 +341,7 @@ def bwrap_command(
         "/dev",
         "--proc",
         "/proc",
+        *(x for target, src in sorted((proc_files or {}).items()) for x in ("--ro-bind", src, target)),
         "--remount-ro",
         "/",
         "--chdir",
@@ -396,3 +399,37 @@ def path_scrubber(extra: Iterable[str | os.PathLike] = ()) -> Callable[[str], st
         return pattern.sub(lambda m: named.get(m.group(0), "<cgroup>"), text)
 
     return scrub
+
+
+def proc_stand_ins(memory_mb: int) -> dict[str, str]:
+    """Files bound over the sandbox's ``/proc/meminfo``, ``/proc/loadavg`` and ``/proc/uptime``, so the
+    candidate reads the evaluation's own memory limit (``memory_mb`` MiB total and free), zero load and zero
+    uptime instead of the host's. Written once per process and limit into a private temp folder (removed at
+    exit). Returns ``{target in /proc: host file}``."""
+    return dict(_proc_stand_ins(int(memory_mb)))
+
+
+@functools.cache
+def _proc_stand_ins(memory_mb: int) -> tuple[tuple[str, str], ...]:
+    import atexit
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="coevo-proc-")
+    atexit.register(shutil.rmtree, folder, True)
+    kib = memory_mb * 1024
+    texts = {
+        "meminfo": "".join(
+            f"{k}:{v:>16} kB\n"
+            for k, v in (("MemTotal", kib), ("MemFree", kib), ("MemAvailable", kib), ("SwapTotal", 0), ("SwapFree", 0))
+        ),
+        "loadavg": "0.00 0.00 0.00 1/1 1\n",
+        "uptime": "0.00 0.00\n",
+    }
+    out = []
+    for name, text in texts.items():
+        path = os.path.join(folder, name)
+        with open(path, "w") as fh:
+            fh.write(text)
+        os.chmod(path, 0o444)
+        out.append((f"/proc/{name}", path))
+    return tuple(out)

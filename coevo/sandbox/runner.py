@@ -309,6 +309,7 @@ class Sandbox:
                 seccomp=self.seccomp is not None,
                 hidden=hidden,
                 shown=shown,
+                proc_files=isolation.proc_stand_ins(limits.memory_mb),
             )
             argv, cwd, mark = cgroups.enter_prefix(cgroup) + prefix + cmd, "/", None
             if self.seccomp is not None:
