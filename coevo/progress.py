@@ -82,8 +82,8 @@ class _BarSink(io.TextIOBase):
     def write(self, text: str) -> int:
         if "\r" in text:
             tail = text.rsplit("\r", 1)[-1].strip()
-            if tail:
-                self.bar = re.sub(r"\s+", " ", tail)
+            if tail:  # "Converting ...: 31%|###   | 89/291 [00:12<00:05, 39.21it/s]" without the bar's drawing
+                self.bar = re.sub(r"\s+", " ", re.sub(r"\|[^|]*\|", " ", tail)).strip()
             self._open = True
             return len(text)
         if self._open and text.strip() == "":
