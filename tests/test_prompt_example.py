@@ -1,4 +1,4 @@
-"""The README's second worked example (coevo/examples/prompt_evolver.py): a context evolver that evolves the
+"""The second worked example of docs/extending.md (coevo/examples/prompt_evolver.py): a context evolver that evolves the
 ES rollout's system prompt, on the tiny random Qwen2. Run via the Python API, ``coevo run`` (killed with a real
 SIGKILL and resumed), an entry point, and ``workers: 2``; every variant must give the same run."""
 

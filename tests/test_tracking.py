@@ -45,12 +45,12 @@ def test_off_by_default_and_strict():
         load_config(ROOT / "configs" / "es" / "tiny.yaml", ["tracking.tensorbord=true"])
 
 
-def test_readme_tracking_section_is_a_valid_config():
+def test_guide_tracking_section_is_a_valid_config():
     import re
 
     import yaml
 
-    line = re.search(r"^tracking: .*$", (ROOT / "README.md").read_text(), re.MULTILINE).group(0)
+    line = re.search(r"^tracking: .*$", (ROOT / "docs" / "guide.md").read_text(), re.MULTILINE).group(0)
     cfg = TrackingConfig.model_validate(yaml.safe_load(line.split("#")[0])["tracking"])
     assert cfg.tensorboard and cfg.mlflow and not cfg.wandb
 
