@@ -396,6 +396,9 @@ def test_scripted_eoh_es_through_the_loop(tmp_path, tiny_model_dir):
                 "evolvers.eoh.reject_duplicates": "false",
                 "evolvers.eoh.include_seed_heuristic": "false",
                 "evolvers.eoh.offspring_per_operator": 1,  # the script's order: 4 EoH children per generation
+                "evolvers.eoh.parse_retries": 0,  # retries (tests of their own) would take the script's next replies
+                "evolvers.eoh.duplicate_retries": 0,
+                "evolvers.tune.max_evaluations": 1,  # tune (tests of its own) would change the parents drawn
                 "evolvers.es.perturbation": "full",  # members one after another, as the script is written
                 "evolvers.es.rollout.reward": "paper",  # the main job ranks children; this test checks the paper rule
                 "budget.max_samples": 40,
@@ -478,7 +481,9 @@ def test_shipped_headline_config_default_plan(tmp_path, tiny_model_dir):
     generation 3 only searches); 64 samples. Low-rank members never touch the weights: every call before an
     update sees the same weights, and they change only where the history says an update moved them."""
     policy = ScriptedTinyQwen(tiny_model_dir, EOH_INIT + ES_G0[:4] + EOH_G1 + ES_G1[:4])
-    summary = make_loop(tmp_path, "tsp_construct.yaml", shipped("eoh", str(tiny_model_dir)), policy).run()
+    # the retries re-ask the script's garbage replies (batch sizes then follow the script): tested on their own
+    no_retries = {"evolvers.eoh.parse_retries": 0, "evolvers.eoh.duplicate_retries": 0}
+    summary = make_loop(tmp_path, "tsp_construct.yaml", shipped("eoh", str(tiny_model_dir), **no_retries), policy).run()
     assert "sample budget reached (64/64" in summary.stop_reason and policy.calls == 64
     assert [n for n, _ in policy.batches] == [8] * 8
     assert policy.kinds == ["policy"] + ["population", "policy"] * 3 + ["population"]
