@@ -39,7 +39,6 @@ Example::
 from __future__ import annotations
 
 import copy
-import difflib
 import importlib
 import os
 import sys
@@ -51,7 +50,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from coevo.backends.spec import ModelConfig
-from coevo.errors import ConfigError
+from coevo.errors import ConfigError, unknown_field_message
 from coevo.evolvers.base import EvolverConfig, resolve_evolver
 from coevo.tracking import TrackingConfig
 
@@ -181,14 +180,6 @@ def _sibling_fields(model: type[BaseModel] | None, loc: tuple) -> list[str]:
         field = model.model_fields.get(str(part))
         model = _model_of(field.annotation) if field is not None else None
     return list(model.model_fields) if model is not None else []
-
-
-def unknown_field_message(name: str, allowed: list[str]) -> str:
-    """``unknown field`` with the nearest allowed name (``; did you mean 'max_rounds'?``), else the allowed ones."""
-    close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
-    if close:
-        return f"unknown field; did you mean {close[0]!r}?"
-    return f"unknown field; the fields here are {', '.join(allowed)}" if allowed else "unknown field"
 
 
 def _format_errors(exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None) -> list[str]:

@@ -18,6 +18,7 @@ the step finished are already in the store, and a resumed run re-runs the step a
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 
 #: exit status of a command whose check ran and failed (``coevo heuristics eval`` on an invalid heuristic):
@@ -29,6 +30,15 @@ def error_line(prog: str, message: str) -> str:
     """The one line every ``coevo`` command prints for bad input: ``"<prog>: error: <message>"``, e.g.
     ``coevo runs show: error: runs/x does not exist``."""
     return f"{prog}: error: {message}"
+
+
+def unknown_field_message(name: str, allowed: list[str]) -> str:
+    """The message for an unknown config field ``name``: ``unknown field (did you mean 'max_rounds'?)`` (the nearest
+    of ``allowed``), else ``unknown field (the fields here: a, b, c)``; no "; " in it, which separates errors."""
+    close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
+    if close:
+        return f"unknown field (did you mean {close[0]!r}?)"
+    return f"unknown field (the fields here: {', '.join(allowed)})" if allowed else "unknown field"
 
 
 class UserError(Exception):

@@ -85,20 +85,23 @@ def test_a_bad_set_value_names_the_set_item_not_the_file(tmp_path, capsys):
 def test_unknown_keys_get_a_did_you_mean(tmp_path, capsys):
     cfg = _toy(tmp_path)
     for item, expected in (
-        ("budget.max_round=3", "budget.max_round: unknown field; did you mean 'max_rounds'?"),
+        ("budget.max_round=3", "budget.max_round: unknown field (did you mean 'max_rounds'?)"),
         (
             "evolvers.a.samples_per_stpe=3",
-            "evolvers.a.samples_per_stpe: unknown field; did you mean 'samples_per_step'?",
+            "evolvers.a.samples_per_stpe: unknown field (did you mean 'samples_per_step'?)",
         ),
-        ("schedule=[{evolver: a, evry: 2}]", "schedule.0.evry: unknown field; did you mean 'every'?"),
-        ("budget.zzz=1", "budget.zzz: unknown field; the fields here are max_samples, max_rounds, max_wall_s"),
+        ("schedule=[{evolver: a, evry: 2}]", "schedule.0.evry: unknown field (did you mean 'every'?)"),
+        ("budget.zzz=1", "budget.zzz: unknown field (the fields here: max_samples, max_rounds, max_wall_s)"),
     ):
         assert main(["run", "--check", str(cfg), "--set", item]) == 2
         assert expected in capsys.readouterr().err, item
+    tiny = str(Path(__file__).resolve().parents[1] / "configs" / "es" / "tiny.yaml")
+    assert main(["run", "--check", tiny, "--set", "evolvers.es.rollout.targt=hi"]) == 2  # a nested rollout spec
+    assert "evolvers.es.rollout.targt: unknown field (did you mean 'target'?)" in capsys.readouterr().err
     typo = tmp_path / "typo.yaml"
     typo.write_text(cfg.read_text().replace("report:", "reprot:"))
     assert main(["run", "--check", str(typo)]) == 2
-    assert "reprot: unknown field; did you mean 'report'?" in capsys.readouterr().err
+    assert "reprot: unknown field (did you mean 'report'?)" in capsys.readouterr().err
 
 
 def test_a_missing_or_wrong_run_folder_is_named_as_such(tmp_path, toy_run, capsys):

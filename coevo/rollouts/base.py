@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coevo.context import ContextValue
+from coevo.errors import unknown_field_message
 from coevo.registry import Registry
 from coevo.types import ContextRef, ESMember, Space, Trajectory
 
@@ -351,11 +352,18 @@ def validate_rollout_spec(spec: Any, where: str = "rollout") -> dict[str, Any]:
     try:
         cfg = cls.Config.model_validate(spec)
     except ValidationError as exc:
-        raise ValueError(
-            "; ".join(f"{'.'.join([where, *map(str, e['loc'])])}: {e['msg']}" for e in exc.errors())
-        ) from None
+        raise ValueError("; ".join(_field_error(where, cls.Config, e) for e in exc.errors())) from None
     _check_slots(cls, cfg, where)
     return cfg.model_dump()
+
+
+def _field_error(where: str, config: type, err: dict[str, Any]) -> str:
+    """``where.field: message`` of one pydantic error; an unknown top-level field gets the nearest allowed name."""
+    loc = [str(p) for p in err["loc"]]
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden" and len(loc) == 1:
+        msg = unknown_field_message(loc[0], list(config.model_fields))
+    return f"{'.'.join([where, *loc])}: {msg}"
 
 
 def _check_slots(cls: type[Rollout], cfg: RolloutConfig, where: str) -> None:
