@@ -317,8 +317,12 @@ class RunProgress:
             completed=self.round,
             info=f"round {self.round} · {self.step[0]} ({self.step[1]})" if self.step else "",
         )
-        step = f"step: {self.step_samples} samples, {self.step_trajectories} trajectories" if self.step else ""
-        step = self.loading or step + self._drawing()
+        step = f"step: {self.step_samples} samples, {self.step_trajectories} traj." if self.step else ""
+        if self.batch_rows:  # short, for a terminal's width: the decoding counters first
+            step = f"decoding {self.rows_done}/{self.batch_rows} rows, {self.tokens} tokens · {step}"
+        elif self.pending:
+            step += f", drawing {self.pending}"
+        step = self.loading or step
         best = " ".join(f"{k}={v:.4g}" for k, v in self.best.items())
         self._bar.update(
             self._tasks["samples"],
