@@ -91,8 +91,6 @@ MAIN_JOB_TUNING = {
         ("budget", "max_samples"): (64, 32),
         ("budget", "max_wall_s"): (900, 1080),
         ("evolvers", 0, "offspring_per_operator"): (2, 1),
-        ("evolvers", 0, "duplicate_retries"): (1, None),
-        ("evolvers", 0, "parse_retries"): (1, None),
         ("evolvers", 1, "population_size"): (4, 2),
         ("evolvers", 1, "total_generations"): (4, 3),
         ("evolvers", 1, "perturbation"): ("lowrank", None),

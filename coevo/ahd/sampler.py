@@ -50,6 +50,7 @@ from coevo.ahd.evaluate import evaluate_many
 from coevo.ahd.population import Individual, code_key, select_parents
 from coevo.ahd.prompts import build_messages, parents_needed
 from coevo.backends.base import request_seed
+from coevo.errors import DeadlineReached
 from coevo.sandbox import pool
 from coevo.sandbox.extract import extract_code
 from coevo.sandbox.runner import Sandbox, SandboxLimits
@@ -447,7 +448,12 @@ class HeuristicSampler:
                 left -= len(redo)
             if not redo:
                 break
-            again = generate([pending[i] for i in redo], params.with_seed(request_seed(params.seed, -attempt)))
+            try:
+                again = generate([pending[i] for i in redo], params.with_seed(request_seed(params.seed, -attempt)))
+            except DeadlineReached:
+                # the wall budget ran out during a retry: keep the batch's answers (they are recorded now; only
+                # the retry is lost) and let the next sample boundary stop the run
+                break
             for i, c in zip(redo, again):
                 completions[i] = c
                 extractions[i] = self._extract(c)
