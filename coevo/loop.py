@@ -565,7 +565,7 @@ class CoEvolutionLoop:
         if not isinstance(before, str) or not before or before == stop_reason:
             return stop_reason
         self.progress.note(
-            f"the run had already stopped and no step is left ({stop_reason}); to continue, raise a budget in "
+            f"the run had already stopped and no step ran now ({stop_reason}); to continue, raise a budget in "
             f"{self.run_dir / 'config.yaml'}"
         )
         return before

@@ -174,5 +174,5 @@ def test_resuming_a_finished_run_keeps_its_stop_reason(tmp_path, capsys):
     assert main(["run", "--resume", str(run)]) == 0
     err = capsys.readouterr().err
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == reason
-    assert f"stopped: {reason}" in err and "no step is left (round budget reached (2 rounds))" in err
+    assert f"stopped: {reason}" in err and "no step ran now (round budget reached (2 rounds))" in err
     assert f"- stop reason: {reason}" in (run / "report.md").read_text()
