@@ -421,3 +421,23 @@ def test_without_cgroups_each_process_is_still_bounded():
     res = _call(plain, "def f():\n    return len(bytearray(400 << 20))\n")
     assert not res.valid and res.error_kind == "memory"
     assert _call(plain, "def f():\n    return len(bytearray(1 << 20))\n").metrics["values"] == [1 << 20]
+
+
+def test_a_package_path_added_inside_site_packages_at_import_time_does_not_break_the_sandbox(monkeypatch):
+    """``import ray`` puts ``site-packages/ray/thirdparty_files`` on sys.path; the whole suite's evaluations then
+    failed ("bwrap: Can't mkdir parents for <site-packages>") once any test module imported ray. Such a nested
+    entry is not a candidate import path; a folder a .pth file adds directly inside site-packages still is."""
+    import numpy
+
+    from coevo.ahd.evaluate import evaluate_heuristic
+    from coevo.ahd.problem import load_problem
+    from coevo.sandbox import isolation
+
+    nested = os.path.join(os.path.dirname(numpy.__file__), "_core")
+    assert os.path.isdir(nested)
+    monkeypatch.setattr(sys, "path", [*sys.path, nested])
+    assert nested not in isolation.child_pythonpath()
+    problem = load_problem("tsp_construct")
+    code = problem.seed_heuristic_code()
+    res = evaluate_heuristic(problem, code, problem.generate(8, 2, 5))
+    assert res.valid, res.error

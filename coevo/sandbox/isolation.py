@@ -100,8 +100,11 @@ def child_pythonpath(extra: Iterable[str | os.PathLike] = ()) -> list[str]:
     """
     sites = set(site.getsitepackages()) | {p for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
     stdlib = {os.path.dirname(os.__file__)}
+    # a .pth file adds folders directly inside site-packages; deeper entries are a package's own additions at
+    # import time (``import ray`` puts ``site-packages/ray/thirdparty_files`` on sys.path), which a candidate does
+    # not need and which bwrap cannot bind inside the hidden site-packages tmpfs
     added_by_pth = [
-        p for p in sys.path if p and os.path.isabs(p) and p not in stdlib and any(p.startswith(s) for s in sites)
+        p for p in sys.path if p and os.path.isabs(p) and p not in stdlib and os.path.dirname(p.rstrip("/")) in sites
     ]
     out: list[str] = []
     for entry in [str(project_root()), *map(str, extra), *sorted(sites), *added_by_pth]:
