@@ -80,8 +80,16 @@ import yaml
 from coevo.config import RunConfig, load_config
 from coevo.tables import md_table
 
-#: the main job's tune settings (configs/ahd/tsp_construct.yaml), used by the +tune arms; elites: the run's top 4
-MAIN_TUNE = {"elites": 4, "population_size": 8, "generations": 8, "sigma": 0.3, "sigma_final": 0.05}
+#: the +tune arms run tune with the main job's settings (configs/ahd/tsp_construct.yaml) over the run's top 4
+POSTHOC_ELITES = 4
+
+
+def main_tune_settings() -> dict[str, Any]:
+    """The ``tune`` evolver's settings of the main job's config, with ``elites`` = :data:`POSTHOC_ELITES`."""
+    cfg, _ = load_config(ROOT / "configs" / "ahd" / "tsp_construct.yaml")
+    spec = next(e for e in cfg.evolvers if e.type == "tune")
+    return {**spec.params.model_dump(exclude={"evolver"}), "elites": POSTHOC_ELITES}
+
 
 METHODS = ("eoh", "sample", "eoh_es", "sample_es")
 BASELINE = {"eoh_es": "eoh", "sample_es": "sample"}
@@ -235,6 +243,21 @@ def run_settings(problem: str, method: str, seed: int, args: argparse.Namespace)
     return path, sets
 
 
+def heldout_rows(ev) -> dict[int, dict[str, Any]]:
+    """Held-out size -> the seed's and the best heuristic's objective and gap, and the reference, of an AHD
+    evolver (its :meth:`~coevo.evolvers.ahd_common.AHDEvolver.comparison_rows`)."""
+    rows = {}
+    for size, _n, seed_obj, seed_gap, best_obj, best_gap, ref, _beats in ev.comparison_rows():
+        rows[int(size)] = {
+            "seed_objective": seed_obj,
+            "seed_gap": seed_gap,
+            "best_objective": best_obj,
+            "best_gap": best_gap,
+            "reference": ref,
+        }
+    return rows
+
+
 def run_one(problem: str, method: str, seed: int, args: argparse.Namespace) -> RunResult:
     """One real run of ``configs/ahd/<method>/<problem>.yaml`` at the shared budget; returns its results.
 
@@ -273,15 +296,7 @@ def run_one(problem: str, method: str, seed: int, args: argparse.Namespace) -> R
     summary = loop.run(handle_signals=True)
     if summary.interrupted:
         raise Interrupted(f"{problem} {method} seed {seed}: {summary.stop_reason}")
-    rows = {}
-    for size, _n, seed_obj, seed_gap, best_obj, best_gap, ref, _beats in ev.comparison_rows():
-        rows[int(size)] = {
-            "seed_objective": seed_obj,
-            "seed_gap": seed_gap,
-            "best_objective": best_obj,
-            "best_gap": best_gap,
-            "reference": ref,
-        }
+    rows = heldout_rows(ev)
     with TrajectoryStore(out / "store.sqlite", readonly=True) as store:
         valid = len(store.query(run_id=loop.run_id, valid=True, with_steps=False))
     result = RunResult(
@@ -333,7 +348,7 @@ def tune_one(problem: str, method: str, seed: int, args: argparse.Namespace, bas
     cfg, _ = load_config(base_dir / "config.yaml")
     spec = ahd_spec(cfg)
     tune_cfg = TuneConfig(
-        **{**MAIN_TUNE, **{k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.tune_set)}}
+        **{**main_tune_settings(), **{k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.tune_set)}}
     )
     started = time.time()
     with TrajectoryStore(base_dir / "store.sqlite", readonly=True) as src:
@@ -361,15 +376,7 @@ def tune_one(problem: str, method: str, seed: int, args: argparse.Namespace, bas
     tuner.step(0)
     ahd.best = best
     ahd.publish_best()
-    rows = {}
-    for size, _n, seed_obj, seed_gap, best_obj, best_gap, ref, _beats in ahd.comparison_rows():
-        rows[int(size)] = {
-            "seed_objective": seed_obj,
-            "seed_gap": seed_gap,
-            "best_objective": best_obj,
-            "best_gap": best_gap,
-            "reference": ref,
-        }
+    rows = heldout_rows(ahd)
     improved = [r for r in tuner.tried.values() if r.get("status") == "improved"]
     result = RunResult(
         problem,

@@ -96,34 +96,25 @@ def score(item, bins):
     return score
 """
 
-NEAREST = """import numpy as np
-
-def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
-    return int(unvisited_nodes[np.argmin(distance_matrix[current_node, unvisited_nodes])])
-"""
-BEST_FIT = "import numpy as np\n\ndef score(item, bins):\n    return -(bins - item).astype(float)\n"
-
-#: case -> (problem, code, reference name, reference code, problem settings)
-CASES: dict[str, tuple[str, str, str, str, dict[str, Any]]] = {
+#: case -> (problem, code, reference name, problem settings); the reference is the problem's seed heuristic
+#: (nearest neighbour for tsp_construct, Best Fit for bpp_online)
+CASES: dict[str, tuple[str, str, str, dict[str, Any]]] = {
     "tsp/eoh_ael": (
         "tsp_construct",
         EOH_AEL,
         "nearest neighbour",
-        NEAREST,
         {"train_size": 50, "train_count": 8, "test_sizes": [20, 50, 100], "test_count": 16},
     ),
     "tsp/reevo": (
         "tsp_construct",
         REEVO,
         "nearest neighbour",
-        NEAREST,
         {"train_size": 50, "train_count": 8, "test_sizes": [20, 50, 100], "test_count": 16},
     ),
     "bpp/funsearch_weibull": (
         "bpp_online",
         FUNSEARCH_WEIBULL,
         "Best Fit",
-        BEST_FIT,
         {"train_size": 1000, "train_count": 5, "test_sizes": [5000], "test_count": 5},
     ),
 }
@@ -139,7 +130,7 @@ def run_case(case: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     from coevo.evolvers.tune import TuneConfig, TuneEvolver
     from coevo.store import TrajectoryStore
 
-    problem, code, ref_name, ref_code, settings = CASES[case]
+    problem, code, ref_name, settings = CASES[case]
     tmp = Path(tempfile.mkdtemp(prefix="tune_published_"))
     store = TrajectoryStore(tmp / "store.sqlite")
     ctx = RunContext(run_id="tune", run_dir=tmp, store=store, budget=Budget(store, "tune"), seed=seed)
@@ -175,7 +166,7 @@ def run_case(case: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     heldout = {}
     for size in settings["test_sizes"]:
         inst = eoh.problem.generate(size, settings["test_count"], TEST_SEED)
-        codes = [code, tuned.code if tuned else code, ref_code]
+        codes = [code, tuned.code if tuned else code, eoh.problem.seed_heuristic_code()]
         res = eoh.sampler.evaluate(codes, inst, timeout_basis=(settings["train_size"], settings["train_count"]))
         heldout[size] = {
             "published": res[0].objective,

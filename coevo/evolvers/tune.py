@@ -48,7 +48,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from coevo.ahd.constants import CandidateParseError, find_constants, round_constant, with_constants
-from coevo.ahd.population import Individual, code_key, survivors
+from coevo.ahd.population import Individual, survivors
 from coevo.ahd.sampler import HeuristicSearch
 from coevo.errors import ConfigError
 from coevo.es.noise import generate_noise
@@ -145,12 +145,11 @@ class TuneEvolver(Evolver):
         ranked, seen = [], set()
         pool = [i for i in pool if i.reward is not None and math.isfinite(i.reward) and i.objective is not None]
         for ind in sorted(pool, key=lambda i: (-i.reward, i.id)):
-            k = code_key(ind.code)
-            if k in seen:
-                continue
-            seen.add(k)
-            ranked.append(ind)
-        return [i for i in ranked if i.operator != "tune" and code_key(i.code) not in self.tried]
+            k = ind.code_hash
+            if k not in seen:
+                seen.add(k)
+                ranked.append((k, ind))
+        return [i for k, i in ranked if i.operator != "tune" and k not in self.tried]
 
     def _left(self) -> int | None:
         cap = self.config.max_evaluations
@@ -316,7 +315,7 @@ class TuneEvolver(Evolver):
             else:
                 rec = self.tune(parent, round_index)
                 child = self._record(parent, rec, round_index) if rec["status"] == "improved" else None
-            self.tried[code_key(parent.code)] = {k: v for k, v in rec.items() if k not in ("code", "metrics")}
+            self.tried[parent.code_hash] = {k: v for k, v in rec.items() if k not in ("code", "metrics")}
             if rec["status"] == "budget":
                 break
             tuned += rec["status"] in ("improved", "no_gain")
