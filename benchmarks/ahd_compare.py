@@ -347,9 +347,8 @@ def tune_one(problem: str, method: str, seed: int, args: argparse.Namespace, bas
     (out / "store.sqlite").unlink(missing_ok=True)
     cfg, _ = load_config(base_dir / "config.yaml")
     spec = ahd_spec(cfg)
-    tune_cfg = TuneConfig(
-        **{**main_tune_settings(), **{k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.tune_set)}}
-    )
+    overrides = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.tune_set)}
+    tune_cfg = TuneConfig(**{**main_tune_settings(), "evolver": spec.name, **overrides})
     started = time.time()
     with TrajectoryStore(base_dir / "store.sqlite", readonly=True) as src:
         run_id = src.query(limit=1, with_steps=False)[0].run_id
