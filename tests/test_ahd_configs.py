@@ -91,6 +91,8 @@ MAIN_JOB_TUNING = {
         ("budget", "max_samples"): (64, 32),
         ("budget", "max_wall_s"): (900, 1080),
         ("evolvers", 0, "offspring_per_operator"): (2, 1),
+        # the main job also starts from EoH's published AEL heuristic (ReEvo's seed function): constants for tune
+        ("evolvers", 0, "seed_heuristics"): (["eoh_ael"], None),
         ("evolvers", 1, "population_size"): (4, 2),
         ("evolvers", 1, "total_generations"): (4, 3),
         ("evolvers", 1, "perturbation"): ("lowrank", None),

@@ -39,6 +39,7 @@ def run(tmp_path_factory, tiny_model_dir) -> Path:
     tmp = tmp_path_factory.mktemp("report_edges")
     policy = ScriptedTinyQwen(tiny_model_dir, [GARBAGE] * 8 + [reply(TWIN, "the nearest node, written again")])
     over = {"budget.max_samples": 40, "evolvers.eoh.reject_duplicates": "false", "evolvers.eoh.parse_retries": 0}
+    over["evolvers.eoh.seed_heuristics"] = "[]"  # this run's story: nearest neighbour is the only seed and stays best
     sets = shipped("eoh", str(tiny_model_dir), **over)
     sets = [s for s in sets if s != "report.plots=false"]  # the metric plots are under test too
     loop = make_loop(tmp, "tsp_construct.yaml", sets, policy)

@@ -148,7 +148,8 @@ def test_variants_that_fail_are_recorded_and_the_search_goes_on(tmp_path, code, 
     _, _, ev = _setup(tmp_path, [("fragile", code)], limits, sigma=1.0, sigma_final=1.0, generations=1)
     ev.step(1)
     rec = next(iter(ev.tried.values()))
-    assert rec["evaluations"] == 5 and rec["invalid"].get(kind, 0) >= 1, rec
+    # the check of the term weight on `w * distance...` at 1.0, 4 variants, the final centre
+    assert rec["evaluations"] == 1 + 4 + 1 and rec["invalid"].get(kind, 0) >= 1, rec
     assert rec["status"] in ("improved", "no_gain")
 
 
@@ -198,3 +199,116 @@ def test_tune_in_the_loop_after_eoh(tmp_path):
     assert tune.evaluations == 9 and any(r["parent"] for r in tune.tried.values())
     report = (loop.run_dir / "report.md").read_text()
     assert "Constants tuning" in report
+
+
+# no literal at all: nearest neighbour plus the distance back home, unweighted (worse than nearest neighbour)
+SUM_NO_LITERALS = """import numpy as np
+
+def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
+    score = distance_matrix[current_node, unvisited_nodes] + distance_matrix[destination_node, unvisited_nodes]
+    return int(unvisited_nodes[np.argmin(score)])
+"""
+# one weightable term is an int index (a weight 1.0 makes it a float and the heuristic raises): it is dropped
+SUM_WITH_INDEX = """import numpy as np
+
+def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
+    score = distance_matrix[current_node, unvisited_nodes] + distance_matrix[destination_node, unvisited_nodes]
+    shift = len(unvisited_nodes) - len(unvisited_nodes)
+    pos = np.argmin(score) + shift
+    return int(unvisited_nodes[pos])
+"""
+
+
+def test_term_weights_go_on_additive_terms_only():
+    from coevo.ahd.constants import lift_term_weights
+
+    code = """import numpy as np
+
+def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
+    d = distance_matrix[current_node, unvisited_nodes]
+    h = distance_matrix[destination_node, unvisited_nodes]
+    m = np.mean(distance_matrix[unvisited_nodes][:, unvisited_nodes], axis=1)
+    i = len(d) - 1
+    j = unvisited_nodes[i + current_node - 1]
+    for k in range(i + j):
+        pass
+    name = "a" + "b"
+    score = d + h - m + 0.5 * h - 2
+    return int(unvisited_nodes[np.argmin(score)])
+"""
+    lifted, n = lift_term_weights(code)
+    # d + h - m: h and m get weights; 0.5 * h is weighted already; "- 2", "len(d) - 1", the index and range() sums,
+    # and the string sum are left alone
+    assert n == 2 and "d + 1.0 * h - 1.0 * m + 0.5 * h - 2" in lifted
+    assert "i + current_node - 1]" in lifted and "range(i + j)" in lifted and "'a' + 'b'" in lifted
+    assert [c.value for c in find_constants(lifted)] == [1.0, 1.0, 0.5, 2]
+    assert lift_term_weights(code, select=[1])[0].count("1.0 *") == 1
+    assert lift_term_weights(NN) == (with_constants(NN, []), 0)
+    # the weighted code computes what the code did
+    ns_a, ns_b = {}, {}
+    exec(compile(code, "<a>", "exec"), ns_a)  # noqa: S102 (the test's own code)
+    exec(compile(lifted, "<b>", "exec"), ns_b)  # noqa: S102
+    import numpy as np
+
+    dist = np.random.default_rng(0).random((9, 9))
+    unv = np.arange(1, 9)
+    assert ns_a["select_next_node"](0, 0, unv, dist) == ns_b["select_next_node"](0, 0, unv, dist)
+
+
+def test_tune_weights_a_heuristic_that_has_no_literal(tmp_path):
+    """An elite without a numeric literal gets a term weight (checked at 1.0), and ES re-balances it: on the
+    training set the unweighted pull toward home is worse than a tuned one."""
+    _, eoh, ev = _setup(tmp_path, [("sum", SUM_NO_LITERALS)], generations=6, population_size=8)
+    ev.step(1)
+    rec = next(iter(ev.tried.values()))
+    assert rec["term_weights"] == [1, 1] and rec["constants_before"] == [1.0]
+    assert rec["evaluations"] == 1 + 6 * 8 + 1  # the check at 1.0, the ES generations, the final centre
+    assert rec["status"] == "improved", rec
+    assert rec["objective_after"] < rec["objective_before"] and rec["constants_after"] != [1.0]
+    child = next(i for i in eoh.population if i.operator == "tune")
+    assert "1.0 * distance_matrix" not in child.code and "* distance_matrix[destination_node" in child.code
+
+
+def test_term_weight_that_changes_the_heuristic_is_dropped(tmp_path):
+    _, _, ev = _setup(tmp_path, [("idx", SUM_WITH_INDEX)], generations=1, population_size=2)
+    ev.step(1)
+    rec = next(iter(ev.tried.values()))
+    # three terms: the feature sum keeps its weight, the two sums that make an index do not (the check of all
+    # weights at 1.0 failed, then each weight alone: 1 + 3 evaluations; then 2 variants and the final centre)
+    assert rec["term_weights"] == [1, 3], rec
+    assert rec["evaluations"] == 1 + 3 + 2 + 1
+    assert rec["constants_before"] == [1.0]
+
+
+def test_term_weights_off(tmp_path):
+    _, _, ev = _setup(tmp_path, [("sum", SUM_NO_LITERALS)], term_weights=False)
+    ev.step(1)
+    rec = next(iter(ev.tried.values()))
+    assert rec["status"] == "no_constants" and rec["evaluations"] == 0 and "term_weights" not in rec
+
+
+def test_published_seed_heuristic_starts_the_population_and_tune_searches_it(tmp_path):
+    """``seed_heuristics: [eoh_ael]``: EoH's published heuristic (ReEvo's seed function) enters the initial
+    population beside nearest neighbour, evaluated on the training set; tune then searches its constants."""
+    ctx = _ctx(tmp_path)
+    cfg = EoHConfig(
+        **{**SMALL, "train_size": 20, "train_count": 3, "include_seed_heuristic": True, "seed_heuristics": ["eoh_ael"]}
+    )
+    eoh = EoHEvolver("eoh", cfg, ctx)
+    eoh._add_seed_heuristics()
+    ids = sorted(i.id for i in eoh.population)
+    assert ids == ["seed", "seed:eoh_ael"]
+    ael = next(i for i in eoh.population if i.id == "seed:eoh_ael")
+    assert ael.operator == "seed" and ael.objective is not None and "threshold = 0.7" in ael.code
+    ctx.evolvers["eoh"] = eoh
+    ev = TuneEvolver("tune", TuneConfig(generations=2, population_size=4, elites=2), ctx)
+    ctx.evolvers["tune"] = ev
+    ev.setup()
+    ev.step(0)
+    rec = next(r for r in ev.tried.values() if r["parent"] == "seed:eoh_ael")
+    assert rec["constants_before"] == [0.7, 0.4, 0.3, 0.2, 0.1] and rec["status"] in ("improved", "no_gain")
+
+
+def test_unknown_published_seed_names_the_field(tmp_path):
+    with pytest.raises(ValueError, match=r"evolvers.eoh.seed_heuristics: .*'nope' \(published: eoh_ael\)"):
+        EoHEvolver("eoh", EoHConfig(**{**SMALL, "seed_heuristics": ["nope"]}), _ctx(tmp_path))

@@ -13,6 +13,16 @@ Diversity-Driven Harmony Search and Genetic Algorithm Using LLMs", AAAI 2025, Se
   keyword, and not in a default of the problem function's signature;
 * never a ``bool``, a string, a complex number, ``0``, ``1`` or ``-1`` (loop bounds, identities, signs).
 
+A heuristic the LLM wrote without literals (``d_now + d_home``) has no constant to search.
+:func:`lift_term_weights` gives it some, still without tokens: every additive term after the first of a sum or
+difference of non-literal expressions gets a weight ``1.0 *`` (``d_now + 1.0 * d_home``), which leaves the
+heuristic's behaviour unchanged at the start (``1.0 * x == x`` exactly in floating point) and turns its
+structure into a weighted score that the constants search can re-balance: the "weighted sum of features"
+that the heuristics published by EoH and ReEvo for TSP are made of (e.g. ReEvo's ``c1 * d(cur, n) - c2 *
+mean_d(n) + ...``). Terms inside subscripts and structural calls are left alone (index arithmetic); a lifted
+weight that changes the heuristic at 1.0 (an int index turned float, a list concatenation) is found by
+evaluating it and dropped by the caller (:mod:`coevo.evolvers.tune`).
+
 Constants are numbered in source order (:func:`ast.walk` is breadth first, so the order is by line and
 column, sorted). Candidate code is parsed with :func:`coevo.sandbox.extract.parse_bounded` (size and nesting
 bound): this module runs on the trusted side.
@@ -104,6 +114,69 @@ class _Finder(ast.NodeVisitor):
             self.found.append((node, value))
 
 
+class _Lifter(_Finder):
+    """Find the additive terms a weight can be put on (:func:`lift_term_weights`): the right operand of every
+    ``+`` / ``-`` whose operands are both non-literal, outside structural positions (subscripts, ``range``...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.terms: list[ast.BinOp] = []
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if (
+            isinstance(node.op, (ast.Add, ast.Sub))
+            and not self._structural
+            and not _literal_like(node.left)
+            and not _literal_like(node.right)
+        ):
+            self.terms.append(node)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self.generic_visit(node)
+
+
+def _literal_like(node: ast.AST) -> bool:
+    """A literal, a signed literal, a string / bytes / collection display, or already a weighted term."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.UnaryOp) and isinstance(node.operand, ast.Constant):
+        return True
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict, ast.ListComp, ast.JoinedStr)):
+        return True
+    return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and _numeric(node.left)
+
+
+def lift_term_weights(code: str, limit: int | None = None, select: Sequence[int] | None = None) -> tuple[str, int]:
+    """``code`` with a weight ``1.0 *`` on the right operand of each sum or difference of non-literal terms
+    (module docstring), at most ``limit`` of them (first in source order).
+
+    Args:
+        code: the heuristic's source. limit: most weights added. select: indices (source order, after
+            ``limit``) of the terms to weight; None weights all of them.
+
+    Returns:
+        ``(lifted_code, n_weights)``: the code re-emitted by :func:`ast.unparse` and how many weights were added
+        (0: ``lifted_code`` is ``code`` re-emitted unchanged). The weights are ``float`` literals, so
+        :func:`find_constants` finds them with the heuristic's own literals, in source order.
+
+    Raises:
+        CandidateParseError: ``code`` does not parse under the trusted-side bound.
+    """
+    tree = parse_bounded(code)
+    lifter = _Lifter()
+    lifter.visit(tree)
+    terms = sorted(lifter.terms, key=lambda b: (b.right.lineno, b.right.col_offset))
+    if limit is not None:
+        terms = terms[:limit]
+    if select is not None:
+        chosen = set(select)
+        terms = [b for i, b in enumerate(terms) if i in chosen]
+    for b in terms:
+        b.right = ast.copy_location(ast.BinOp(ast.Constant(1.0), ast.Mult(), b.right), b.right)
+    return ast.unparse(ast.fix_missing_locations(tree)) + "\n", len(terms)
+
+
 def _numeric(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
 
@@ -179,4 +252,4 @@ def with_constants(code: str, values: Sequence[float]) -> str:
     return ast.unparse(ast.fix_missing_locations(_Writer().visit(tree))) + "\n"
 
 
-__all__ = ["CandidateParseError", "Constant", "find_constants", "round_constant", "with_constants"]
+__all__ = ["CandidateParseError", "Constant", "find_constants", "lift_term_weights", "round_constant", "with_constants"]

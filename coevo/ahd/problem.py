@@ -468,6 +468,22 @@ class HeuristicProblem(ABC):
                 return candidate
         return self.function_name
 
+    def published_heuristics(self) -> list[str]:
+        """Names of the published heuristics shipped in ``<root>/published/`` (``<name>.py``), sorted."""
+        folder = self.root / "published"
+        return sorted(p.stem for p in folder.glob("*.py") if not p.name.startswith("_")) if folder.is_dir() else []
+
+    def published_heuristic_code(self, name: str) -> str:
+        """Source of ``<root>/published/<name>.py``: a heuristic an LLM search published, quoted with its source.
+
+        Raises:
+            ValueError: no such file (the message lists the published heuristics of this problem).
+        """
+        if name not in self.published_heuristics():
+            known = ", ".join(self.published_heuristics()) or "none"
+            raise ValueError(f"{self.name} has no published heuristic {name!r} (published: {known})")
+        return (self.root / "published" / f"{name}.py").read_text()
+
     def seed_heuristic_code(self) -> str:
         """Source of ``<root>/seed_heuristic.py`` (the classic baseline heuristic the reports compare with)."""
         return (self.root / "seed_heuristic.py").read_text()

@@ -190,19 +190,26 @@ class HeuristicSampler:
             timeout_basis=timeout_basis,
         )
 
-    def seed_individual(self) -> Individual:
-        """The problem's seed heuristic evaluated on the training instances, as individual ``"seed"``.
+    def seed_individual(self, published: str | None = None) -> Individual:
+        """The problem's seed heuristic (``published`` None) or one of its published heuristics
+        (:meth:`coevo.ahd.problem.HeuristicProblem.published_heuristic_code`), evaluated on the training
+        instances, as individual ``"seed"`` or ``"seed:<published>"`` (operator ``seed``).
 
         Raises:
-            RuntimeError: the seed heuristic is invalid (a broken problem folder, not a bad sample).
+            ValueError: no published heuristic of that name (the message lists the known ones).
+            RuntimeError: the heuristic is invalid (a broken problem folder, not a bad sample).
         """
-        code = self.problem.seed_heuristic_code()
+        if published is None:
+            code, ident, thought = self.problem.seed_heuristic_code(), "seed", "the problem's seed heuristic"
+        else:
+            code = self.problem.published_heuristic_code(published)
+            ident, thought = f"seed:{published}", f"published seed heuristic {published}"
         res = self.evaluate([code])[0]
         if not res.valid:
-            raise RuntimeError(f"{self.problem.name}: the seed heuristic is invalid ({res.error_kind}: {res.error})")
+            raise RuntimeError(f"{self.problem.name}: the {thought} is invalid ({res.error_kind}: {res.error})")
         return Individual(
-            id="seed",
-            thought="the problem's seed heuristic",
+            id=ident,
+            thought=thought,
             code=code,
             objective=res.objective,
             reward=res.score,
@@ -508,6 +515,8 @@ class HeuristicSampler:
         }
         if len(calls) > 1:
             meta["retried_outputs"] = [c.text[:2000] for c in calls[:-1]]
+        if extraction is not None and extraction.repairs:
+            meta["repairs"] = list(extraction.repairs)  # import lines added to the model's code (extract step 5)
         failure = detail = feedback = None
         if comp.error is not None:
             failure, detail = "llm_error", comp.error

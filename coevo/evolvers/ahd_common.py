@@ -55,6 +55,12 @@ class AHDConfig(EvolverConfig):
         description="seed of the held-out instances (keep != train_seed); default (null): drawn per run like "
         "train_seed",
     )
+    seed_heuristics: list[str] = Field(
+        default_factory=list,
+        description="published heuristics that start the population (EoH), by name: files "
+        "<problem folder>/published/<name>.py (e.g. eoh_ael for tsp_construct); ReEvo and HSEvo start their "
+        "search from such a seed function. Held-out reports compare the best heuristic with each of them",
+    )
     eval_timeout_s: float = Field(30.0, gt=0, description="wall-clock limit of one evaluation (s)")
     eval_memory_mb: int = Field(2048, ge=64, description="address-space limit of one evaluation (MiB)")
     eval_workers: int = Field(2, ge=1, description="evaluations run in parallel")
@@ -120,6 +126,13 @@ class AHDEvolver(Evolver):
             self.problem: HeuristicProblem = load_problem(config.problem)
         except ValueError as exc:
             raise ValueError(f"evolvers.{name}.problem: {exc}") from None
+        unknown = [s for s in config.seed_heuristics if s not in self.problem.published_heuristics()]
+        if unknown:
+            known = ", ".join(self.problem.published_heuristics()) or "none"
+            raise ValueError(
+                f"evolvers.{name}.seed_heuristics: {self.problem.name} has no published heuristic "
+                f"{unknown[0]!r} (published: {known})"
+            )
         self.train_size = config.train_size or self.problem.default_size
         c = config
         self.train_seed = run_instance_seed(ctx.run_dir, name, "train", c.train_seed)
@@ -263,6 +276,34 @@ class AHDEvolver(Evolver):
             return "tie"
         return "yes" if (best < seed) == (self.problem.direction == "minimize") else "no"
 
+    def _published_seed_lines(self) -> list[str]:
+        """Report lines: each published seed heuristic (``seed_heuristics``) vs the best, on the held-out sets."""
+        if not self.config.seed_heuristics or self.best is None:
+            return []
+        rows = []
+        for name in self.config.seed_heuristics:
+            code = self.problem.published_heuristic_code(name)
+            for size in self.test_sizes():
+                rs, rb = self._test_result(code, size), self._test_result(self.best.code, size)
+                rows.append(
+                    [
+                        name,
+                        size,
+                        rs.objective,
+                        rb.objective,
+                        self._beats(rb.objective if rb.valid else None, rs.objective if rs.valid else None),
+                    ]
+                )
+        return [
+            "",
+            (
+                "The search started from published heuristics too (`seed_heuristics`); the best heuristic against "
+                "each of them on the same held-out instances:"
+            ),
+            "",
+            md_table(["published seed", "size", "seed objective", "best objective", "best beats it"], rows),
+        ]
+
     def best_sentence(self) -> str:
         """The report's sentence on the best heuristic: its id, training objective and who made it, with its
         thought in quotes; the problem's seed heuristic is named as such, with the first line of its docstring."""
@@ -271,6 +312,11 @@ class AHDEvolver(Evolver):
         b = self.best
         assert b is not None
         head = f"Best heuristic `{b.id}` (training objective {b.objective:.6g})"
+        if b.operator == "seed" and b.id != "seed":
+            return (
+                f"{head} is the published seed heuristic `{b.id.split(':', 1)[-1]}` (config `seed_heuristics`): no "
+                "sampled or tuned heuristic beat it on the training set."
+            )
         if b.operator == "seed":
             doc = function_docstring(b.code, self.problem.function_name) or ""
             what = f" ({doc.splitlines()[0].rstrip('.')})" if doc.strip() else ""
@@ -348,6 +394,7 @@ class AHDEvolver(Evolver):
             ),
         ]
         lines += self._invalid_heldout_lines()
+        lines += self._published_seed_lines()
         compared = [r[-1] for r in rows if r[-1] is not None]
         if compared:
             lines += [

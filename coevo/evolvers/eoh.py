@@ -110,8 +110,8 @@ class EoHEvolver(AHDEvolver):
     # ------------------------------------------------------------------ steps
     def _initialise(self, round_index: int, report: StepReport) -> None:
         cfg, n_init = self.config, 2 * self.config.population_size
-        if cfg.include_seed_heuristic and self.init_attempts == 0:
-            self._add_seed_heuristic()
+        if self.init_attempts == 0:
+            self._add_seed_heuristics()
         # the first round always runs (the seed heuristic alone is no LLM initialisation); retries only
         # while the population is still empty
         while self.init_attempts <= cfg.init_retries and (self.init_attempts == 0 or not self.population):
@@ -133,8 +133,13 @@ class EoHEvolver(AHDEvolver):
             return
         self.generation = 1
 
-    def _add_seed_heuristic(self) -> None:
-        self.population = survivors(self.population + [self.sampler.seed_individual()], self.config.population_size)
+    def _add_seed_heuristics(self) -> None:
+        """The problem's seed heuristic (``include_seed_heuristic``) and the published ones (``seed_heuristics``),
+        evaluated, into the population before the i1 samples."""
+        seeds = [self.sampler.seed_individual()] if self.config.include_seed_heuristic else []
+        seeds += [self.sampler.seed_individual(name) for name in self.config.seed_heuristics]
+        if seeds:
+            self.population = survivors(self.population + seeds, self.config.population_size)
 
     def _generation(self, round_index: int, report: StepReport) -> None:
         cfg = self.config

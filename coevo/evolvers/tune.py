@@ -47,7 +47,13 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import Field, model_validator
 
-from coevo.ahd.constants import CandidateParseError, find_constants, round_constant, with_constants
+from coevo.ahd.constants import (
+    CandidateParseError,
+    find_constants,
+    lift_term_weights,
+    round_constant,
+    with_constants,
+)
 from coevo.ahd.population import Individual, survivors
 from coevo.ahd.sampler import HeuristicSearch
 from coevo.errors import ConfigError
@@ -69,6 +75,11 @@ class TuneConfig(EvolverConfig):
     evolver: str = Field("eoh", description="the run's eoh or sample evolver whose elite heuristics are tuned")
     elites: int = Field(2, ge=1, le=64, description="elite heuristics tuned per step (best first, each code once)")
     max_constants: int = Field(12, ge=1, le=64, description="constants searched per heuristic (first in source order)")
+    term_weights: bool = Field(
+        True,
+        description="put a weight 1.0 on each additive term of non-literal expressions so that the search has "
+        "constants where the LLM wrote none (kept only where the weighted code scores exactly as its parent)",
+    )
     population_size: int = Field(8, ge=2, le=256, description="variants per ES generation (antithetic pairs: even)")
     generations: int = Field(6, ge=1, le=1000, description="ES generations per elite (T)")
     sigma: float = Field(0.3, gt=0, le=10, description="sigma_0, in units of each constant's scale")
@@ -169,12 +180,6 @@ class TuneEvolver(Evolver):
             "invalid": {},
             "round": round_index,
         }
-        try:
-            consts = find_constants(parent.code, limit=cfg.max_constants)
-        except CandidateParseError as exc:
-            return {**rec, "status": "unparsable", "detail": str(exc)[:200]}
-        if not consts:
-            return {**rec, "status": "no_constants"}
         left = self._left()
         if left is not None and left < cfg.evaluations_per_elite():
             return {
@@ -183,6 +188,13 @@ class TuneEvolver(Evolver):
                 "detail": f"{left} evaluations left, one elite needs {cfg.evaluations_per_elite()}",
             }
         t0 = time.perf_counter()
+        try:
+            base = self._lift(parent, rec) if cfg.term_weights else parent.code
+            consts = find_constants(base, limit=cfg.max_constants)
+        except CandidateParseError as exc:
+            return {**rec, "status": "unparsable", "detail": str(exc)[:200]}
+        if not consts:
+            return {**rec, "status": "no_constants"}
         c0 = np.array([float(c.value) for c in consts])
         kinds = [c.kind for c in consts]
         scale = np.maximum(np.abs(c0), cfg.scale_floor)
@@ -196,7 +208,7 @@ class TuneEvolver(Evolver):
 
         def evaluate(points: list[np.ndarray]) -> list[float | None]:
             nonlocal best
-            codes = [with_constants(parent.code, values(p)) for p in points]
+            codes = [with_constants(base, values(p)) for p in points]
             results = self.target.sampler.evaluate(codes)
             rec["evaluations"] += len(codes)
             self.evaluations += len(codes)
@@ -246,12 +258,47 @@ class TuneEvolver(Evolver):
         )
         if gain > cfg.min_improvement * max(abs(parent.reward), 1e-12) and best[2] is not None:
             rec["status"] = "improved"
-            rec["code"] = with_constants(parent.code, list(best[1]))
+            rec["code"] = with_constants(base, list(best[1]))
             rec["score_after"] = best[0]
             rec["metrics"] = best[3]
         else:
             rec["status"] = status
         return rec
+
+    def _lift(self, parent: Individual, rec: dict[str, Any]) -> str:
+        """``parent``'s code with term weights (:func:`coevo.ahd.constants.lift_term_weights`) on the terms where
+        a weight of 1.0 leaves its training score exactly as it was; ``parent.code`` when there are none.
+
+        All weights are checked in one evaluation; when that changes the score, each weight alone (one
+        evaluation each, at once in the pool), then the weights that passed together. The evaluations count
+        in this evolver's budget; ``rec["term_weights"]`` records how many weights were kept of how many terms.
+
+        Raises:
+            CandidateParseError: the code does not parse under the trusted-side bound.
+        """
+        limit = self.config.max_constants
+        lifted, n = lift_term_weights(parent.code, limit=limit)
+        if n == 0:
+            return parent.code
+
+        def same(codes: list[str]) -> list[bool]:
+            results = self.target.sampler.evaluate(codes)
+            rec["evaluations"] += len(codes)
+            self.evaluations += len(codes)
+            return [
+                r.valid and r.score is not None and math.isclose(r.score, parent.reward, rel_tol=1e-12, abs_tol=1e-12)
+                for r in results
+            ]
+
+        kept = list(range(n))
+        if not same([lifted])[0]:
+            alone = same([lift_term_weights(parent.code, limit=limit, select=[i])[0] for i in range(n)])
+            kept = [i for i, ok in enumerate(alone) if ok]
+            lifted = lift_term_weights(parent.code, limit=limit, select=kept)[0] if kept else parent.code
+            if len(kept) > 1 and not same([lifted])[0]:
+                kept, lifted = [], parent.code
+        rec["term_weights"] = [len(kept), n]
+        return lifted
 
     def _record(self, parent: Individual, rec: dict[str, Any], round_index: int) -> Individual:
         """Store an improved variant as a trajectory and return it as an individual of the searched evolver."""

@@ -17,7 +17,11 @@ the output name after ``return``, crash on NUL bytes, and mark every answer with
 4. Of the units, only definitions are kept: imports, functions, classes, assignments (constants) and
    ``try`` blocks of imports; top-level calls, ``if __name__ == "__main__"`` blocks and stray expressions
    (prose that happens to parse, such as ``Done``) are dropped. ``function_name`` must be among them.
-5. An EoH thought in braces (``{...}``, brace-balanced) before the code, or else after it, is returned too.
+5. A module the code uses under its usual name without importing it (``np.argmin`` with no ``import numpy as
+   np``; ``math``) is imported at the top (``Extraction.repairs`` says so), as ReEvo's code extraction does
+   (``utils.extract_code_from_generator``: ``import numpy as np`` is prepended when the code mentions ``np``):
+   small models often drop the import line, and the heuristic is otherwise intact.
+6. An EoH thought in braces (``{...}``, brace-balanced) before the code, or else after it, is returned too.
 
 Errors: ``parse`` (no code / no top-level ``def function_name``), ``syntax`` (a ``def function_name`` was
 found but no span containing it compiles; the detail quotes the compiler).
@@ -128,12 +132,46 @@ class Extraction:
         thought: the text of the first ``{...}`` around the code (EoH's one-sentence idea), or None.
         error: None, ``"parse"`` or ``"syntax"`` (members of :data:`coevo.types.FAILURE_KINDS`).
         detail: human-readable reason when ``error`` is set.
+        repairs: the import lines added to ``code`` (step 5), empty when none.
     """
 
     code: str | None
     thought: str | None
     error: str | None
     detail: str | None = None
+    repairs: tuple[str, ...] = ()
+
+
+#: usual name -> the import line that binds it (step 5 of the module docstring)
+MISSING_IMPORTS = {"np": "import numpy as np", "math": "import math"}
+
+
+def add_missing_imports(code: str) -> tuple[str, tuple[str, ...]]:
+    """``code`` with an import line on top for each name of :data:`MISSING_IMPORTS` that it reads but never
+    binds (no import, assignment, argument or definition of that name anywhere in it).
+
+    Returns:
+        ``(code, added)``: ``added`` lists the import lines put on top (empty: ``code`` unchanged).
+
+    Raises:
+        CandidateParseError: ``code`` does not parse under the trusted-side bound.
+    """
+    tree = parse_bounded(code)
+    read: set[str] = set()
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    added = tuple(line for name, line in MISSING_IMPORTS.items() if name in read and name not in bound)
+    if not added:
+        return code, ()
+    return "\n".join(added) + "\n" + code, added
 
 
 def clean_text(text: str) -> str:
@@ -173,7 +211,7 @@ def extract_code(text: str, function_name: str) -> Extraction:
                 errors.append(err)
             continue
         first, last = start + kept[0], start + kept[-1]
-        return Extraction(code, _thought(lines[:first], lines[last + 1 :]), None)
+        return _repaired(Extraction(code, _thought(lines[:first], lines[last + 1 :]), None))
     indented = _indented_region(lines, def_re)
     if indented is not None:
         kept, code, err = _extract_region(
@@ -181,7 +219,7 @@ def extract_code(text: str, function_name: str) -> Extraction:
         )
         if code is not None:
             first, last = indented[0] + kept[0], indented[0] + kept[-1]
-            return Extraction(code, _thought(lines[:first], lines[last + 1 :]), None)
+            return _repaired(Extraction(code, _thought(lines[:first], lines[last + 1 :]), None))
         if err:
             errors.append(err)
     thought = _thought(lines, [])
@@ -193,6 +231,12 @@ def extract_code(text: str, function_name: str) -> Extraction:
         else f"no top-level definition of {function_name!r} found"
     )
     return Extraction(None, thought, "parse", what)
+
+
+def _repaired(ex: Extraction) -> Extraction:
+    """``ex`` with the missing imports of its code added (step 5); kept code already parsed, so this parses."""
+    code, added = add_missing_imports(ex.code or "")
+    return Extraction(code, ex.thought, ex.error, ex.detail, added) if added else ex
 
 
 def _fenced_blocks(lines: list[str]) -> list[tuple[int, int]]:
