@@ -262,6 +262,7 @@ def test_tune_weights_a_heuristic_that_has_no_literal(tmp_path):
     ev.step(1)
     rec = next(iter(ev.tried.values()))
     assert rec["term_weights"] == [1, 1] and rec["constants_before"] == [1.0]
+    assert "| 1 (1 of 1 term weights) |" in ev.report_markdown()
     assert rec["evaluations"] == 1 + 6 * 8 + 1  # the check at 1.0, the ES generations, the final centre
     assert rec["status"] == "improved", rec
     assert rec["objective_after"] < rec["objective_before"] and rec["constants_after"] != [1.0]
@@ -306,6 +307,10 @@ def test_published_seed_heuristic_starts_the_population_and_tune_searches_it(tmp
     ev.setup()
     ev.step(0)
     rec = next(r for r in ev.tried.values() if r["parent"] == "seed:eoh_ael")
+    eoh.publish_best()
+    lines = "\n".join(eoh._published_seed_lines())
+    assert "| published seed | size | seed objective | best objective | best beats it |" in lines
+    assert lines.count("| eoh_ael |") == len(eoh.test_sizes()) == 2
     assert rec["constants_before"] == [0.7, 0.4, 0.3, 0.2, 0.1] and rec["status"] in ("improved", "no_gain")
 
 

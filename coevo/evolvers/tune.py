@@ -405,7 +405,7 @@ class TuneEvolver(Evolver):
                     rec.get("parent"),
                     rec.get("round"),
                     rec.get("status"),
-                    len(rec.get("constants_before") or []),
+                    _count(rec),
                     before,
                     after if rec.get("status") == "improved" else None,
                     rec.get("evaluations"),
@@ -439,6 +439,13 @@ class TuneEvolver(Evolver):
             rows,
         )
         return f"{head}\n\n{table}"
+
+
+def _count(rec: dict[str, Any]) -> str:
+    """The report's ``constants`` cell: how many were searched, and how many of them are term weights."""
+    n = len(rec.get("constants_before") or [])
+    kept, terms = rec.get("term_weights") or (0, 0)
+    return f"{n} ({kept} of {terms} term weights)" if terms else str(n)
 
 
 def _fmt_consts(values: list[float] | None, limit: int = 6) -> str | None:
