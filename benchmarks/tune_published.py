@@ -66,16 +66,7 @@ def select_next_node(current_node, destination_node, unvisited_nodes, distance_m
     return int(next_node)
 """
 
-FUNSEARCH_WEIBULL = """import numpy as np
-
-def score(item, bins):
-    max_bin_cap = max(bins)
-    score = (bins - max_bin_cap)**2 / item + bins**2 / (item**2)
-    score += bins**2 / item**3
-    score[bins > item] = -score[bins > item]
-    score[1:] -= score[:-1]
-    return score
-"""
+FUNSEARCH_WEIBULL = (ROOT / "heuristics" / "bpp_online" / "published" / "funsearch_weibull.py").read_text()
 
 #: case -> (problem, code, reference name, problem settings); the reference is the problem's seed heuristic
 #: (nearest neighbour for tsp_construct, Best Fit for bpp_online)

@@ -98,7 +98,12 @@ MAIN_JOB_TUNING = {
         ("evolvers", 1, "perturbation"): ("lowrank", None),
         ("evolvers", 1, "rank"): (1, None),
         ("evolvers", 1, "master_weights"): (None, True),
-    }
+    },
+    "bpp_online": {
+        # the BPP main job starts where ReEvo starts: Best Fit and FunSearch's published Weibull heuristic
+        ("evolvers", 0, "include_seed_heuristic"): (True, False),
+        ("evolvers", 0, "seed_heuristics"): (["funsearch_weibull"], None),
+    },
 }
 
 

@@ -116,3 +116,35 @@ def test_best_fit_written_as_an_in_place_edit_of_bins_scores_as_upstream(shared_
     assert res.valid, res.error
     assert res.objective == expected and 1900 < expected < 2200
     assert res.metrics["reference_mean"] == np.ceil(items.sum() / cap)
+
+
+@pytest.mark.parametrize(
+    ("problem", "name", "size", "count"), [("tsp_construct", "eoh_ael", 50, 4), ("bpp_online", "funsearch_weibull", 1000, 2)]
+)
+def test_shipped_published_heuristics_run_in_the_sandbox_and_beat_the_seed_heuristic(problem, name, size, count):
+    """heuristics/<problem>/published/<name>.py (the seeds the main jobs start from, ReEvo's seed functions) are
+    valid heuristics under the real sandbox and beat the problem's classic seed heuristic, as published: EoH/AEL
+    below nearest neighbour on TSP50, FunSearch's Weibull heuristic below Best Fit on Weibull instances."""
+    from coevo.ahd.evaluate import evaluate_many
+
+    prob = load_problem(problem)
+    assert name in prob.published_heuristics()
+    inst = prob.generate(size, count, 1234)
+    published, seed = evaluate_many(prob, [prob.published_heuristic_code(name), prob.seed_heuristic_code()], inst)
+    assert published.valid and seed.valid, (published.error, seed.error)
+    assert published.objective < seed.objective
+
+
+def test_every_config_seed_heuristic_is_shipped():
+    """Every ``seed_heuristics`` name in configs/ names a file in heuristics/<problem>/published/."""
+    import pathlib
+
+    import yaml
+
+    named = 0
+    for path in sorted((pathlib.Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml")):
+        for ev in yaml.safe_load(path.read_text()).get("evolvers") or []:
+            for name in ev.get("seed_heuristics") or []:
+                assert name in load_problem(ev["problem"]).published_heuristics(), (path.name, name)
+                named += 1
+    assert named >= 2
