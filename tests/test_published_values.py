@@ -119,7 +119,8 @@ def test_best_fit_written_as_an_in_place_edit_of_bins_scores_as_upstream(shared_
 
 
 @pytest.mark.parametrize(
-    ("problem", "name", "size", "count"), [("tsp_construct", "eoh_ael", 50, 4), ("bpp_online", "funsearch_weibull", 1000, 2)]
+    ("problem", "name", "size", "count"),
+    [("tsp_construct", "eoh_ael", 50, 4), ("bpp_online", "funsearch_weibull", 1000, 2)],
 )
 def test_shipped_published_heuristics_run_in_the_sandbox_and_beat_the_seed_heuristic(problem, name, size, count):
     """heuristics/<problem>/published/<name>.py (the seeds the main jobs start from, ReEvo's seed functions) are
