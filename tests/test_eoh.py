@@ -419,9 +419,10 @@ def test_copies_are_recorded_as_duplicates_without_running(tmp_path, monkeypatch
     evaluated: list[str] = []
     real = eoh.sampler.evaluate
 
-    def counting(codes, instances=None, with_reference=True):
-        evaluated.extend(codes)
-        return real(codes, instances, with_reference)
+    def counting(codes, instances=None, with_reference=True, **kw):
+        if instances is None:  # training evaluations (a new best is also checked on validation instances)
+            evaluated.extend(codes)
+        return real(codes, instances, with_reference, **kw)
 
     monkeypatch.setattr(eoh.sampler, "evaluate", counting)
     eoh.step(0)  # 2N = 4 i1 calls
@@ -592,8 +593,11 @@ SMALL_ONLY = """def select_next_node(current_node, destination_node, unvisited_n
 
 
 def test_report_names_why_a_heuristic_is_invalid_on_a_held_out_size(tmp_path):
-    # valid on the TSP8 training set (at most 7 unvisited cities), raises on held-out TSP10 (9 unvisited at first)
-    data = _scripted_config(tmp_path, population_size=1, operators={"m1": 1.0}, offspring_per_operator=1)
+    # valid on the TSP8 training set (at most 7 unvisited cities), raises on held-out TSP10 (9 unvisited at first);
+    # validation_count 0: with the validation check on, it would not become the best (test_tune.py)
+    data = _scripted_config(
+        tmp_path, population_size=1, operators={"m1": 1.0}, offspring_per_operator=1, validation_count=0
+    )
     data["budget"]["max_rounds"] = 1
     policy = ScriptedPolicy([reply("Index order, small instances only.", SMALL_ONLY)])
     loop = make_loop(tmp_path, data, lambda: policy)

@@ -108,8 +108,10 @@ def test_tune_improves_an_elite_on_training_only_and_enters_the_population(tmp_p
     )
     before = {i.id: i.objective for i in eoh.population}
     report = ev.step(1)
-    # held-out instances are never generated nor evaluated while tuning: only the (cached) training set is used
-    assert generated == [] and evaluated and all(inst is None for inst in evaluated)
+    # held-out instances are never generated nor evaluated while tuning: tune uses the (cached) training set;
+    # the only other instances are the validation ones a new best must pass (their own seed, not the held-out)
+    assert all(seed == eoh.validation_seed != eoh.test_seed for _, _, seed in generated)
+    assert evaluated and all(inst is None for inst in evaluated[: len(evaluated) - len(generated)])
     recs = {r["parent"]: r for r in ev.tried.values()}
     assert recs["nn"]["status"] == "no_constants" and recs["nn"]["evaluations"] == 0
     home = recs["home"]
@@ -317,3 +319,49 @@ def test_published_seed_heuristic_starts_the_population_and_tune_searches_it(tmp
 def test_unknown_published_seed_names_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"evolvers.eoh.seed_heuristics: .*'nope' \(published: eoh_ael\)"):
         EoHEvolver("eoh", EoHConfig(**{**SMALL, "seed_heuristics": ["nope"]}), _ctx(tmp_path))
+
+
+#: better than nearest neighbour on TSP8 training instances (it is TOWARD_HOME), infeasible once 9+ nodes are left
+HIDDEN_BRANCH = """import numpy as np
+
+def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):
+    if len(unvisited_nodes) > 8:
+        return current_node
+    score = distance_matrix[current_node, unvisited_nodes] - 0.3 * distance_matrix[destination_node, unvisited_nodes]
+    return int(unvisited_nodes[np.argmin(score)])
+"""
+
+
+def _individual(eoh, ident, code):
+    res = eoh.sampler.evaluate([code], eoh.train_instances)[0]
+    assert res.valid
+    return Individual(id=ident, thought="", code=code, objective=res.objective, reward=res.score, operator="e1")
+
+
+@pytest.mark.parametrize("validation_count", [2, 0])
+def test_best_must_be_valid_on_validation_instances(tmp_path, validation_count):
+    """A heuristic better on the training set (TSP8) but infeasible on larger instances is not the best: the
+    next valid one is, and the report names the rejected one and why; validation_count 0 turns the check off.
+    The validation instances are neither training nor held-out instances (their own seed)."""
+    ctx = _ctx(tmp_path)
+    eoh = EoHEvolver("eoh", EoHConfig(**{**SMALL, "validation_count": validation_count}), ctx)
+    hidden, toward = _individual(eoh, "hidden", HIDDEN_BRANCH), _individual(eoh, "toward", TOWARD_HOME)
+    nn = _individual(eoh, "nn", NN)
+    assert hidden.reward == toward.reward > nn.reward  # the branch never runs on the training set
+    eoh.population = [hidden, nn]
+    assert eoh.publish_best()
+    assert eoh.validation_seed not in (eoh.test_seed, eoh.train_seed)
+    if validation_count == 0:
+        assert eoh.best.id == "hidden" and not eoh.rejected_best
+        return
+    assert eoh.best.id == "nn"
+    assert [r["id"] for r in eoh.rejected_best] == ["hidden"] and "n=10: infeasible" in eoh.rejected_best[0]["reason"]
+    report = eoh.report_markdown()
+    assert "invalid on the validation instances" in report and "| hidden |" in report
+    eoh.population.append(toward)  # a valid heuristic with the same training objective now wins
+    assert eoh.publish_best() and eoh.best.id == "toward"
+    assert len(eoh.rejected_best) == 1  # evaluated once per code
+    state = eoh._base_state()
+    eoh2 = EoHEvolver("eoh", EoHConfig(**{**SMALL, "validation_count": validation_count}), ctx)
+    eoh2._load_base_state(state)
+    assert eoh2.rejected_best == eoh.rejected_best and eoh2.validation == eoh.validation

@@ -7,8 +7,10 @@ This base class adds what belongs to an evolver of a run: its config, the best h
 the problem's seed heuristic on held-out test instances, with the gap to the problem's named reference.
 
 The best heuristic is the best (highest reward) of the valid heuristics recorded through this evolver's
-sampler (its own samples and the children ES members wrote for it) and of its population; it is published
-at the end of every step, before the report and at the end of the run.
+sampler (its own samples and the children ES members wrote for it) and of its population that is also valid
+on a few validation instances of each held-out size (``validation_count``, their own seed: neither training
+nor held-out instances); it is published at the end of every step, before the report and at the end of the
+run.
 """
 
 from __future__ import annotations
@@ -60,6 +62,20 @@ class AHDConfig(EvolverConfig):
         description="published heuristics that start the population (EoH), by name: files "
         "<problem folder>/published/<name>.py (e.g. eoh_ael for tsp_construct); ReEvo and HSEvo start their "
         "search from such a seed function. Held-out reports compare the best heuristic with each of them",
+    )
+    validation_count: int = Field(
+        4,
+        ge=0,
+        description="instances per held-out size on which a heuristic must be valid before it becomes the run's "
+        "best (0: no check). A heuristic scored only on the training instances can hide a branch those "
+        "instances never take (e.g. a threshold tune moved) that fails on others; the best valid one on the "
+        "training set that passes becomes the best. Drawn from validation_seed, never the held-out instances",
+    )
+    validation_seed: int | None = Field(
+        None,
+        ge=0,
+        description="seed of the validation instances; default (null): drawn per run like train_seed (a value "
+        "equal to the held-out seed is moved by one)",
     )
     eval_timeout_s: float = Field(30.0, gt=0, description="wall-clock limit of one evaluation (s)")
     eval_memory_mb: int = Field(2048, ge=64, description="address-space limit of one evaluation (MiB)")
@@ -137,6 +153,9 @@ class AHDEvolver(Evolver):
         c = config
         self.train_seed = run_instance_seed(ctx.run_dir, name, "train", c.train_seed)
         self.test_seed = run_instance_seed(ctx.run_dir, name, "test", c.test_seed)
+        self.validation_seed = run_instance_seed(ctx.run_dir, name, "validation", c.validation_seed)
+        if self.validation_seed == self.test_seed:
+            self.validation_seed += 1
         self.sampler = HeuristicSampler(
             self.problem,
             owner=name,
@@ -162,6 +181,12 @@ class AHDEvolver(Evolver):
         self._test_cache: dict[tuple[str, int], EvalResult] = {}
         #: wall seconds spent on held-out evaluations in this session (instances generated and evaluated)
         self.heldout_s = 0.0
+        #: code hash -> None (valid on the validation instances) or why not; see :meth:`publish_best`
+        self.validation: dict[str, str | None] = {}
+        #: candidates that would have been the best but failed validation: id, training objective, reason
+        self.rejected_best: list[dict[str, Any]] = []
+        #: wall seconds spent on validation evaluations in this session
+        self.validation_s = 0.0
 
     @property
     def train_instances(self):
@@ -172,15 +197,27 @@ class AHDEvolver(Evolver):
     def publish_best(self) -> bool:
         """Make the best candidate (see the module docstring) the run's best if it beats the current one.
 
+        Candidates are taken best training reward first; each must also be valid on the validation instances
+        (:meth:`validation_failure`), else it is recorded in :attr:`rejected_best` and the next one is tried.
         A new best is stored as a ``kind="heuristic"`` artifact (idempotent on its id) and written to
         ``run_dir/best_heuristic.py``. Returns whether the best changed.
         """
         own = [Individual.from_trajectory(t) for t in self.sampler.recorded() if t.meta.get("sampler") == self.name]
-        finite = [c for c in own + list(self.population) if math.isfinite(c.reward)]
-        if not finite:
-            return False
-        top = max(finite, key=lambda c: c.reward)
-        if self.best is not None and top.reward <= self.best.reward:
+        finite = sorted(
+            (c for c in own + list(self.population) if math.isfinite(c.reward)), key=lambda c: c.reward, reverse=True
+        )
+        top = None
+        for cand in finite:
+            if self.best is not None and cand.reward <= self.best.reward:
+                return False
+            known = cand.code_hash in self.validation
+            why = self.validation_failure(cand)
+            if why is None:
+                top = cand
+                break
+            if not known:
+                self.rejected_best.append({"id": cand.id, "objective": cand.objective, "reason": why})
+        if top is None:
             return False
         self.best = top
         self.ctx.store.put_artifact(
@@ -207,6 +244,43 @@ class AHDEvolver(Evolver):
             f"{b.objective:.6g} on {self.train_tag}; id {b.id}.\n\n"
         )
         (self.ctx.run_dir / "best_heuristic.py").write_text(header + b.code.strip() + "\n")
+
+    def validation_failure(self, ind: Individual) -> str | None:
+        """Why ``ind`` fails on the validation instances (``validation_count`` per held-out size, seed
+        ``validation_seed``: neither training nor held-out instances), or None when it is valid on all of them
+        (or the check is off). Evaluated once per code (cached by :attr:`Individual.code_hash`)."""
+        if self.config.validation_count == 0:
+            return None
+        key = ind.code_hash
+        if key not in self.validation:
+            t0 = time.perf_counter()
+            why = None
+            for size in self.test_sizes():
+                inst = self.problem.generate(size, self.config.validation_count, self.validation_seed)
+                r = self.sampler.evaluate([ind.code], inst, timeout_basis=(self.train_size, self.config.train_count))[0]
+                if not r.valid:
+                    detail = " ".join((r.error or r.feedback or "").split())[:160]
+                    why = f"n={size}: {r.error_kind or 'invalid'}" + (f": {detail}" if detail else "")
+                    break
+            self.validation[key] = why
+            self.validation_s += time.perf_counter() - t0
+        return self.validation[key]
+
+    def _rejected_best_lines(self) -> list[str]:
+        """Report lines: heuristics better on the training set than the best that failed validation."""
+        if not self.rejected_best:
+            return []
+        rows = [[r["id"], r["objective"], r["reason"]] for r in self.rejected_best]
+        return [
+            "",
+            (
+                f"Better on the training set than the best, but invalid on the validation instances "
+                f"({self.config.validation_count} per held-out size, seed {self.validation_seed}; not the held-out "
+                "ones), so not taken as the best (`validation_count`):"
+            ),
+            "",
+            md_table(["heuristic", "training objective", "why (first failing size)"], rows),
+        ]
 
     # ------------------------------------------------------------------ report
     def test_sizes(self) -> list[int]:
@@ -406,6 +480,7 @@ class AHDEvolver(Evolver):
             lines += ["", self.best_sentence() + " Code: `best_heuristic.py`."]
         else:
             lines += ["", "No valid heuristic was found."]
+        lines += self._rejected_best_lines()
         es_rows = self.es_children_rows()
         if es_rows:
             lines += [
@@ -440,7 +515,13 @@ class AHDEvolver(Evolver):
         self.write_best_file()
 
     def _base_state(self) -> dict[str, Any]:
-        return {"best": self.best.to_dict() if self.best else None}
+        return {
+            "best": self.best.to_dict() if self.best else None,
+            "validation": dict(self.validation),
+            "rejected_best": list(self.rejected_best),
+        }
 
     def _load_base_state(self, state: dict[str, Any]) -> None:
         self.best = Individual.from_dict(state["best"]) if state.get("best") else None
+        self.validation = dict(state.get("validation") or {})
+        self.rejected_best = list(state.get("rejected_best") or [])
