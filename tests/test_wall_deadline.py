@@ -160,7 +160,9 @@ def test_wall_budget_cuts_a_population_batch_and_resume_reruns_it(tiny_model_dir
     began = time.monotonic()
     summary = _loop(run, _es_run(tiny_model_dir, wall=wall, tokens=tokens)).run()
     took = time.monotonic() - began
-    assert took < wall + 2.0 < uncut, (took, uncut)  # ends a small margin past max_wall_s, not after the batch
+    # ends a small margin past max_wall_s, before the batch would have ended (it took 2.4 s uncut on an AVX512
+    # EPYC, about 5 s on AVX2); that it was cut, not finished, is checked below by its new tokens
+    assert took < min(wall + 2.0, uncut), (took, uncut)
     line = summary.stop_reason
     assert line.startswith("wall-clock budget reached (") and "of budget.max_wall_s = 1 s)" in line, line
     assert "inside round 0, step es: decoding stopped at the deadline, a call of 4 samples cut" in line, line
