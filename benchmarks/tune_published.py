@@ -38,9 +38,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from coevo.ahd.problem import load_problem
 from coevo.tables import md_table
 
-EOH_AEL = (ROOT / "heuristics" / "tsp_construct" / "published" / "eoh_ael.py").read_text()
+EOH_AEL = load_problem("tsp_construct").published_heuristic_code("eoh_ael")
 
 REEVO = """import numpy as np
 
@@ -66,7 +67,7 @@ def select_next_node(current_node, destination_node, unvisited_nodes, distance_m
     return int(next_node)
 """
 
-FUNSEARCH_WEIBULL = (ROOT / "heuristics" / "bpp_online" / "published" / "funsearch_weibull.py").read_text()
+FUNSEARCH_WEIBULL = load_problem("bpp_online").published_heuristic_code("funsearch_weibull")
 
 #: case -> (problem, code, reference name, problem settings); the reference is the problem's seed heuristic
 #: (nearest neighbour for tsp_construct, Best Fit for bpp_online)

@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from support import load_script
 
 from coevo.ahd import load_problem
 from coevo.ahd.cli import add_parser
-from coevo.ahd.evaluate import evaluate_heuristic
+from coevo.ahd.evaluate import evaluate_heuristic, evaluate_many
 from coevo.sandbox.runner import Sandbox, SandboxLimits
 
 BENCH = load_script("benchmarks/published_values.py", "published_values")
@@ -126,8 +128,6 @@ def test_shipped_published_heuristics_run_in_the_sandbox_and_beat_the_seed_heuri
     """heuristics/<problem>/published/<name>.py (the seeds the main jobs start from, ReEvo's seed functions) are
     valid heuristics under the real sandbox and beat the problem's classic seed heuristic, as published: EoH/AEL
     below nearest neighbour on TSP50, FunSearch's Weibull heuristic below Best Fit on Weibull instances."""
-    from coevo.ahd.evaluate import evaluate_many
-
     prob = load_problem(problem)
     assert name in prob.published_heuristics()
     inst = prob.generate(size, count, 1234)
@@ -138,12 +138,8 @@ def test_shipped_published_heuristics_run_in_the_sandbox_and_beat_the_seed_heuri
 
 def test_every_config_seed_heuristic_is_shipped():
     """Every ``seed_heuristics`` name in configs/ names a file in heuristics/<problem>/published/."""
-    import pathlib
-
-    import yaml
-
     named = 0
-    for path in sorted((pathlib.Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml")):
+    for path in sorted((Path(__file__).resolve().parents[1] / "configs").rglob("*.yaml")):
         for ev in yaml.safe_load(path.read_text()).get("evolvers") or []:
             for name in ev.get("seed_heuristics") or []:
                 assert name in load_problem(ev["problem"]).published_heuristics(), (path.name, name)

@@ -111,7 +111,8 @@ def test_tune_improves_an_elite_on_training_only_and_enters_the_population(tmp_p
     # held-out instances are never generated nor evaluated while tuning: tune uses the (cached) training set;
     # the only other instances are the validation ones a new best must pass (their own seed, not the held-out)
     assert all(seed == eoh.validation_seed != eoh.test_seed for _, _, seed in generated)
-    assert evaluated and all(inst is None for inst in evaluated[: len(evaluated) - len(generated)])
+    validation_sets = [eoh._validation_sets[size] for size, _, _ in generated]
+    assert evaluated and all(inst is None or any(inst is v for v in validation_sets) for inst in evaluated)
     recs = {r["parent"]: r for r in ev.tried.values()}
     assert recs["nn"]["status"] == "no_constants" and recs["nn"]["evaluations"] == 0
     home = recs["home"]

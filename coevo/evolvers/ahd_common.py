@@ -34,6 +34,12 @@ from coevo.tables import md_table
 from coevo.types import EvalResult
 
 
+def _failure_text(r: EvalResult, limit: int) -> str:
+    """``kind: detail`` of an invalid result on one line, the detail cut to ``limit`` characters."""
+    detail = " ".join((r.error or r.feedback or "").split())[:limit]
+    return (r.error_kind or "invalid") + (f": {detail}" if detail else "")
+
+
 class AHDConfig(EvolverConfig):
     """Settings shared by the heuristic-design evolvers."""
 
@@ -185,8 +191,8 @@ class AHDEvolver(Evolver):
         self.validation: dict[str, str | None] = {}
         #: candidates that would have been the best but failed validation: id, training objective, reason
         self.rejected_best: list[dict[str, Any]] = []
-        #: wall seconds spent on validation evaluations in this session
-        self.validation_s = 0.0
+        #: held-out size -> its validation instances (generated once)
+        self._validation_sets: dict[int, Any] = {}
 
     @property
     def train_instances(self):
@@ -253,17 +259,19 @@ class AHDEvolver(Evolver):
             return None
         key = ind.code_hash
         if key not in self.validation:
-            t0 = time.perf_counter()
             why = None
             for size in self.test_sizes():
-                inst = self.problem.generate(size, self.config.validation_count, self.validation_seed)
-                r = self.sampler.evaluate([ind.code], inst, timeout_basis=(self.train_size, self.config.train_count))[0]
+                if size not in self._validation_sets:
+                    self._validation_sets[size] = self.problem.generate(
+                        size, self.config.validation_count, self.validation_seed
+                    )
+                r = self.sampler.evaluate(
+                    [ind.code], self._validation_sets[size], timeout_basis=(self.train_size, self.config.train_count)
+                )[0]
                 if not r.valid:
-                    detail = " ".join((r.error or r.feedback or "").split())[:160]
-                    why = f"n={size}: {r.error_kind or 'invalid'}" + (f": {detail}" if detail else "")
+                    why = f"n={size}: {_failure_text(r, 160)}"
                     break
             self.validation[key] = why
-            self.validation_s += time.perf_counter() - t0
         return self.validation[key]
 
     def _rejected_best_lines(self) -> list[str]:
@@ -335,12 +343,7 @@ class AHDEvolver(Evolver):
             for label, r in (("seed", rs), ("best", rb)):
                 if r is None or r.valid:
                     continue
-                detail = " ".join((r.error or r.feedback or "").split())[:200]
-                out.append(
-                    f"- Held-out n={size}: the {label} heuristic is invalid ({r.error_kind or 'invalid'}"
-                    + (f": {detail}" if detail else "")
-                    + ")."
-                )
+                out.append(f"- Held-out n={size}: the {label} heuristic is invalid ({_failure_text(r, 200)}).")
         return ["", *out] if out else []
 
     def _beats(self, best: float | None, seed: float | None) -> str | None:
