@@ -1,0 +1,231 @@
+"""Sampling throughput on CPU, side by side: HF (``HFPolicy``) against vLLM's CPU build (``VLLMPolicy``), on the
+main job's shapes.
+
+The main job (``configs/ahd/tsp_construct.yaml``) samples batches of 8 EoH children: ``--rows`` chat prompts built
+by ``coevo.ahd.prompts.build_messages`` for TSP constructive (operators e1, e2, m1, m2 in turn, the seed
+heuristic as parent; the rows share the system prompt and the task text, as in the job), then
+``--max-new-tokens`` sampled tokens each (T 1.0, top-p 0.98, seeded, no stop string, so that every row decodes
+the full length unless the model ends it). Each engine runs in its own child process, one after another: it
+loads the model, warms up on one short prompt, then times one ``generate`` call of all rows. Peak memory is the
+largest sum of PSS (proportional set size: shared pages split between processes) over the child and its
+processes (vLLM's engine core and worker), sampled every 0.5 s.
+
+Engines (``--engines``, comma-separated): ``hf:<dtype>`` (float32 runs its linear layers through oneDNN,
+``model.cpu_linear: auto``), ``vllm:<dtype>`` (vLLM's default CPU binding: on x86 it reserves one core for the
+engine core's scheduler and computes on the others, so on 2 cores it computes on one), ``vllm:<dtype>:<cpus>``
+(``VLLM_CPU_OMP_THREADS_BIND=<cpus>``, e.g. ``0-1``, and no reserved core). vLLM runs eager
+(``enforce_eager``), with prefix caching, KV cache ``--kv-cache-gib``.
+
+Prints a table, then one JSON line per engine and rows ``{"metric": "cpu_sampling", "engine", "dtype", "rows",
+"new_tokens", "prompt_tokens", "completion_tokens", "tok_s", "wall_s", "start_s", "peak_pss_gib",
+"cached_prompt_tokens", "cpu", "avx512", "avx512_bf16", "amx"}`` and, when both an HF and a vLLM engine ran,
+``{"metric": "vllm_over_hf_tok_s", "value", "goal": 1.0, "met"}`` (the best vLLM engine against the best HF one).
+
+Each engine runs for minutes with the 0.5B model on 2 cores (the HF child did not finish 8 x 256 within 23 min
+on a 2-core machine shared with a load of 5-6; on an idle one the main job samples such a batch in about 2.5
+min); ``--child-timeout-s`` bounds each. Usage::
+
+    python benchmarks/vllm_cpu_speed.py [--model NAME_OR_DIR] [--rows 8] [--max-new-tokens 256]
+        [--engines hf:float32,vllm:bfloat16,vllm:bfloat16:0-1] [--json-out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+
+DEFAULT_ENGINES = "hf:float32,vllm:bfloat16,vllm:bfloat16:0-1"
+OPERATORS = ("e1", "e2", "m1", "m2")
+
+
+def cpu_info() -> dict:
+    """CPU model name and the ISA flags that decide the kernels (``/proc/cpuinfo``)."""
+    name, flags = "unknown", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and name == "unknown":
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return {
+        "cpu": name,
+        "cores": os.cpu_count(),
+        "avx512": "avx512f" in flags,
+        "avx512_bf16": "avx512_bf16" in flags,
+        "amx": "amx_tile" in flags,
+    }
+
+
+def eoh_prompts(rows: int) -> list[list[dict]]:
+    """``rows`` EoH operator prompts for TSP constructive (e1, e2, m1, m2 in turn; the seed heuristic as parent)."""
+    from coevo.ahd.problem import load_problem
+    from coevo.ahd.prompts import build_messages
+
+    problem = load_problem("tsp_construct")
+    spec, code = problem.prompt_spec(), problem.seed_heuristic_code()
+    out = []
+    for i in range(rows):
+        op = OPERATORS[i % len(OPERATORS)]
+        parent = SimpleNamespace(thought=f"visit the nearest unvisited node (variant {i})", code=code, objective=6.5)
+        parents = [parent, parent] if op in ("e1", "e2") else [parent]
+        out.append(build_messages(op, spec, parents))
+    return out
+
+
+class PeakMemory:
+    """Largest PSS sum (bytes) of this process and its descendants, sampled every ``interval_s`` in a thread."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        import psutil
+
+        self.psutil, self.interval_s, self.peak = psutil, interval_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def sample(self) -> int:
+        me = self.psutil.Process()
+        total = 0
+        for p in [me, *me.children(recursive=True)]:
+            try:
+                total += p.memory_full_info().pss
+            except self.psutil.Error:
+                continue
+        self.peak = max(self.peak, total)
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+        return self.peak
+
+
+def child(args: argparse.Namespace) -> int:
+    """Run one engine (``args.child``) and print its JSON line."""
+    kind, dtype, *bind = args.child.split(":")
+    if bind:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind[0]
+        os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    from coevo.backends.base import SamplingParams
+    from coevo.backends.models import resolve_model
+
+    memory = PeakMemory()
+    path = resolve_model(args.model)
+    convs = eoh_prompts(args.rows)
+    t0 = time.perf_counter()
+    if kind == "hf":
+        from coevo.backends.hf import HFPolicy
+
+        policy = HFPolicy(path, dtype=dtype, batch_size=args.rows)
+    elif kind == "vllm":
+        from coevo.backends.vllm_engine import VLLMPolicy
+
+        policy = VLLMPolicy(
+            path, dtype=dtype, enforce_eager=True, kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len
+        )
+    else:
+        raise SystemExit(f"--engines: unknown engine {kind!r} (hf or vllm)")
+    start_s = time.perf_counter() - t0
+    policy.generate([[{"role": "user", "content": "Say hi."}]], SamplingParams(max_new_tokens=4, seed=1))
+    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=0.98, seed=args.seed)
+    t0 = time.perf_counter()
+    out = policy.generate(convs, params)
+    wall = time.perf_counter() - t0
+    peak = memory.stop()
+    completion = sum(c.completion_tokens for c in out)
+    row = {
+        "metric": "cpu_sampling",
+        "engine": args.child,
+        "dtype": dtype,
+        "rows": args.rows,
+        "new_tokens": args.max_new_tokens,
+        "prompt_tokens": sum(c.prompt_tokens for c in out),
+        "completion_tokens": completion,
+        "tok_s": round(completion / wall, 2),
+        "wall_s": round(wall, 1),
+        "start_s": round(start_s, 1),
+        "peak_pss_gib": round(peak / 2**30, 2),
+        "cached_prompt_tokens": sum(int(c.meta.get("cached_tokens", 0)) for c in out) if kind == "vllm" else None,
+        **cpu_info(),
+    }
+    policy.close()
+    print("RESULT " + json.dumps(row), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="registry name or HF folder")
+    ap.add_argument("--rows", type=int, default=8, help="prompts per generate call (the main job: 8)")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--engines", default=DEFAULT_ENGINES, help="comma-separated hf:<dtype> / vllm:<dtype>[:<cpus>]")
+    ap.add_argument("--seed", type=int, default=2024)
+    ap.add_argument("--kv-cache-gib", type=float, default=2.0, help="vLLM KV cache (GiB)")
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--json-out", default=None, help="also append the JSON lines to this file")
+    ap.add_argument("--child-timeout-s", type=float, default=1200, help="give up on an engine after this long")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        return child(args)
+
+    from coevo.tables import md_table
+
+    rows = []
+    for engine in [e.strip() for e in args.engines.split(",") if e.strip()]:
+        cmd = [sys.executable, __file__, "--child", engine, "--model", args.model, "--rows", str(args.rows)]
+        cmd += ["--max-new-tokens", str(args.max_new_tokens), "--seed", str(args.seed)]
+        cmd += ["--kv-cache-gib", str(args.kv_cache_gib), "--max-model-len", str(args.max_model_len)]
+        print(f"running {engine} ...", file=sys.stderr, flush=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=args.child_timeout_s)
+        except subprocess.TimeoutExpired:
+            print(f"{engine}: no result within --child-timeout-s {args.child_timeout_s:g}", file=sys.stderr)
+            continue
+        found = [ln[len("RESULT ") :] for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode != 0 or not found:
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+            print(f"{engine}: failed (exit {proc.returncode}):\n{tail}", file=sys.stderr)
+            continue
+        rows.append(json.loads(found[-1]))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # each engine's line as soon as it is known
+    if not rows:
+        return 1
+    cols = ["engine", "rows", "new_tokens", "prompt_tokens", "completion_tokens", "tok_s", "start_s", "peak_pss_gib"]
+    print(md_table(cols, [[r[c] for c in cols] for r in rows]))
+    print(f"CPU: {rows[0]['cpu']} ({rows[0]['cores']} cores; avx512 {rows[0]['avx512']}, "
+          f"avx512_bf16 {rows[0]['avx512_bf16']}, amx {rows[0]['amx']})")  # fmt: skip
+    lines = list(rows)
+    hf = [r["tok_s"] for r in rows if r["engine"].startswith("hf")]
+    vl = [r["tok_s"] for r in rows if r["engine"].startswith("vllm")]
+    if hf and vl:
+        ratio = round(max(vl) / max(hf), 3)
+        lines.append({"metric": "vllm_over_hf_tok_s", "value": ratio, "goal": 1.0, "met": ratio >= 1.0})
+    for line in lines:
+        print(json.dumps(line))
+    if args.json_out:
+        with open(args.json_out, "a") as fh:
+            fh.writelines(json.dumps(line) + "\n" for line in lines)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
