@@ -43,6 +43,7 @@ def make_policy(cfg: ModelConfig) -> Policy:
             dtype=cfg.dtype,
             tensor_parallel_size=cfg.tensor_parallel_size,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
+            kv_cache_gib=cfg.kv_cache_gib,
         )
     raise ValueError(f"model.backend: unknown backend {cfg.backend!r}; allowed: hf, openai, vllm")
 

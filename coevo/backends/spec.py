@@ -34,7 +34,13 @@ class ModelConfig(BaseModel):
     api_key_env: str = Field("OPENAI_API_KEY", description="openai backend: env var holding the API key")
     max_retries: int = Field(3, ge=0, description="openai backend: retries on connection errors and 5xx")
     tensor_parallel_size: int = Field(1, ge=1, description="vllm backend: GPUs per engine")
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm backend")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm backend (GPU; unused on the CPU)")
+    kv_cache_gib: float | None = Field(
+        None,
+        gt=0,
+        description="vllm backend: KV-cache size in GiB (default: 2 on vLLM's CPU build, on a GPU what "
+        "gpu_memory_utilization leaves)",
+    )
 
     @model_validator(mode="after")
     def _check_backend(self) -> ModelConfig:

