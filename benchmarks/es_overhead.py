@@ -47,8 +47,12 @@ Prints a table, then one JSON line per metric: ``{"metric", "value", "goal", "me
 
 Usage::
 
-    python benchmarks/es_overhead.py [--model qwen2.5-coder-0.5b-instruct] [--dtype bfloat16] [--batch 8]
-        [--max-new-tokens 32] [--members 4] [--sigma 1e-3] [--scope all_linear] [--threads N]
+    python benchmarks/es_overhead.py [--model qwen2.5-coder-0.5b-instruct] [--dtype float32] [--batch 8]
+        [--max-new-tokens 32] [--members 4] [--sigma 1e-3] [--scope all_linear] [--threads 1]
+        [--population-batch 0]
+
+The defaults are the configuration docs/measurements.md's numbers were taken with (float32, 4 members x 8
+prompts x 32 new tokens, the whole low-rank generation in one 32-row batch, one torch thread per process).
     python benchmarks/es_overhead.py --model tiny:micro --batch 2 --max-new-tokens 4 --members 2   # smoke
 """
 
@@ -187,7 +191,7 @@ def _lowrank_worker(policy, args) -> dict:
     sp = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=0.0)
     # rows per model batch: the population (and its side-by-side plain run) may batch the rows of several
     # members together, which a sequential full-rank ES cannot (one member's batch is its --batch prompts)
-    policy.batch_size = args.population_batch or args.batch
+    policy.batch_size = args.population_batch or args.members * args.batch
     policy.generate(convs, sp)  # warm-up, not timed
     # plain generation of the same rows in the same model batches (policy.batch_size rows each): the first half
     # of the batches before the population, the rest after (load drift hits both); never a smaller batch
@@ -446,7 +450,7 @@ def table(res: dict[str, dict]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="model reference (tiny:micro for smoke)")
-    ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--batch", type=int, default=8, help="prompts per generate call (one ES member's batch)")
     ap.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per prompt")
     ap.add_argument("--members", type=int, default=4, help="ES population members (= plain generate calls)")
@@ -458,9 +462,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=0,
         help="es-lowrank: rows (member x prompt) per model batch, here and in its side-by-side plain run "
-        "(0 = --batch); the full-rank sequential ES always batches one member's --batch prompts",
+        "(default 0 = --members x --batch: the whole generation in one batch, EGGROLL's point); the full-rank "
+        "sequential ES always batches one member's --batch prompts",
     )
-    ap.add_argument("--threads", type=int, default=0, help="torch threads per worker (0 = torch default)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads per worker (default 1, as measured; 0 = torch default)"
+    )
     ap.add_argument("--worker-timeout", type=float, default=3600, help="seconds per variant process")
     ap.add_argument(
         "--variants",
@@ -495,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"model {args.model} ({args.dtype}), batch {args.batch}, {args.max_new_tokens} new tokens, "
         f"{args.members} members, sigma {args.sigma}, scope {args.scope}, rank {args.rank}{scope_note}, "
-        f"low-rank rows per model batch {args.population_batch or args.batch}"
+        f"low-rank rows per model batch {args.population_batch or args.members * args.batch}"
     )
     print(table(res))
     for m in metrics(res):
