@@ -56,7 +56,9 @@ def test_tiny_run_prints_table_and_metric_lines():
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     table = [ln for ln in lines if not ln.startswith("{")]
-    assert table[0].startswith("model tiny:micro (bfloat16), batch 2, 4 new tokens, 2 members")
+    # the defaults are the measured configuration: float32, the whole low-rank generation (2 x 2 rows) in one batch
+    assert table[0].startswith("model tiny:micro (float32), batch 2, 4 new tokens, 2 members")
+    assert table[0].endswith("low-rank rows per model batch 4")
     for variant in ("inference", "es-inference", "es-exact", "backprop", "es-lowrank"):
         assert any(ln.split()[0] == variant for ln in table[1:] if ln.strip()), variant
     rows = [json.loads(ln) for ln in lines if ln.startswith("{")]
