@@ -188,7 +188,16 @@ class HFPolicy(Policy):
         os.environ["HF_HUB_OFFLINE"] = "1"
         try:
             self.tokenizer = load_tokenizer(self.path)
-            self.model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True, dtype=self.dtype)
+            # transformers 5 draws a "Loading weights" tqdm bar on stderr; coevo's progress lines report the load
+            from transformers.utils import logging as hf_logging
+
+            bars = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()
+            try:
+                self.model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True, dtype=self.dtype)
+            finally:
+                if bars:
+                    hf_logging.enable_progress_bar()
         except (OSError, ValueError) as e:
             raise PolicyError(f"cannot load model from {self.path}: {e}") from e
         self.model.to(self.device).eval()
