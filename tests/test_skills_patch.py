@@ -14,6 +14,14 @@ from coevo.skills.patch import AppendToSection, CreateFile, InsertAfter, Patch, 
 from coevo.skills.spec import parse_skill_md
 
 
+@pytest.fixture(autouse=True)
+def _temp_dirs_in_tmp_path(tmp_path, monkeypatch):
+    """apply_patch without ``dest`` copies into a new temp dir the caller owns: keep those under tmp_path."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
 @pytest.fixture()
 def skill(tmp_path) -> Path:
     """A frozen copy of a shipped skill (the patch source)."""

@@ -13,6 +13,14 @@ from coevo.store import TrajectoryStore
 from coevo.types import Trajectory
 
 
+@pytest.fixture(autouse=True)
+def _temp_dirs_in_tmp_path(tmp_path, monkeypatch):
+    """apply_patch without ``dest`` copies into a new temp dir the caller owns: keep those under tmp_path."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+
 @pytest.fixture()
 def store(tmp_path):
     s = TrajectoryStore(tmp_path / "run.sqlite")

@@ -84,11 +84,17 @@ def hf(model_dir):
     return HFPolicy(model_dir, dtype="float32")
 
 
+#: pids of the processes the module's engine started (filled by the ``engine`` fixture)
+ENGINE_PIDS: list[int] = []
+
+
 @pytest.fixture(scope="module")
 def engine(model_dir):
     from coevo.backends.vllm_engine import VLLMPolicy
 
+    before = _child_pids()
     policy = VLLMPolicy(model_dir, **ENGINE)
+    ENGINE_PIDS[:] = sorted(_child_pids() - before)  # the engine's own (other tests may leave children)
     yield policy
     policy.close()
 
@@ -191,7 +197,7 @@ def test_worker_errors_arrive_as_coevo_types(engine, tmp_path):
     assert engine.es_load(snapshot, []) == digest == engine.es_weights_hash()
 
 
-def _engine_pids() -> set[int]:
+def _child_pids() -> set[int]:
     """Pids of this process's children but multiprocessing's resource tracker (which lives as long as we do)."""
     import psutil
 
@@ -221,8 +227,8 @@ def test_close_then_a_lora_engine_serves_a_low_rank_population(engine, hf, model
     starts in this process; it serves a low-rank population as LoRA adapters, one per member, in one batch."""
     from coevo.backends.vllm_engine import VLLMPolicy
 
-    pids = _engine_pids()
-    assert pids  # the engine core and its worker
+    pids = set(ENGINE_PIDS)
+    assert pids  # the processes that appeared when the engine started: its engine core (and workers)
     engine.close()
     engine.close()  # idempotent
     assert _wait_gone(pids) == set()

@@ -169,7 +169,7 @@ class HFPolicy(Policy):
     ) -> None:
         from transformers import AutoModelForCausalLM
 
-        from coevo.backends.models import load_tokenizer, resolve_model
+        from coevo.backends.models import load_tokenizer, no_library_bars, resolve_model
 
         self.dtype = torch_dtype(dtype)
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -188,16 +188,8 @@ class HFPolicy(Policy):
         os.environ["HF_HUB_OFFLINE"] = "1"
         try:
             self.tokenizer = load_tokenizer(self.path)
-            # transformers 5 draws a "Loading weights" tqdm bar on stderr; coevo's progress lines report the load
-            from transformers.utils import logging as hf_logging
-
-            bars = hf_logging.is_progress_bar_enabled()
-            hf_logging.disable_progress_bar()
-            try:
+            with no_library_bars():  # coevo's progress lines report the load
                 self.model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True, dtype=self.dtype)
-            finally:
-                if bars:
-                    hf_logging.enable_progress_bar()
         except (OSError, ValueError) as e:
             raise PolicyError(f"cannot load model from {self.path}: {e}") from e
         self.model.to(self.device).eval()

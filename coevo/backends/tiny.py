@@ -195,8 +195,11 @@ def build_tiny_qwen2(
     model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
+    from coevo.backends.models import no_library_bars
+
+    with no_library_bars():  # transformers 5's "Writing model shards" bar
+        model.save_pretrained(out, safe_serialization=True)
+        tok.save_pretrained(out)
     return out
 
 
@@ -237,14 +240,19 @@ def parse_tiny_spec(spec: str) -> dict:
 def build_tiny_from_spec(spec: str, root: str | Path) -> Path:
     """Build (once) the tiny model named by a preset or a JSON object of :func:`build_tiny_qwen2` kwargs.
 
-    The folder is ``<root>/tiny-<hash of the resolved kwargs>``; it is built in a temporary folder and
+    The folder is ``<root>/tiny-<hash of the resolved kwargs and the transformers major version>``; it is built in a temporary folder and
     renamed, so a complete folder is reused by later calls.
 
     Raises:
         ValueError: see :func:`parse_tiny_spec`.
     """
+    from coevo.backends.models import transformers_major
+
     kwargs = parse_tiny_spec(spec)
-    key = hashlib.sha256(json.dumps(kwargs, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    # The key includes the transformers major version: a folder saved by 5.x cannot be loaded by 4.x, and
+    # one cache may serve virtual environments with either.
+    keyed = {**kwargs, "transformers_major": transformers_major()}
+    key = hashlib.sha256(json.dumps(keyed, sort_keys=True, default=str).encode()).hexdigest()[:12]
     root = Path(root)
     out = root / f"tiny-{key}"
     if (out / "config.json").is_file():
