@@ -283,7 +283,11 @@ def run_one(problem: str, method: str, seed: int, args: argparse.Namespace) -> R
     cfg, raw = load_config(path, sets)
     resume = (out / "config.yaml").is_file()
     if resume:
+        from coevo.backends.factory import resolve_engine
+
         made, _ = load_config(out / "config.yaml")
+        # the run's config.yaml holds the engine its `model.backend: auto` resolved to (coevo.backends.factory)
+        cfg = cfg.model_copy(update={"model": resolve_engine(cfg.model)})
         if made.model_dump() != cfg.model_dump():
             raise ValueError(f"{out} holds a run of another config; use another --out")
         print(f"# {problem} {method} seed {seed}: resuming the interrupted run", file=sys.stderr)

@@ -93,7 +93,10 @@ def _base(cfg, es_cfg):
     from coevo.backends.factory import make_policy
     from coevo.es import ESParams, select_params
 
-    policy = make_policy(cfg.model)
+    # the weights are rebuilt in this process (HF) whatever engine the run sampled with; the ES math and the
+    # noise are the same on both (tests/test_vllm_cpu.py), the dtype is the run's (config.yaml)
+    model = cfg.model.model_copy(update={"backend": "hf"}) if cfg.model.backend in ("vllm", "auto") else cfg.model
+    policy = make_policy(model)
     params = ESParams(
         select_params(policy.named_parameters(), es_cfg.scope_spec()),
         master_dtype=torch.float32 if es_cfg.master_weights else None,

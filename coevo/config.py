@@ -355,7 +355,7 @@ def check_combinations(cfg: RunConfig) -> list[str]:
         cls = resolve_evolver(spec.type)
         params = spec.params.model_dump()
         # (no model at all: the loop checks, as a policy may be passed to it in code)
-        if cls.space == "parameter" and cfg.model is not None and backend not in BACKENDS_WITH_WEIGHTS:
+        if cls.space == "parameter" and cfg.model is not None and backend not in (*BACKENDS_WITH_WEIGHTS, "auto"):
             errors.append(
                 f"{where}.type / model.backend: {spec.type!r} evolves the model's weights (parameter "
                 f"space), but backend {backend!r} has none; use model.backend "

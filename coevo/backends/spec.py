@@ -21,8 +21,14 @@ class ModelConfig(BaseModel):
         "qwen2.5-coder-0.5b-instruct",
         description="a short model name (see `coevo model list`), a local HF folder, or tiny:<preset>",
     )
-    backend: Literal["hf", "openai", "vllm"] = Field("hf", description="model backend")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("bfloat16", description="weight dtype")
+    backend: Literal["auto", "hf", "openai", "vllm"] = Field(
+        "hf",
+        description="model backend; auto: vLLM where it is installed and runs the model here, else hf "
+        "(coevo.backends.factory.choose_engine)",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "bfloat16", description="weight dtype; auto: bfloat16 on vllm, float32 on hf on the cpu, bfloat16 on a GPU"
+    )
     device: str = Field("cpu", description="torch device for the hf backend (cpu, cuda, cuda:1)")
     batch_size: int = Field(8, ge=1, description="max conversations per generate call")
     cpu_linear: Literal["auto", "onednn", "torch"] = Field(
@@ -46,7 +52,7 @@ class ModelConfig(BaseModel):
     def _check_backend(self) -> ModelConfig:
         if self.backend == "openai" and not self.base_url:
             raise ValueError("model.base_url is required when model.backend is 'openai'")
-        if self.backend in ("hf", "vllm"):
+        if self.backend in ("auto", "hf", "vllm"):
             from coevo.backends.models import check_model_ref
 
             check_model_ref(self.name)  # a ValueError here is reported as a `model` field error
