@@ -50,28 +50,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
+from coevo.backends.factory import cpu_isa
+
 DEFAULT_ENGINES = "hf:float32,vllm:bfloat16,vllm:bfloat16:0-1"
 OPERATORS = ("e1", "e2", "m1", "m2")
-
-
-def cpu_info() -> dict:
-    """CPU model name and the ISA flags that decide the kernels (``/proc/cpuinfo``)."""
-    name, flags = "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and name == "unknown":
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return {
-        "cpu": name,
-        "cores": os.cpu_count(),
-        "avx512": "avx512f" in flags,
-        "avx512_bf16": "avx512_bf16" in flags,
-        "amx": "amx_tile" in flags,
-    }
 
 
 def eoh_prompts(rows: int) -> list[list[dict]]:
@@ -205,7 +187,7 @@ def child(args: argparse.Namespace) -> int:
         "peak_pss_gib": round(peak / 2**30, 2),
         "cached_prompt_tokens": sum(int(c.meta.get("cached_tokens", 0)) for c in out) if kind != "hf" else None,
         **extra,
-        **cpu_info(),
+        **cpu_isa(),
     }
     policy.close()
     print("RESULT " + json.dumps(row), flush=True)

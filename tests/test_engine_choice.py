@@ -16,7 +16,7 @@ import pytest
 import yaml
 from support import run_with_broken_package
 
-from coevo.backends.factory import CPU_HEAD_SIZES, choose_engine, resolve_engine
+from coevo.backends.factory import CPU_HEAD_SIZES, choose_engine, cpu_isa, resolve_engine
 from coevo.backends.models import DEFAULT_MODEL, model_head_size
 from coevo.backends.spec import ModelConfig
 from coevo.config import load_config
@@ -77,9 +77,33 @@ def test_a_vllm_that_fails_to_import_falls_back_to_hf_naming_the_fix(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
-def test_the_embedded_model_runs_on_vllm_where_it_is_installed():
+@pytest.mark.parametrize(
+    ("flags", "engine"),
+    [
+        ({"avx512": True, "avx512_bf16": True, "amx": False}, ("vllm", "bfloat16")),  # AVX512-BF16 EPYC
+        ({"avx512": True, "avx512_bf16": False, "amx": True}, ("vllm", "bfloat16")),  # AMX Xeon
+        ({"avx512": False, "avx512_bf16": False, "amx": False}, ("hf", "float32")),  # AVX2-only EPYC
+    ],
+)
+def test_the_embedded_model_runs_on_vllm_where_this_cpu_makes_it_faster(monkeypatch, flags, engine):
+    """The real vLLM import decides; the CPU's flags are given (the machines of this project differ)."""
+    from coevo.backends import factory
+    from coevo.backends.vllm_engine import import_vllm, on_cpu_platform
+
+    monkeypatch.setattr(factory, "cpu_isa", lambda: {"cpu": "test", "cores": 2, **flags})
     choice = choose_engine(ModelConfig(name=DEFAULT_MODEL, backend="auto", dtype="auto"))
-    assert (choice.backend, choice.dtype) == ("vllm", "bfloat16"), choice.reason
+    if not on_cpu_platform(import_vllm()):  # the CUDA build decides by the GPU, not the CPU's flags
+        pytest.skip("vLLM's CUDA build")
+    assert (choice.backend, choice.dtype) == engine, choice.reason
+    if engine[0] == "hf":
+        assert "no AVX512-BF16 or AMX" in choice.reason and "\n" not in choice.reason
+
+
+def test_cpu_isa_reads_this_machine():
+    isa = cpu_isa()
+    assert set(isa) == {"cpu", "cores", "avx512", "avx512_bf16", "amx"} and isa["cores"] >= 1
+    flags = Path("/proc/cpuinfo").read_text()
+    assert isa["avx512"] == (" avx512f " in flags.replace("\n", " "))
 
 
 def test_the_main_job_asks_for_the_faster_engine_and_its_lora_needs():

@@ -110,7 +110,10 @@ def lora_engine(tiny_model_dir, monkeypatch):
     eng = EngineHost(
         WorkerHost(vmod, hf.model.config), config=vllm_config(lora=LORA), reference=copy.deepcopy(hf.model)
     )
-    return hf, eng, VLLMPolicy.from_engine(eng, hf.tokenizer, model_id="tiny", dtype="float32")
+    # the stand-in serves an adapter-less row without LoRA, as vLLM's GPU kernels do (on_cpu=False); the CPU
+    # build's behaviour is tested on the real engine (test_vllm_cpu.py)
+    policy = VLLMPolicy.from_engine(eng, hf.tokenizer, model_id="tiny", dtype="float32", on_cpu=False)
+    return hf, eng, policy
 
 
 def test_population_rows_of_different_members_equal_each_dense_member(lora_engine):

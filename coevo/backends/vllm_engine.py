@@ -167,6 +167,38 @@ def on_cpu_platform(vllm: Any) -> bool:
     return bool(current_platform.is_cpu())
 
 
+def child_pids() -> set[int]:
+    """Pids of this process's live descendants (an engine's core and worker processes, a server), without
+    multiprocessing's resource tracker, which lives as long as this process. Uses psutil (a vLLM dependency).
+
+    Raises:
+        ImportError: psutil is not installed (it comes with vLLM).
+    """
+    import psutil
+
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" not in " ".join(p.cmdline()):
+                out.add(p.pid)
+        except psutil.Error:  # gone meanwhile
+            continue
+    return out
+
+
+def wait_gone(pids: set[int], timeout_s: float = 30.0) -> set[int]:
+    """Wait up to ``timeout_s`` seconds for ``pids`` to exit (zombies count as gone); returns those still alive."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE}
+        if alive:
+            time.sleep(0.2)
+    return alive
+
+
 def available_memory_bytes() -> int | None:
     """``MemAvailable`` of /proc/meminfo in bytes (None where it cannot be read)."""
     try:
@@ -363,6 +395,7 @@ class VLLMPolicy(Policy):
         except Exception as e:
             raise PolicyError(_start_failure(e, path)) from e
         self._attach(llm, load_tokenizer(path), str(model), path, dtype, tensor_parallel_size, noise_device)
+        self.on_cpu = cpu
 
     @classmethod
     def from_engine(
@@ -375,13 +408,16 @@ class VLLMPolicy(Policy):
         dtype: str = "bfloat16",
         tensor_parallel_size: int = 1,
         noise_device: str = "cpu",
+        on_cpu: bool | None = None,
     ) -> VLLMPolicy:
         """Wrap an engine built elsewhere (it must have been created with
         ``worker_extension_cls=WORKER_EXTENSION`` for the ES hooks). ``tokenizer`` is the HF tokenizer. Its
-        prefix-cache, KV-connector and LoRA settings are read from the engine (:func:`engine_cache_settings`)."""
+        prefix-cache, KV-connector and LoRA settings are read from the engine (:func:`engine_cache_settings`);
+        ``on_cpu`` (whether the engine runs on vLLM's CPU platform) defaults to the installed vLLM's."""
         torch_dtype(dtype)
         self = cls.__new__(cls)
         self._attach(llm, tokenizer, model_id, path, dtype, tensor_parallel_size, noise_device)
+        self.on_cpu = on_cpu_platform(None) if on_cpu is None else bool(on_cpu)
         return self
 
     def _attach(self, llm, tokenizer, model_id, path, dtype, tensor_parallel_size, noise_device) -> None:
