@@ -78,6 +78,7 @@ sys.path.insert(0, str(ROOT))
 import yaml
 
 from coevo.config import RunConfig, load_config
+from coevo.errors import UserError
 from coevo.tables import md_table
 
 #: the +tune arms run tune with the main job's settings (configs/ahd/tsp_construct.yaml) over the run's top 4
@@ -655,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
                 except Interrupted as exc:
                     print(f"# interrupted: {exc}; run the same command again to continue", file=sys.stderr)
                     return 130
-                except ValueError as exc:
+                except (ValueError, UserError) as exc:  # bad settings, a run folder in use by another process
                     print(f"ahd_compare: {exc}", file=sys.stderr)
                     return 2
                 arms = [r]

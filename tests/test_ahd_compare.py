@@ -157,6 +157,19 @@ def test_grid_runs_writes_tables_then_skips_finished_and_resumes_interrupted(tmp
     assert BENCH.main([*argv[:-2], "--out", str(out), "--max-samples", "20"]) == 2
     assert "holds a run of other settings" in capsys.readouterr().err
 
+    # a run folder another process is working on (its run.lock held): one line, exit 2, no traceback
+    from coevo.lock import RunLock
+
+    seed_dir = out / "tsp_construct" / "eoh" / "seed7"
+    (seed_dir / "result.json").unlink()  # so the benchmark resumes that run
+    lock = RunLock(seed_dir).acquire()
+    try:
+        assert BENCH.main(argv) == 2
+    finally:
+        lock.release()
+    err = capsys.readouterr().err
+    assert "ahd_compare: " in err and "is in use by process" in err and "Traceback" not in err
+
 
 def test_tune_arm_reuses_the_finished_run_and_spends_no_samples(tmp_path, tiny_model_dir, capsys):
     """``--tune``: an ``eoh+tune`` arm per run, from the run's own elites (the tiny model writes no valid heuristic,
