@@ -57,6 +57,8 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 def installed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Build the wheel, install it into a fresh venv; return the paths and a clean environment for it."""
     tmp = tmp_path_factory.mktemp("wheel")
+    # pip must not see a coevo on PYTHONPATH (the source tree) as already installed
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     src = tmp / "src"
     shutil.copytree(
         REPO,
@@ -87,7 +89,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     venv = tmp / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     python = venv / "bin" / "python"
-    run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)])
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)]
+    run(pip, env=clean)
     purelib = Path(run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]).stdout.strip())
     # the dependencies: this interpreter's site-packages folders (their own .pth files are not run, so an
     # editable coevo installed there stays invisible)
