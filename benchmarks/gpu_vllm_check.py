@@ -53,9 +53,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-# vLLM may spawn its workers: they must import coevo.backends.vllm_worker too
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 SEED, SIGNS = 1234567, (1, -1)
 TARGET = "def add(a, b):\n    return a + b"
@@ -171,6 +168,23 @@ def gpu_memory_used() -> int | None:
         return None
 
 
+def use_this_checkout() -> None:
+    """Import coevo from this checkout, here and in vLLM's spawned workers (they import
+    coevo.backends.vllm_worker): ROOT first on sys.path and on PYTHONPATH. Called by :func:`main` only, so that
+    importing this module changes nothing."""
+    sys.path.insert(0, str(ROOT))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+
+
+def perturb_restore_s(vl, sigma: float, n: int) -> float:
+    """Seconds per member of ``n`` full-rank perturb + restore cycles in the workers (antithetic pairs)."""
+    t = time.perf_counter()
+    for m in range(n):
+        vl.es_perturb(SEED + 100 + m // 2, sigma, SIGNS[m % 2])
+        vl.es_restore()
+    return (time.perf_counter() - t) / n
+
+
 def empty_cache(device: str) -> None:
     import torch
 
@@ -225,13 +239,6 @@ def device_noise_section(args, vl, hf, hp, scope, rep, record, compare, same_has
     from coevo.es import NOISE_SPEC, ESParams, perturb, select_params
     from coevo.es.device_noise import NoiseDeviceError, use_device_noise
 
-    def perturb_restore_s(n: int) -> float:
-        t = time.perf_counter()
-        for m in range(n):
-            vl.es_perturb(SEED + 100 + m // 2, args.sigma, SIGNS[m % 2])
-            vl.es_restore()
-        return (time.perf_counter() - t) / n
-
     vl.noise_device = "device"
     state = vl.es_setup(scope, master_weights=True, restore_mode="exact")  # masters re-derived from the weights
     hp = ESParams(select_params(hf.model, scope), master_dtype=torch.float32)  # the same, on HF
@@ -240,7 +247,7 @@ def device_noise_section(args, vl, hf, hp, scope, rep, record, compare, same_has
     same_spec = state["noise_spec"] == spec != NOISE_SPEC
     rep.add("device_noise_spec_equal", same_spec, "True", same_spec)
     same_hash("device_noise_start")
-    dev_cycle = perturb_restore_s(2)
+    dev_cycle = perturb_restore_s(vl, args.sigma, 2)
     rep.add("perturb_restore_s_per_member_device_noise", round(dev_cycle, 3))
     rep.add("device_noise_speedup", round(cpu_cycle / max(dev_cycle, 1e-9), 2), ">= 2", cpu_cycle >= 2 * dev_cycle)
     with perturb(hp, SEED + 7, args.sigma, sign=-1):
@@ -268,6 +275,7 @@ def device_noise_section(args, vl, hf, hp, scope, rep, record, compare, same_has
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    use_this_checkout()
     device, reason = preflight(args.device)
     if device is None:
         print(f"gpu_vllm_check: cannot run: {reason}. Nothing was measured.", file=sys.stderr)
@@ -395,14 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     rep.add("update_norm_hf", stats_hf.update_norm)
     rep.add("update_norm_relative_diff", rel, "<= 1e-6", rel <= 1e-6)
 
-    def perturb_restore_s(n: int) -> float:
-        t = time.perf_counter()
-        for m in range(n):
-            vl.es_perturb(SEED + 100 + m // 2, args.sigma, SIGNS[m % 2])
-            vl.es_restore()
-        return (time.perf_counter() - t) / n
-
-    cpu_cycle = perturb_restore_s(2)
+    cpu_cycle = perturb_restore_s(vl, args.sigma, 2)
     rep.add("perturb_restore_s_per_member_cpu_noise", round(cpu_cycle, 3))
 
     # 2. full rank, noise drawn on the GPU ----------------------------------------------------

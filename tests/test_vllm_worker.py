@@ -272,17 +272,13 @@ def test_gpu_check_preflight_names_the_missing_vllm(monkeypatch):
     import importlib.util
     import os
 
-    # the script puts the repository on PYTHONPATH and sys.path for vLLM's workers: undone after this test (a
-    # leaked PYTHONPATH made pip in test_wheel_install see the source tree's coevo as installed)
-    if "PYTHONPATH" in os.environ:
-        monkeypatch.setenv("PYTHONPATH", os.environ["PYTHONPATH"])
-    else:
-        monkeypatch.setenv("PYTHONPATH", "")
-        monkeypatch.delenv("PYTHONPATH")
-    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = (os.environ.get("PYTHONPATH"), list(sys.path))
     spec = importlib.util.spec_from_file_location("gpu_vllm_check", ROOT / "benchmarks" / "gpu_vllm_check.py")
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
+    # importing the script changes neither (a PYTHONPATH it once set at import leaked into test_wheel_install,
+    # whose pip then saw the source tree's coevo as installed)
+    assert (os.environ.get("PYTHONPATH"), sys.path) == before
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
     device, why = check.preflight()

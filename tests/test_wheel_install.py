@@ -57,8 +57,8 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 def installed(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Build the wheel, install it into a fresh venv; return the paths and a clean environment for it."""
     tmp = tmp_path_factory.mktemp("wheel")
-    # pip must not see a coevo on PYTHONPATH (the source tree) as already installed
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    # without PYTHON* / COEVO_* / VIRTUAL_ENV: pip must not see a coevo on PYTHONPATH (the source tree) as installed
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "COEVO_", "VIRTUAL_ENV"))}
     src = tmp / "src"
     shutil.copytree(
         REPO,
@@ -105,10 +105,12 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
     elsewhere = tmp / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "COEVO_", "VIRTUAL_ENV"))}
-    env.update(
-        PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv), COEVO_CACHE=str(tmp / "cache")
-    )
+    env = {
+        **clean,
+        "PATH": f"{venv / 'bin'}{os.pathsep}{clean.get('PATH', '')}",
+        "VIRTUAL_ENV": str(venv),
+        "COEVO_CACHE": str(tmp / "cache"),
+    }
     return {"wheel": wheel, "venv": venv, "python": python, "purelib": purelib, "cwd": elsewhere, "env": env}
 
 

@@ -198,17 +198,26 @@ class VLLMPopulation:
 
     Attributes:
         policy: the ``VLLMPolicy``. members, rank: as given. tokenizer: the policy's. requests: one
-        ``LoRARequest`` per member. folder: the adapters' temporary directory.
+        ``LoRARequest`` per member. folder: the adapters' temporary directory. matrices: ``(HF name, shape)`` of
+        the weights in scope. centre_request: the zero adapter of centre rows on the CPU platform, or None.
     """
 
-    def __init__(self, policy: Any, members: Sequence[ESMember], rank: int, requests: list[Any], folder: Path):
+    def __init__(
+        self,
+        policy: Any,
+        members: Sequence[ESMember],
+        rank: int,
+        requests: list[Any],
+        folder: Path,
+        matrices: Sequence[tuple[str, Sequence[int]]],
+    ):
         self.policy = policy
         self.members = list(members)
         self.rank = rank
         self.requests = requests
         self.folder = folder
         self.tokenizer = policy.tokenizer
-        self.matrices: Sequence[tuple[str, Sequence[int]]] | None = None  # (HF name, shape) in scope
+        self.matrices = matrices  # (HF name, shape) of the weights in scope
         self.centre_request: Any = None  # the zero adapter of centre rows on the CPU platform (module docstring)
 
     @classmethod
@@ -244,16 +253,14 @@ class VLLMPopulation:
                 lora_id = next(_IDS)
                 path = write_adapter(folder / f"member-{i}", m, rank, matrices, policy.dtype, policy.model_id)
                 requests.append(lora_request(f"coevo-es-{lora_id}-seed{m.seed}-sign{m.sign}", lora_id, path))
-            pop = cls(policy, members, rank, requests, folder)
-            pop.matrices = matrices
+            pop = cls(policy, members, rank, requests, folder, matrices)
             yield pop
         finally:
-            if pop is not None and pop.centre_request is not None:
-                requests.append(pop.centre_request)
+            centre = [pop.centre_request] if pop is not None and pop.centre_request is not None else []
             remove = getattr(getattr(policy.llm, "llm_engine", None), "remove_lora", None)
             try:
                 if callable(remove):
-                    for r in requests:
+                    for r in [*requests, *centre]:
                         remove(r.lora_int_id)
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
@@ -269,9 +276,8 @@ class VLLMPopulation:
         if self.centre_request is None and getattr(self.policy, "on_cpu", False):
             lora_id = next(_IDS)
             zero = ESMember(seed=0, sigma=0.0, sign=1)
-            matrices = self.matrices if self.matrices is not None else self.policy.es_matrices()
             path = write_adapter(
-                self.folder / "centre", zero, self.rank, matrices, self.policy.dtype, self.policy.model_id
+                self.folder / "centre", zero, self.rank, self.matrices, self.policy.dtype, self.policy.model_id
             )
             self.centre_request = lora_request(f"coevo-es-{lora_id}-centre", lora_id, path)
         return self.centre_request
