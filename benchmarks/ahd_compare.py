@@ -303,7 +303,8 @@ def run_one(problem: str, method: str, seed: int, args: argparse.Namespace) -> R
         raise Interrupted(f"{problem} {method} seed {seed}: {summary.stop_reason}")
     rows = heldout_rows(ev)
     with TrajectoryStore(out / "store.sqlite", readonly=True) as store:
-        valid = len(store.query(run_id=loop.run_id, valid=True, with_steps=False))
+        # valid heuristics (a reflection call, EoH's `reflection`, is a valid LLM call but no heuristic)
+        valid = sum(t.reward is not None for t in store.query(run_id=loop.run_id, valid=True, with_steps=False))
     result = RunResult(
         problem,
         method,

@@ -634,3 +634,164 @@ def test_a_retry_cut_by_the_wall_deadline_keeps_the_batch(tmp_path):
     eoh.step(0)
     trajs = ctx.store.query(run_id="r")
     assert [t.failure for t in trajs] == ["parse", None, None, "parse"] and ctx.budget.samples_used() == 4
+
+
+class TemperatureEchoPolicy(ScriptedPolicy):
+    """Test double for the model (as ScriptedPolicy): each reply is a distinct valid heuristic whose thought names
+    the temperature of the generate call that made it, and every call's params are kept."""
+
+    def __init__(self):
+        super().__init__()
+        self.call_params = []
+
+    def generate(self, conversations, params):
+        self.call_params.append(params)
+        out = []
+        for conv in conversations:
+            self.prompts.append(conv[-1]["content"])
+            code = TOWARD_HOME.replace("0.3", f"0.{self.calls + 1:03d}")
+            out.append(Completion(text=reply(f"temperature {params.temperature}", code), completion_tokens=40))
+            self.calls += 1
+        return out
+
+
+def test_operator_temperature_decodes_each_temperature_in_its_own_batch(tmp_path):
+    """``operator_temperature``: m1/m2 calls sample at their own temperature, in a batch of their own; the other
+    operators keep the run's temperature; trajectories keep their job order and operators."""
+    policy = TemperatureEchoPolicy()
+    ctx = _ctx(tmp_path, policy=policy)
+    cfg = EoHConfig(
+        **SMALL,
+        population_size=2,
+        operators={"e1": 1.0, "m1": 1.0, "m2": 1.0},
+        offspring_per_operator=1,
+        operator_temperature={"m1": 0.5, "m2": 0.5},
+    )
+    eoh = EoHEvolver("eoh", cfg, ctx)
+    eoh.step(0)  # 4 i1 calls: one batch at the run's temperature
+    assert [p.temperature for p in policy.call_params] == [1.0]
+    eoh.step(1)
+    assert sorted(p.temperature for p in policy.call_params[1:]) == [0.5, 1.0]
+    assert len({p.seed for p in policy.call_params[1:]}) == 1  # one batch seed, split by temperature
+    trajs = ctx.store.query(run_id="r", generation=1)
+    assert [t.meta["operator"] for t in trajs] == ["e1", "m1", "m2"]
+    assert [t.meta["thought"] for t in trajs] == ["temperature 1.0", "temperature 0.5", "temperature 0.5"]
+    assert all(t.valid for t in trajs)
+    # nothing configured: one batch per generation, as before
+    plain = TemperatureEchoPolicy()
+    ctx2 = _ctx(tmp_path / "b", policy=plain)
+    eoh2 = EoHEvolver("eoh", cfg.model_copy(update={"operator_temperature": {}}), ctx2)
+    eoh2.step(0)
+    eoh2.step(1)
+    assert [p.temperature for p in plain.call_params] == [1.0, 1.0]
+
+
+REFLECTION = "Heuristic 1 weighs the distance back to the start, so it ends tours near home. ```python\nx=1\n```"
+
+
+class ReflectingPolicy(ScriptedPolicy):
+    """Test double for the model (as ScriptedPolicy): answers a reflection prompt with REFLECTION, every other
+    prompt from SCRIPT; keeps each call's params."""
+
+    def __init__(self, script=SCRIPT):
+        super().__init__(script)
+        self.call_params = []
+
+    def generate(self, conversations, params):
+        self.call_params.append(params)
+        if len(conversations) == 1 and "heuristic 1 achieves a better objective" in conversations[0][-1]["content"]:
+            self.prompts.append(conversations[0][-1]["content"])
+            return [Completion(text=REFLECTION, prompt_tokens=300, completion_tokens=30)]
+        return super().generate(conversations, params)
+
+
+def test_reflection_is_one_recorded_call_per_generation_passed_to_the_parent_operators(tmp_path):
+    """``reflection``: before a generation, one short call compares the population's best and worst heuristic
+    (ReEvo's short-term reflection); its answer (code dropped) is in every parent-operator prompt of that
+    generation; the call is recorded, counts against the budget, is never a heuristic, and is reused on a re-run."""
+    script = [
+        reply("nearest", NN),
+        reply("farthest", FARTHEST),
+        reply("home", TOWARD_HOME),
+        reply("first", FIRST_INDEX),
+    ]
+    policy = ReflectingPolicy(script=script)
+    ctx = _ctx(tmp_path, policy=policy)
+    cfg = EoHConfig(
+        **SMALL, population_size=2, operators={"e1": 1.0, "m1": 1.0}, offspring_per_operator=1, reflection=True
+    )
+    eoh = EoHEvolver("eoh", cfg, ctx)
+    eoh.step(0)
+    best, worst = eoh.population[0], eoh.population[-1]
+    assert best.objective < worst.objective
+    n = len(policy.prompts)
+    eoh.step(1)
+    asked = policy.prompts[n]
+    assert (
+        best.code.strip() in asked
+        and worst.code.strip() in asked
+        and asked.index(best.code.strip()) < asked.index(worst.code.strip())
+    )
+    assert policy.call_params[1].max_new_tokens == 96 and policy.call_params[1].stop == ()
+    note = "Heuristic 1 weighs the distance back to the start, so it ends tours near home."
+    children = policy.prompts[n + 1 :]
+    assert len(children) == 2 and all(note in p and "x=1" not in p for p in children)
+    (refl,) = [t for t in ctx.store.query(run_id="r") if t.meta.get("kind") == "reflection"]
+    assert refl.llm_calls == 1 and refl.reward is None and refl.meta["reflection"] == note
+    assert refl.meta["parent_ids"] == [best.id, worst.id] and refl.task_id.endswith("/reflection")
+    assert ctx.budget.samples_used() == 4 + 1 + 2
+    assert all(t.meta.get("kind") != "reflection" for t in eoh.sampler.recorded())
+    # a re-run of the step (resume) reuses the stored reflection: no new call
+    calls = len(policy.call_params)
+    assert (
+        eoh.sampler.reflect(best, worst, key=refl.key, seed=1, round_index=1, generation=1, max_new_tokens=96) == note
+        and len(policy.call_params) == calls
+    )
+    # the budget spent: no reflection call, and none without the option
+    assert (
+        eoh.sampler.reflect(best, worst, key="r/other", seed=1, round_index=1, generation=1, max_new_tokens=96) == note
+    )
+    ctx2 = _ctx(tmp_path / "b", max_samples=4, policy=ReflectingPolicy(script=script))
+    eoh2 = EoHEvolver("eoh", cfg, ctx2)
+    eoh2.step(0)
+    assert eoh2.sampler.reflect(best, worst, key="r/x", seed=1, round_index=1, generation=1, max_new_tokens=96) is None
+    plain = ReflectingPolicy(script=script)
+    ctx3 = _ctx(tmp_path / "c", policy=plain)
+    eoh3 = EoHEvolver("eoh", cfg.model_copy(update={"reflection": False}), ctx3)
+    eoh3.step(0)
+    eoh3.step(1)
+    assert not any("A note from comparing" in p or "better objective than" in p for p in plain.prompts)
+
+
+def test_operator_temperature_and_reflection_settings_name_the_field():
+    base = {"name": "eoh", "type": "eoh", "problem": "tsp_construct"}
+    for bad in ({"z9": 0.5}, {"m1": -0.1}, {"m1": float("nan")}):
+        with pytest.raises(ConfigError, match="evolvers.eoh.operator_temperature"):
+            parse_config({"evolvers": [{**base, "operator_temperature": bad}]})
+    with pytest.raises(ConfigError, match="evolvers.eoh.reflection_tokens"):
+        parse_config({"evolvers": [{**base, "reflection": True, "reflection_tokens": 0}]})
+
+
+def test_tiny_model_runs_reflection_and_operator_temperature(tmp_path, tiny_model_dir):
+    """The real backend path: a reflection call and split temperatures on the tiny random model (garbage out, so
+    the population is the seed heuristic and the run is bounded by its budget); every call is counted."""
+    data = _tiny_config(tiny_model_dir, max_samples=9, init_retries=0)
+    data["evolvers"][0].update(
+        include_seed_heuristic=True,
+        seed_heuristics=["eoh_ael"],
+        reflection=True,
+        reflection_tokens=12,
+        operator_temperature={"m1": 0.5, "m2": 0.5},
+        operators={"e1": 1.0, "m1": 1.0, "m2": 1.0},
+        offspring_per_operator=1,
+    )
+    summary = make_loop(tmp_path, data).run()
+    assert "sample budget" in summary.stop_reason
+    with TrajectoryStore(tmp_path / "run" / "store.sqlite") as store:
+        trajs = store.query(run_id="run")
+        assert store.count_llm_calls("run") == 9 == len(trajs)
+        kinds = Counter(t.meta.get("kind", t.meta.get("operator")) for t in trajs)
+        assert kinds["i1"] == 4 and kinds["reflection"] == 1 and kinds["e1"] + kinds["m1"] + kinds["m2"] == 4
+        child = next(t for t in trajs if t.meta.get("operator") == "m1")
+        refl = next(t for t in trajs if t.meta.get("kind") == "reflection")
+        assert refl.meta["reflection"] is None or refl.meta["reflection"] in child.steps[0].observation

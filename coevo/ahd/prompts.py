@@ -12,6 +12,13 @@ two families plus an initialisation prompt:
 - ``m2`` (modification): the same structure as one parent with different parameter settings.
 - ``m3`` (modification): one parent with the parts that may overfit the training instances simplified.
 
+Optionally (``reflection`` of the EoH evolver, off by default), a parent operator's prompt carries a short
+*reflection*: the model's own one- or two-sentence answer to "why is the better of these two heuristics better?"
+(:func:`reflection_messages`), after ReEvo's short-term reflection (Ye et al., "ReEvo: Large Language Models as
+Hyper-Heuristics with Reflective Evolution", NeurIPS 2024, Section 3.2: the LLM compares a better and a worse
+parent and its verbal hint guides the next crossover or mutation). coevo asks one reflection per EoH generation,
+on the population's best and worst heuristic, and gives it to every parent operator of that generation.
+
 Every prompt asks for the answer in one fixed shape: the thought in braces on one line, then a fenced Python
 block defining the problem's function with exactly its signature (see :func:`answer_format`).
 The wording is this project's own. As in EoH, the function's inputs and output are described in prose: the
@@ -136,13 +143,43 @@ def _instruction(operator: str, n_parents: int) -> str:
     }[operator]
 
 
-def build_messages(operator: str, spec: dict[str, Any], parents: Sequence[ParentHeuristic] = ()) -> list[Message]:
+def reflection_block(reflection: str) -> str:
+    """The part of a parent operator's prompt that passes on a reflection (see the module docstring)."""
+    return (
+        "A note from comparing a better and a worse heuristic of the current population (use it where it helps):\n"
+        f"{reflection.strip()}"
+    )
+
+
+def reflection_messages(spec: dict[str, Any], better: ParentHeuristic, worse: ParentHeuristic) -> list[Message]:
+    """The chat messages of one reflection call: why ``better`` beats ``worse`` (ReEvo's short-term reflection,
+    Ye et al., NeurIPS 2024, Section 3.2; this project's wording), answered in at most two sentences, no code.
+
+    Raises:
+        ValueError: a spec field missing.
+    """
+    for key in ("task", "function_name", "inputs", "template"):
+        if key not in spec:
+            raise ValueError(f"spec: missing field {key!r} (use HeuristicProblem.prompt_spec())")
+    ask = (
+        "Above are two heuristics for this problem; heuristic 1 achieves a better objective than heuristic 2. "
+        "In at most two sentences, say what heuristic 1 does that makes it better, as advice for designing an even "
+        "better heuristic. Write no code."
+    )
+    body = "\n\n".join([task_text(spec), _describe([better, worse]), ask])
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": body}]
+
+
+def build_messages(
+    operator: str, spec: dict[str, Any], parents: Sequence[ParentHeuristic] = (), reflection: str | None = None
+) -> list[Message]:
     """The chat messages (system + user) of one EoH operator call.
 
     Args:
         operator: one of :data:`OPERATORS`.
         spec: the problem's :meth:`~coevo.ahd.problem.HeuristicProblem.prompt_spec`.
         parents: the parent heuristics (none for i1; one for m1-m3; one or more for e1/e2).
+        reflection: a reflection to pass on (:func:`reflection_block`, after the parents); ignored for i1.
 
     Returns:
         ``[{"role": "system", ...}, {"role": "user", ...}]``.
@@ -162,5 +199,7 @@ def build_messages(operator: str, spec: dict[str, Any], parents: Sequence[Parent
     blocks = [task_text(spec)]
     if parents:
         blocks.append(_describe(parents))
+        if reflection and reflection.strip():
+            blocks.append(reflection_block(reflection))
     blocks += [_instruction(operator, len(parents)), answer_format(spec)]
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(blocks)}]

@@ -40,15 +40,17 @@ its population and whether it takes parent operators.
 
 from __future__ import annotations
 
+import math
 import random
+import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from coevo.ahd.evaluate import evaluate_many
 from coevo.ahd.population import Individual, code_key, select_parents
-from coevo.ahd.prompts import build_messages, parents_needed
+from coevo.ahd.prompts import build_messages, parents_needed, reflection_messages
 from coevo.backends.base import request_seed
 from coevo.errors import DeadlineReached
 from coevo.sandbox import pool
@@ -93,6 +95,12 @@ class ParallelSandbox:
         return pool.evaluate_many(self.sandbox, requests, max_workers=self.workers)
 
 
+def _reflection_text(text: str, limit: int = 600) -> str:
+    """A reflection answer as prompt text: fenced code dropped, whitespace folded, cut to ``limit`` characters."""
+    prose = re.sub(r"```.*?(```|$)", " ", text, flags=re.DOTALL)
+    return " ".join(prose.split())[:limit]
+
+
 def _messages_text(messages: list[dict[str, str]]) -> str:
     return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)
 
@@ -114,6 +122,12 @@ class HeuristicSampler:
             retry ``r`` of a batch seeded ``s`` is seeded ``request_seed(s, -r)``.
         duplicate_retries: further calls for an answer that copies an existing heuristic (found before it is
             evaluated; the slot is spent on a new sample instead), seeded as the parse retries.
+        operator_temperature: operator -> sampling temperature of its calls (others: ``sampling.temperature``).
+            Calls of different temperatures are generated in separate batches (one per temperature, each seeded
+            with the batch's seed), so a generation with two temperatures costs two decode passes.
+
+    Raises:
+        ValueError: a negative retry count or an operator temperature that is not a finite number >= 0.
     """
 
     def __init__(
@@ -134,6 +148,7 @@ class HeuristicSampler:
         reject_duplicates: bool = True,
         parse_retries: int = 0,
         duplicate_retries: int = 0,
+        operator_temperature: dict[str, float] | None = None,
     ) -> None:
         self.problem = problem
         self.owner = owner
@@ -152,6 +167,10 @@ class HeuristicSampler:
         if duplicate_retries < 0:
             raise ValueError(f"duplicate_retries must be >= 0, got {duplicate_retries}")
         self.duplicate_retries = duplicate_retries
+        self.operator_temperature = dict(operator_temperature or {})
+        for op, temp in self.operator_temperature.items():
+            if not (isinstance(temp, (int, float)) and math.isfinite(temp) and temp >= 0):
+                raise ValueError(f"operator_temperature.{op}: must be a finite number >= 0, got {temp!r}")
         sign = "-" if problem.direction == "minimize" else "+"
         #: what a trajectory's reward is (recorded as ``meta["reward_unit"]``)
         self.reward_unit = f"heuristic score = {sign}{problem.objective_name or 'objective'} (higher is better)"
@@ -230,13 +249,15 @@ class HeuristicSampler:
         seed: int,
         parents: Sequence[Individual] = (),
         extra_meta: dict[str, Any] | None = None,
+        reflection: str | None = None,
     ) -> SampleJob:
-        """One call of ``operator`` on ``parents`` (prompt from :func:`coevo.ahd.prompts.build_messages`).
+        """One call of ``operator`` on ``parents`` (prompt from :func:`coevo.ahd.prompts.build_messages`, with
+        ``reflection`` passed on to a parent operator).
 
         Raises:
             ValueError: unknown operator or a parent count it cannot take.
         """
-        messages = build_messages(operator, self.problem.prompt_spec(), list(parents))
+        messages = build_messages(operator, self.problem.prompt_spec(), list(parents), reflection=reflection)
         return SampleJob(
             key=key,
             operator=operator,
@@ -257,6 +278,7 @@ class HeuristicSampler:
         parents_m: int,
         weights: dict[str, float] | None = None,
         extra_meta: dict[str, Any] | None = None,
+        reflection: str | None = None,
     ) -> list[SampleJob]:
         """The calls of ``n`` slots per operator, parents drawn from ``population`` (ranked best first).
 
@@ -264,7 +286,7 @@ class HeuristicSampler:
         for every slot (coin, parents, seed) before any cache lookup, so a resumed step sees the same
         stream. Keys are ``run/<key_parts>/<op>/<slot>``; ``meta`` gets ``worst_objective`` and
         ``worst_score`` (the population's worst: objective, and score = reward, higher is better) and
-        ``population_size``.
+        ``population_size``. A ``reflection`` (:meth:`reflect`) goes into the prompts of the parent operators.
 
         Raises:
             RuntimeError: a parent operator with an empty population. ValueError: unknown operator.
@@ -290,7 +312,14 @@ class HeuristicSampler:
                         **(extra_meta or {}),
                     }
                     jobs.append(
-                        self.job(op, key=self.key(*key_parts, op, j), seed=seed, parents=parents, extra_meta=meta)
+                        self.job(
+                            op,
+                            key=self.key(*key_parts, op, j),
+                            seed=seed,
+                            parents=parents,
+                            extra_meta=meta,
+                            reflection=reflection if need else None,
+                        )
                     )
         return jobs
 
@@ -393,7 +422,7 @@ class HeuristicSampler:
         if pending:
             params = self.sampling.with_seed(pending[0][0].seed if seed is None else seed)
             started = time.time()
-            completions = list(generate(pending, params))
+            completions = self._generate(generate, pending, params)
             jobs = [job for job, _, _ in pending]
             extractions = [self._extract(c) for c in completions]
             calls = self._retry_unparsed(pending, generate, params, completions, extractions, existing)
@@ -456,7 +485,9 @@ class HeuristicSampler:
             if not redo:
                 break
             try:
-                again = generate([pending[i] for i in redo], params.with_seed(request_seed(params.seed, -attempt)))
+                again = self._generate(
+                    generate, [pending[i] for i in redo], params.with_seed(request_seed(params.seed, -attempt))
+                )
             except DeadlineReached:
                 # the wall budget ran out during a retry: keep the batch's answers (they are recorded now; only
                 # the retry is lost) and let the next sample boundary stop the run
@@ -466,6 +497,83 @@ class HeuristicSampler:
                 extractions[i] = self._extract(c)
                 calls[i].append(c)
         return calls
+
+    def _generate(
+        self,
+        generate: Callable[[list[tuple[SampleJob, ESMember | None, int]], SamplingParams], list[Any]],
+        entries: list[tuple[SampleJob, ESMember | None, int]],
+        params: SamplingParams,
+    ) -> list[Any]:
+        """``generate(entries, params)``, split into one call per sampling temperature when
+        ``operator_temperature`` gives the entries' operators different ones; completions in entry order."""
+        groups: dict[float, list[int]] = {}
+        for i, (job, _, _) in enumerate(entries):
+            groups.setdefault(float(self.operator_temperature.get(job.operator, params.temperature)), []).append(i)
+        out: list[Any] = [None] * len(entries)
+        for temperature, index in groups.items():
+            for i, comp in zip(index, generate([entries[i] for i in index], replace(params, temperature=temperature))):
+                out[i] = comp
+        return out
+
+    def reflect(
+        self,
+        better: Individual,
+        worse: Individual,
+        *,
+        key: str,
+        seed: int,
+        round_index: int,
+        generation: int,
+        max_new_tokens: int,
+        policy: Policy | None = None,
+    ) -> str | None:
+        """One reflection call (:func:`coevo.ahd.prompts.reflection_messages`): why ``better`` beats ``worse``.
+
+        The call is recorded as a trajectory (task ``<training tag>/reflection``, ``meta["kind"] = "reflection"``,
+        no reward) so it counts against the sample budget; a stored one (same ``key``, e.g. on resume) is reused.
+        Returns the reflection's text (code fences dropped, at most 600 characters), or None when the budget is
+        spent, the call failed or the answer is empty (then recorded as failure ``llm_error`` / ``parse``).
+        """
+        stored = self.store.get_by_key(key)
+        if stored is None:
+            if self.budget.allow(1) < 1:
+                return None
+            messages = reflection_messages(self.problem.prompt_spec(), better, worse)
+            params = replace(self.sampling, max_new_tokens=max_new_tokens, stop=()).with_seed(seed)
+            started = time.time()
+            (comp,) = (policy or self._default()).generate([messages], params)
+            text = _reflection_text(comp.text) if comp.error is None else ""
+            failure = "llm_error" if comp.error is not None else None if text else "parse"
+            stored = self.store.add_trajectory(
+                Trajectory(
+                    key=key,
+                    run_id=self.run_id,
+                    evolver=self.owner,
+                    space="context",
+                    round=round_index,
+                    generation=generation,
+                    task_id=f"{self.train_tag}/reflection",
+                    steps=[Step(observation=_messages_text(messages), model_output=comp.text, action=text or None)],
+                    valid=failure is None,
+                    failure=failure,
+                    failure_detail=comp.error if failure == "llm_error" else "empty reflection" if failure else None,
+                    context=ContextRef(heuristic_id=f"{better.id},{worse.id}", prompt="reflection"),
+                    llm_calls=1,
+                    prompt_tokens=comp.prompt_tokens,
+                    completion_tokens=comp.completion_tokens,
+                    started_at=started,
+                    duration_s=time.time() - started,
+                    meta={
+                        "kind": "reflection",
+                        "problem": self.problem.name,
+                        "sampler": self.owner,
+                        "parent_ids": [better.id, worse.id],
+                        "reflection": text,
+                        "seed": seed,
+                    },
+                )
+            )[0]
+        return stored.meta.get("reflection") or None
 
     def _extract(self, comp: Any) -> Any:
         """The :class:`~coevo.sandbox.extract.Extraction` of a completion, None for a failed LLM call."""

@@ -90,6 +90,11 @@ class AHDConfig(EvolverConfig):
     top_p: float | None = Field(None, gt=0, le=1, description="overrides the run's sampling.top_p")
     top_k: int | None = Field(None, ge=0, description="overrides the run's sampling.top_k")
     max_new_tokens: int | None = Field(None, ge=1, description="overrides the run's sampling.max_new_tokens")
+    operator_temperature: dict[str, float] = Field(
+        default_factory=dict,
+        description="operator -> sampling temperature of its calls, e.g. {m1: 0.7, m2: 0.7} (the others use "
+        "temperature, else sampling.temperature); calls of different temperatures are decoded in separate batches",
+    )
     reject_duplicates: bool = Field(
         True,
         description="record a sample whose code copies an existing heuristic (up to formatting, comments "
@@ -118,6 +123,18 @@ class AHDConfig(EvolverConfig):
         if v in available_problems() or (Path(v) / "problem.py").is_file():
             return v
         raise ValueError(f"unknown problem {v!r}; available: {available_problems()} or a folder with a problem.py")
+
+    @field_validator("operator_temperature")
+    @classmethod
+    def _op_temperature(cls, v: dict[str, float]) -> dict[str, float]:
+        from coevo.ahd.prompts import OPERATORS
+
+        for op, temp in v.items():
+            if op not in OPERATORS:
+                raise ValueError(f"unknown operator {op!r}; known: {', '.join(OPERATORS)}")
+            if not (math.isfinite(temp) and temp >= 0):
+                raise ValueError(f"{op}: temperature {temp} must be a finite number >= 0")
+        return v
 
     @field_validator("test_sizes")
     @classmethod
@@ -180,6 +197,7 @@ class AHDEvolver(Evolver):
             reject_duplicates=c.reject_duplicates,
             parse_retries=c.parse_retries,
             duplicate_retries=c.duplicate_retries,
+            operator_temperature=c.operator_temperature,
         )
         self.train_tag = self.sampler.train_tag
         self.population: list[Individual] = []

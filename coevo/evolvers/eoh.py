@@ -13,6 +13,10 @@ Calls are made, parsed, evaluated and recorded by the evolver's sampler service
 - each later step is one generation: every configured operator gets ``offspring_per_operator`` slots
   (default N), each used with probability equal to the operator's weight (EoH's operator weights);
   parents are drawn from the population by rank, ``p(rank) ~ 1 / (rank + 1 + N)`` (rank 0 = best);
+- with ``reflection`` (off by default), one extra LLM call per generation first reflects on why the best
+  heuristic beats the worst (ReEvo, Ye et al., NeurIPS 2024, Section 3.2) and its answer goes into the
+  generation's parent-operator prompts (:mod:`coevo.ahd.prompts`); per-operator sampling temperatures are
+  ``operator_temperature`` (:class:`coevo.evolvers.ahd_common.AHDConfig`);
 - survivors (EoH population management): drop invalid heuristics, deduplicate by objective and by code
   hash, keep the N best.
 
@@ -56,6 +60,13 @@ class EoHConfig(AHDConfig):
         "heuristic is then never worse than the seed on the training instances)",
     )
     pool_other_evolvers: bool = Field(True, description="fold in valid heuristics other evolvers recorded")
+    reflection: bool = Field(
+        False,
+        description="before each generation, one LLM call reflects on why the population's best heuristic beats "
+        "its worst (ReEvo's short-term reflection); the answer goes into that generation's parent-operator prompts. "
+        "The call counts against budget.max_samples",
+    )
+    reflection_tokens: int = Field(96, ge=8, description="max new tokens of a reflection call")
 
     @field_validator("operators")
     @classmethod
@@ -99,9 +110,42 @@ class EoHEvolver(AHDEvolver):
             self.population = survivors(self.population + pooled, self.config.population_size)
         return len(pooled)
 
-    def _jobs(self, operators, n, rng, key_parts, weights=None):
+    def _jobs(self, operators, n, rng, key_parts, weights=None, reflection=None):
         return self.sampler.operator_jobs(
-            operators, n, rng, key_parts, population=self.population, parents_m=self.config.parents_m, weights=weights
+            operators,
+            n,
+            rng,
+            key_parts,
+            population=self.population,
+            parents_m=self.config.parents_m,
+            weights=weights,
+            reflection=reflection,
+        )
+
+    def _reflection_key(self, round_index: int) -> str:
+        return self.sampler.key(self.name, round_index, f"g{self.generation}", "reflection")
+
+    def _reflection(self, round_index: int, rng) -> str | None:
+        """This generation's reflection (``reflection``): why the population's best beats its worst, or None
+        (off, fewer than two heuristics with different objectives, empty answer, or a budget that would leave no
+        sample for a child after it)."""
+        pop = self.population
+        seed = rng.getrandbits(63)
+        if not self.config.reflection or len(pop) < 2 or pop[0].objective == pop[-1].objective:
+            return None
+        if (
+            self.sampler.budget.allow(2) < 2
+            and self.sampler.store.get_by_key(self._reflection_key(round_index)) is None
+        ):
+            return None
+        return self.sampler.reflect(
+            pop[0],
+            pop[-1],
+            key=self._reflection_key(round_index),
+            seed=seed,
+            round_index=round_index,
+            generation=self.generation,
+            max_new_tokens=self.config.reflection_tokens,
         )
 
     def _children(self, trajectories: list[Trajectory]) -> list[Individual]:
@@ -146,7 +190,12 @@ class EoHEvolver(AHDEvolver):
         rng = self.ctx.rng(self.name, "generation", self.generation)
         n = cfg.offspring_per_operator or cfg.population_size
         ops = list(cfg.operators)
-        jobs = self._jobs(ops, n, rng, (self.name, round_index, f"g{self.generation}"), weights=cfg.operators)
+        used = self.sampler.budget.samples_used()
+        reflection = self._reflection(round_index, rng) if cfg.reflection else None
+        report.samples += self.sampler.budget.samples_used() - used  # the reflection call, when one was made
+        jobs = self._jobs(
+            ops, n, rng, (self.name, round_index, f"g{self.generation}"), weights=cfg.operators, reflection=reflection
+        )
         trajs = self.sampler.sample(jobs, round_index=round_index, generation=self.generation, existing=self.population)
         self._tally(report, trajs)
         self.population = survivors(self.population + self._children(trajs), cfg.population_size)
