@@ -9,7 +9,8 @@ which writes children of an evolver's population under perturbed weights with th
   :meth:`HeuristicSampler.operator_jobs` builds a generation's calls, drawing parents from a population by
   rank (:func:`coevo.ahd.population.select_parents`);
 * sample: :meth:`HeuristicSampler.sample` reuses the jobs whose key is stored (resume), cuts the rest to
-  the sample budget and generates them in one batched ``policy.generate`` call;
+  the sample budget and generates them in one batched ``policy.generate`` call (one per sampling temperature
+  when ``operator_temperature`` sets different ones);
   :meth:`HeuristicSampler.sample_population` does the same for the jobs of every member of a low-rank ES
   population in one ``population.generate`` call;
 * extract: the braced thought and the code of the problem's function (:func:`coevo.sandbox.extract.extract_code`);
@@ -338,8 +339,8 @@ class HeuristicSampler:
         """Run ``jobs`` as LLM calls and return their trajectories (in job order).
 
         Jobs whose key is stored are reused without a call. The rest are cut to ``budget.allow(n)`` (so the
-        returned list may be shorter than ``jobs``), generated in one ``policy.generate`` call seeded with
-        the first pending job's seed, parsed, evaluated and recorded. Every call is recorded, valid or not.
+        returned list may be shorter than ``jobs``), generated in one ``policy.generate`` call (one per
+        temperature, :meth:`_generate`) seeded with the first pending job's seed, parsed, evaluated and recorded. Every call is recorded, valid or not.
 
         Args:
             round_index, generation: recorded on the trajectories.
