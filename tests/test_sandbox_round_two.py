@@ -226,8 +226,8 @@ def test_a_reply_just_under_the_bound_costs_at_most_twice_an_honest_one(sandbox,
 def test_an_output_flood_costs_the_trusted_side_little(bpp):
     """Before: stdout / stderr were drained as fast as the candidate wrote, though only their head and
     tail are kept: Best Fit writing 13 MiB to fd 1 per call cost the trusted process 3.8 s of CPU on
-    3 x 300 items (honest: 0.2 s). Now, beyond the kept output, they are read at a bounded rate
-    (4 MiB/s) and the candidate's writes wait, on its own clock."""
+    3 x 300 items (honest: 0.2 s). Now, beyond 32 MiB, they are read at a bounded rate (4 MiB/s) and the
+    candidate's writes wait, on its own clock."""
     sandbox = Sandbox(SandboxLimits(timeout_s=8, memory_mb=1024))
     inst = bpp.generate(300, 3, seed=13)
     flood = "import os\n" + BEST_FIT.replace(

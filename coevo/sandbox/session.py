@@ -40,10 +40,12 @@ _MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out
 CONST_MIN_BYTES = 1024
 #: Constants kept per process (least recently used dropped first).
 CONST_SLOTS = 16
-#: Rate (bytes/s) at which stdout / stderr are drained once a process has written more than the kept
-#: output (``Launch.output_cap``): what it writes beyond that is dropped anyway, and reading it at the
-#: candidate's pace would cost the trusted process CPU in proportion (an output flood); the candidate's
-#: writes block meanwhile, on its own clock.
+#: Bytes of stdout / stderr (each) a process may write at its own pace; beyond them they are drained at
+#: :data:`OUTPUT_DRAIN_RATE`: what it writes past the kept output (``Launch.output_cap``) is dropped
+#: anyway, and reading an endless flood at the candidate's pace would cost the trusted process CPU in
+#: proportion (32 MiB: about 20 ms of it). The candidate's writes block meanwhile, on its own clock.
+OUTPUT_FREE_BYTES = 32 << 20
+#: Rate (bytes/s) at which a stream is drained past :data:`OUTPUT_FREE_BYTES` (a few ms of CPU per second).
 OUTPUT_DRAIN_RATE = 4 << 20
 #: Largest JSON header of a reply the trusted side parses (bytes), unless the target accepts more
 #: (:meth:`RemoteFunction.accept_replies`): an honest reply's header names a scalar or an array in a few
@@ -161,7 +163,7 @@ class CandidateProcess:
         else:
             (self.out if fd == self.fd_out else self.err).add(data)
             self._seen[fd] += len(data)
-            if self._seen[fd] > self.launch.output_cap and not self.closed:  # a flood: read it at a bounded rate
+            if self._seen[fd] > OUTPUT_FREE_BYTES and not self.closed:  # a flood: read it at a bounded rate
                 self.poller.unregister(fd)
                 self._paused[fd] = time.perf_counter() + len(data) / OUTPUT_DRAIN_RATE
 
