@@ -385,3 +385,17 @@ def test_a_missing_measure_is_one_line_naming_it_and_evaluations_go_on(monkeypat
     assert len(lines) == 1 and "per process" in lines[0] and "wall-clock limit" in lines[0], lines
     res = first.run("def f(x):\n    return x + 1\n", "f", CALL, {"cases": [[1]], "candidate_packages": ["numpy"]})
     assert res.valid and res.metrics["values"] == [2]
+
+
+def test_a_resume_with_another_instance_key_stops_with_one_line(tmp_path, private_cache):
+    """The run folder keeps the fingerprint of the key its BPP streams were drawn with: a resume on an
+    installation with another key would evaluate on other instances, so it stops naming both files."""
+    from coevo.ahd.instances import instance_key_path
+    from coevo.ahd.seeds import KEY_FILE, check_instance_key
+    from coevo.errors import RunFolderError
+
+    first = check_instance_key(tmp_path / "run")
+    assert check_instance_key(tmp_path / "run") == first and (tmp_path / "run" / KEY_FILE).is_file()
+    instance_key_path().unlink()  # another installation: a fresh key is drawn
+    with pytest.raises(RunFolderError, match="instance key"):
+        check_instance_key(tmp_path / "run")
