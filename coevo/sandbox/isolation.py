@@ -557,9 +557,15 @@ def path_scrubber(extra: Iterable[str | os.PathLike] = ()) -> Callable[[str], st
 
 
 #: ``/proc`` files (relative to /proc) that show host-wide counters or host identity, replaced by an
-#: empty file: interrupt and scheduler counters (an activity channel between concurrent evaluations),
-#: disks, zones, partitions, swap, the key counts of every host user.
+#: empty file: interrupt and scheduler counters, file locks and cgroup counts (activity channels between
+#: concurrent evaluations), disks, zones, partitions, swap, the key counts of every host user, the kernel's
+#: command line, configuration and symbols.
 PROC_EMPTY = (
+    "locks",
+    "cgroups",
+    "cmdline",
+    "config.gz",
+    "kallsyms",
     "diskstats",
     "zoneinfo",
     "interrupts",
