@@ -401,3 +401,30 @@ def test_a_resume_with_another_instance_key_stops_with_one_line(tmp_path, privat
     instance_key_path().unlink()  # another installation: a fresh key is drawn
     with pytest.raises(RunFolderError, match="instance key"):
         check_instance_key(tmp_path / "run")
+
+
+def test_syscall_numbers_match_the_kernel_headers():
+    """The seccomp tables against the installed kernel headers (x86_64's unistd_64.h, and asm-generic's
+    unistd.h, which is aarch64's numbering): every name a header defines has the table's number."""
+    import re
+    from pathlib import Path
+
+    from coevo.sandbox import seccomp
+
+    headers = {
+        "x86_64": Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
+        "aarch64": Path("/usr/include/asm-generic/unistd.h"),
+    }
+    checked = 0
+    for machine, header in headers.items():
+        if not header.is_file():
+            continue
+        text = header.read_text()
+        numbers = {m[1]: int(m[2]) for m in re.finditer(r"#define __NR(?:3264)?_(\w+)\s+(\d+)", text)}
+        table = seccomp.ARCHES[machine][2]
+        wrong = {n: (v, numbers[n]) for n, v in table.items() if n in numbers and numbers[n] != v}
+        assert not wrong, (machine, wrong)
+        checked += sum(n in numbers for n in table)
+    if not checked:
+        pytest.skip("no kernel headers installed")
+    assert checked > 40
