@@ -263,6 +263,20 @@ def test_online_bpp_items_cannot_be_regenerated_from_the_seed(bpp, private_cache
     assert 37.0 < float(np.mean(np.concatenate([a["items"] for a in inst.arrays]))) < 43.5
 
 
+def test_an_instance_key_from_the_environment_reproduces_streams_elsewhere(bpp, monkeypatch):
+    """``$COEVO_INSTANCE_KEY`` (64 hex digits) stands for the key file: two installations sharing it draw
+    the same items; a malformed value is one error naming the variable."""
+    monkeypatch.setenv("COEVO_INSTANCE_KEY", "ab" * 32)
+    a = bpp.generate(50, 1, seed=5).arrays[0]["items"]
+    monkeypatch.setenv("COEVO_INSTANCE_KEY", "cd" * 32)
+    b = bpp.generate(50, 1, seed=5).arrays[0]["items"]
+    monkeypatch.setenv("COEVO_INSTANCE_KEY", "ab" * 32)
+    assert np.array_equal(a, bpp.generate(50, 1, seed=5).arrays[0]["items"]) and not np.array_equal(a, b)
+    monkeypatch.setenv("COEVO_INSTANCE_KEY", "xyz")
+    with pytest.raises(ValueError, match="COEVO_INSTANCE_KEY"):
+        bpp.generate(50, 1, seed=5)
+
+
 def test_the_instance_key_is_not_reachable_from_the_sandbox(sandbox, private_cache, bpp):
     bpp.generate(20, 1, seed=1)
     key = next(p for p in private_cache.rglob("*") if p.is_file() and "key" in p.name)

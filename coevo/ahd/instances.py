@@ -201,6 +201,8 @@ class InstanceSet:
                 raise ValueError(f"{path}: malformed InstanceSet .npz ({type(exc).__name__}: {exc})") from None
 
 
+#: Environment variable that, when set, is the instance key (64 hex digits) instead of the file's.
+INSTANCE_KEY_VAR = "COEVO_INSTANCE_KEY"
 #: The file under the coevo cache folder (``$COEVO_CACHE``, default ``~/.cache/coevo``) holding this
 #: installation's instance key (:func:`installation_key`).
 INSTANCE_KEY_FILE = "instance_key"
@@ -216,13 +218,25 @@ def installation_key() -> bytes:
     """The 32 secret bytes that key this installation's hidden instance streams (:func:`keyed_rng`), drawn
     with :mod:`secrets` the first time and kept in :func:`instance_key_path` (mode 0600; created with
     ``O_EXCL``, so concurrent first uses agree). The sandbox never sees the cache folder. Copy the file
-    to another installation to generate the same instances there.
+    to another installation, or set ``$COEVO_INSTANCE_KEY`` (64 hex digits; it wins over the file; the
+    worker's environment never holds it) to generate the same instances there.
 
     Raises:
-        ValueError: the key file exists but does not hold 64 hex digits (the message names the file).
+        ValueError: the key file or the variable does not hold 64 hex digits (the message names it).
     """
     import secrets
 
+    given = os.environ.get(INSTANCE_KEY_VAR)
+    if given is not None:
+        try:
+            key = bytes.fromhex(given.strip())
+        except ValueError:
+            key = b""
+        if len(key) != 32:
+            raise ValueError(
+                f"{INSTANCE_KEY_VAR}: expected 64 hex digits (an instance key), got {len(given)} characters"
+            )
+        return key
     path = instance_key_path()
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
