@@ -10,8 +10,9 @@ candidate's process, and the target validates every answer and computes the metr
 (:mod:`coevo.sandbox.session` says why that makes scores unforgeable). Isolation of the candidate's process:
 
 - bubblewrap when usable (:mod:`coevo.sandbox.isolation`): an empty read-only root holding only the
-  interpreter, its libraries and site-packages (read-only; only the payload's ``candidate_packages`` when
-  given) and a private tmpfs ``/tmp``; no project checkout, no /etc, no home; no network; private PID, IPC
+  interpreter, its standard library, the payload's ``candidate_packages`` (all of site-packages when not
+  given) and the shared libraries they load, read-only (no /usr/bin, compiler or host Python), stand-ins
+  for the /proc files that show the host, and a private tmpfs ``/tmp``; no project checkout, no /etc, no home; no network; private PID, IPC
   and UTS namespaces that die with the sandbox; an unprivileged uid (as root: a fresh one per evaluation);
   a seccomp filter (:mod:`coevo.sandbox.seccomp`: no keyring, namespaces, mounts, ptrace, bpf, ...);
   environment cleared;

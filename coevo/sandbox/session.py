@@ -7,7 +7,10 @@ head and tail kept), the exit is seen at once, and the wall-clock deadline is ex
 :class:`RemoteFunction` makes it look like the candidate's function to a trusted target: each call sends
 the arguments (read-only arrays once, as constants) and returns the decoded reply (:mod:`coevo.sandbox.wire`),
 or raises :class:`~coevo.sandbox.errors.CandidateFailure` (timeout, death, malformed reply, or the kind of
-the exception the function raised).
+the exception the function raised). A reply is read only up to what the called function can return
+(:meth:`RemoteFunction.accept_replies`): a padded one fails the candidate before the trusted process parses
+it, and an output flood is drained at a bounded rate (:data:`OUTPUT_DRAIN_RATE`), so what the candidate
+sends costs the trusted process about what an honest evaluation costs (issue 45).
 
 Why scores cannot be forged: the objective and every feasibility check run in the trusted process, on its
 own copy of the instance; the candidate's process only ever answers "which node / item / bin next" (or
