@@ -186,12 +186,14 @@ class WorkerView:
         shown: paths bound again on top of ``hidden`` (the allowed distributions' entries).
         libraries: the shared libraries the worker may load (resolved host paths), or None where they
             could not be listed (``ldd`` missing): then the library folders are bound whole.
+        extra: the caller's own paths among ``binds`` (``Sandbox(ro_paths=...)``: data, not warmed).
     """
 
     binds: dict[str, str]
     hidden: tuple[str, ...]
     shown: tuple[str, ...]
     libraries: tuple[str, ...] | None
+    extra: tuple[str, ...] = ()
 
 
 def _elf_files(folder: str) -> list[str]:
@@ -317,16 +319,18 @@ def _worker_view(
         for d, s in binds.items()
         if not any(d.startswith(f + os.sep) for f in folders) and not any(d.startswith(h + os.sep) for h in hidden)
     }
-    return WorkerView(binds, tuple(sorted(hidden)), tuple(shown), libraries)
+    return WorkerView(binds, tuple(sorted(hidden)), tuple(shown), libraries, tuple(os.path.abspath(p) for p in extra))
 
 
 def warm_page_cache(view: WorkerView, chunk: int = 1 << 20) -> int:
     """Read every file the worker can see once (folders walked, hidden ones skipped), so that no page of
     them is left uncached for a candidate to fault in as a bit another evaluation reads back by timing.
-    Returns the bytes read. Files that cannot be read are skipped."""
+    The caller's extra paths (``view.extra``, possibly large data) are left as they are. Returns the bytes
+    read. Files that cannot be read are skipped."""
     hidden = set(view.hidden)
     total = 0
-    todo = [src for dest, src in view.binds.items() if dest not in hidden] + list(view.shown)
+    todo = [src for dest, src in view.binds.items() if dest not in hidden and dest not in view.extra]
+    todo += list(view.shown)
     for path in todo:
         files = [path]
         if os.path.isdir(path):
