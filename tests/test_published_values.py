@@ -124,10 +124,14 @@ def test_best_fit_written_as_an_in_place_edit_of_bins_scores_as_upstream(shared_
     ("problem", "name", "size", "count"),
     [("tsp_construct", "eoh_ael", 50, 4), ("bpp_online", "funsearch_weibull", 1000, 2)],
 )
-def test_shipped_published_heuristics_run_in_the_sandbox_and_beat_the_seed_heuristic(problem, name, size, count):
+def test_shipped_published_heuristics_run_in_the_sandbox_and_beat_the_seed_heuristic(
+    problem, name, size, count, monkeypatch
+):
     """heuristics/<problem>/published/<name>.py (the seeds the main jobs start from, ReEvo's seed functions) are
     valid heuristics under the real sandbox and beat the problem's classic seed heuristic, as published: EoH/AEL
     below nearest neighbour on TSP50, FunSearch's Weibull heuristic below Best Fit on Weibull instances."""
+    # BPP item streams are keyed per installation (issue 45): a fixed test key keeps the 2 instances the same
+    monkeypatch.setenv("COEVO_INSTANCE_KEY", "c0e0" * 16)
     prob = load_problem(problem)
     assert name in prob.published_heuristics()
     inst = prob.generate(size, count, 1234)

@@ -158,10 +158,11 @@ def test_tool_loop_is_stopped_by_the_timeout(tool):
 
 
 def test_tool_forks_do_not_survive_the_call(tool):
-    marker = f"{uuid.uuid4().int % 10**6}.{uuid.uuid4().int % 10**6}"  # a unique sleep argument
-    code = (
-        "import os\nfor _ in range(5):\n    if os.fork() == 0:\n        os.setsid()\n"
-        f"        os.execvp('sleep', ['sleep', '{marker}'])\nprint('parent done')"
+    marker = f"coevo-sleeper-{uuid.uuid4().hex[:12]}"  # a unique argument of the sleeping grandchildren
+    code = (  # the sandbox has no `sleep` binary (issue 45): its own interpreter sleeps
+        "import os, sys\nfor _ in range(5):\n    if os.fork() == 0:\n        os.setsid()\n"
+        "        os.execv(sys.executable, [sys.executable, '-S', '-c', 'import time; time.sleep(100)', "
+        f"'{marker}'])\nprint('parent done')"
     )
     r = tool(code)
     assert r.stdout.strip() == "parent done"

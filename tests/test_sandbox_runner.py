@@ -104,13 +104,13 @@ def test_fork_bomb_leaves_no_process_and_returns_in_time(sandbox):
 
 
 def test_grandchild_sleep_is_dead_after_a_normal_exit(sandbox):
-    digits = str(uuid.uuid4().int)[:12]
-    token = f"0.{digits}"  # GNU sleep adds its arguments: `sleep 100 0.<digits>` sleeps ~100 s
+    token = f"coevo-sleeper-{uuid.uuid4().hex[:12]}"  # the sandbox has no `sleep` binary: its own interpreter sleeps
+    sleeper = f"[sys.executable, '-S', '-c', 'import time; time.sleep(100)', '{token}']"
     code = (
-        "import subprocess\n"
+        "import subprocess, sys\n"
         "def f():\n"
-        f"    subprocess.Popen(['sleep', '100', '{token}'])\n"
-        f"    subprocess.Popen(['sleep', '100', '{token}'], start_new_session=True)\n"
+        f"    subprocess.Popen({sleeper})\n"
+        f"    subprocess.Popen({sleeper}, start_new_session=True)\n"
         "    return 7\n"
     )
     run = call(sandbox, code, expect="int")
@@ -235,12 +235,12 @@ def test_bad_arguments_are_named(sandbox):
 
 
 def test_without_bwrap_limits_apply_and_warning_is_logged_once(monkeypatch, caplog):
-    monkeypatch.setattr(runner, "_warned_no_bwrap", False)
+    monkeypatch.setattr(runner, "_warned", set())
     limits = SandboxLimits(timeout_s=10.0, cpu_s=1, memory_mb=512)  # wall slack for busy cores
     with caplog.at_level(logging.WARNING, logger="coevo.sandbox.runner"):
         plain = Sandbox(limits, use_bwrap=False)
         Sandbox(limits, use_bwrap=False)
-    warnings = [r for r in caplog.records if "isolation are OFF" in r.getMessage()]
+    warnings = [r for r in caplog.records if "no usable bubblewrap" in r.getMessage()]
     assert len(warnings) == 1 and plain.isolation == "rlimits"
     spin = call(plain, "def f():\n    while True:\n        pass\n").result
     assert spin.error_kind == "timeout" and "CPU limit" in spin.error  # RLIMIT_CPU (1 s) before the 10 s wall

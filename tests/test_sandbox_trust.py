@@ -191,9 +191,13 @@ def test_bpp_forged_priorities_cannot_overflow_a_bin(sandbox):
     the item fits in; forged replies of the wrong length, or all NaN, are invalid."""
     bpp = load_problem("bpp_online")
     inst = bpp.generate(100, 1, seed=1, distribution="uniform")
-    wrong_len = FRAME + "def score(item, bins):\n    _forge([1.0] * 10000, 5)\n    return bins * 0.0\n"
+    wrong_len = FRAME + "def score(item, bins):\n    _forge([1.0] * 20, 5)\n    return bins * 0.0\n"
     res = evaluate_heuristic(bpp, wrong_len, inst, sandbox=sandbox, with_reference=False)
     assert not res.valid and res.error_kind == "return_type"
+    # more numbers than the call was given: refused unread, before the trusted side parses it (issue 45)
+    too_long = FRAME + "def score(item, bins):\n    _forge([1.0] * 10000, 5)\n    return bins * 0.0\n"
+    res = evaluate_heuristic(bpp, too_long, inst, sandbox=sandbox, with_reference=False)
+    assert not res.valid and res.error_kind == "sandbox" and "reply" in res.error, res.error
     everything_in_bin0 = "def score(item, bins):\n    return [1e9] + [0.0] * (len(bins) - 1)\n"
     res = evaluate_heuristic(bpp, everything_in_bin0, inst, sandbox=sandbox, with_reference=False)
     items = inst.arrays[0]["items"]

@@ -16,6 +16,10 @@ Loaders for real data:
 - :func:`load_bpp_json` -- OR-Library style online bin packing JSON
   ``{"capacity": int, "instances": {name: [item sizes...]}}`` (FunSearch's OR3 and Weibull 5k).
 - :func:`load_cvrplib` -- CVRPLIB ``.vrp`` files through ``vrplib`` (Uchoa et al. 2017 format).
+
+Hidden instance data (what an online heuristic must not know in advance) is drawn by :func:`keyed_rng`:
+seeded from the seed AND a secret drawn once per installation, kept outside the sandbox (issue 45: a
+config's public seed let a candidate regenerate online bin packing's item stream with numpy).
 """
 
 from __future__ import annotations
@@ -195,6 +199,79 @@ class InstanceSet:
                 )
             except (KeyError, IndexError, TypeError, ValueError) as exc:
                 raise ValueError(f"{path}: malformed InstanceSet .npz ({type(exc).__name__}: {exc})") from None
+
+
+#: Environment variable that, when set, is the instance key (64 hex digits) instead of the file's.
+INSTANCE_KEY_VAR = "COEVO_INSTANCE_KEY"
+#: The file under the coevo cache folder (``$COEVO_CACHE``, default ``~/.cache/coevo``) holding this
+#: installation's instance key (:func:`installation_key`).
+INSTANCE_KEY_FILE = "instance_key"
+
+
+def instance_key_path() -> Path:
+    """``$COEVO_CACHE/instance_key`` (default ``~/.cache/coevo/instance_key``)."""
+    root = os.environ.get("COEVO_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "coevo")
+    return Path(root) / INSTANCE_KEY_FILE
+
+
+def installation_key() -> bytes:
+    """The 32 secret bytes that key this installation's hidden instance streams (:func:`keyed_rng`), drawn
+    with :mod:`secrets` the first time and kept in :func:`instance_key_path` (mode 0600; created with
+    ``O_EXCL``, so concurrent first uses agree). The sandbox never sees the cache folder. Copy the file
+    to another installation, or set ``$COEVO_INSTANCE_KEY`` (64 hex digits; it wins over the file; the
+    worker's environment never holds it) to generate the same instances there.
+
+    Raises:
+        ValueError: the key file or the variable does not hold 64 hex digits (the message names it).
+    """
+    import secrets
+
+    given = os.environ.get(INSTANCE_KEY_VAR)
+    if given is not None:
+        try:
+            key = bytes.fromhex(given.strip())
+        except ValueError:
+            key = b""
+        if len(key) != 32:
+            raise ValueError(
+                f"{INSTANCE_KEY_VAR}: expected 64 hex digits (an instance key), got {len(given)} characters"
+            )
+        return key
+    path = instance_key_path()
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secrets.token_hex(32) + "\n")
+    text = path.read_text().strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise ValueError(f"{path}: not an instance key (expected 64 hex digits); delete it to draw a new one")
+    return key
+
+
+def key_fingerprint() -> str:
+    """The first 12 hex digits of SHA-256 of :func:`installation_key`: names the key in instance sources
+    and reports without revealing it."""
+    return hashlib.sha256(installation_key()).hexdigest()[:12]
+
+
+def keyed_rng(seed: int, purpose: str) -> np.random.Generator:
+    """A numpy generator for hidden instance data (an online problem's future): seeded from ``seed`` AND
+    this installation's secret :func:`installation_key`, so a candidate that knows the seed (a config names
+    it) cannot regenerate the data, while the same ``(seed, purpose)`` gives the same data on this
+    installation (resume, comparison across runs). ``purpose`` (e.g. ``"bpp_online/weibull"``) separates
+    streams that share a seed. Source: ``np.random.SeedSequence`` over the key's, the purpose's hash's and
+    the seed's 32-bit words."""
+    words = np.frombuffer(hashlib.sha256(installation_key() + purpose.encode()).digest(), dtype="<u4")
+    return np.random.default_rng(np.random.SeedSequence([*words.tolist(), int(seed)]))
 
 
 def _instance_problem(inst: dict[str, np.ndarray]) -> tuple[str, str] | None:

@@ -8,6 +8,11 @@ seed read from the config). So unless the config names a seed, each run draws it
 evaluations and report stay those of the run. An explicit seed in the config is still honoured (to compare
 methods on the same instances), but it is knowable: a config is readable by anyone who writes candidates.
 Published benchmark sets stay as published; their contents are public (README).
+
+Online bin packing goes further (issue 45): its item streams are keyed by a secret drawn once per
+installation (:func:`coevo.ahd.instances.keyed_rng`), so even a config's explicit seed does not reveal
+them. :func:`check_instance_key` keeps that key's fingerprint in the run folder, so a resume on an
+installation with another key stops with one line instead of evaluating on other instances.
 """
 
 from __future__ import annotations
@@ -19,6 +24,34 @@ from pathlib import Path
 
 #: the file in the run folder holding the drawn seeds (``{"<evolver>/<role>": seed}``)
 SEEDS_FILE = "instance_seeds.json"
+#: the file in the run folder holding the fingerprint of the installation key its instances were drawn with
+KEY_FILE = "instance_key_fingerprint"
+
+
+def check_instance_key(run_dir: str | os.PathLike) -> str:
+    """Record (first call) or check (resume) the fingerprint of this installation's instance key
+    (:func:`coevo.ahd.instances.key_fingerprint`) in ``<run_dir>/instance_key_fingerprint``; returns it.
+
+    Raises:
+        coevo.errors.RunFolderError: the run was started with another key (its keyed instances, e.g. online
+            bin packing's item streams, would differ); the message names both files.
+    """
+    from coevo.ahd.instances import instance_key_path, key_fingerprint
+    from coevo.errors import RunFolderError
+
+    mine = key_fingerprint()
+    path = Path(run_dir) / KEY_FILE
+    if path.is_file():
+        stored = path.read_text().strip()
+        if stored != mine:
+            raise RunFolderError(
+                f"{path}: the run's instances were drawn with instance key {stored}, this installation's "
+                f"({instance_key_path()}) is {mine}; copy the run's key file there to resume it"
+            )
+        return mine
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(mine + "\n")
+    return mine
 
 
 def run_instance_seed(run_dir: str | os.PathLike, owner: str, role: str, explicit: int | None = None) -> int:

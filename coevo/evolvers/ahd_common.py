@@ -26,7 +26,7 @@ from pydantic import Field, field_validator
 from coevo.ahd.population import Individual
 from coevo.ahd.problem import HeuristicProblem, load_problem
 from coevo.ahd.sampler import HeuristicSampler
-from coevo.ahd.seeds import run_instance_seed
+from coevo.ahd.seeds import check_instance_key, run_instance_seed
 from coevo.artifacts import HEURISTIC
 from coevo.evolvers.base import Evolver, EvolverConfig, RunContext
 from coevo.sandbox.runner import SandboxLimits
@@ -180,6 +180,7 @@ class AHDEvolver(Evolver):
         self.train_seed = run_instance_seed(ctx.run_dir, name, "train", c.train_seed)
         self.test_seed = run_instance_seed(ctx.run_dir, name, "test", c.test_seed)
         self.validation_seed = run_instance_seed(ctx.run_dir, name, "validation", c.validation_seed)
+        check_instance_key(ctx.run_dir)  # keyed instances (online BPP) are those of the run's installation
         if self.validation_seed == self.test_seed:
             self.validation_seed += 1
         self.sampler = HeuristicSampler(

@@ -19,6 +19,7 @@ import site
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from coevo.resources import package_parent
@@ -167,39 +168,184 @@ def evaluation_uid() -> int:
 
 #: Where the worker script appears inside the sandbox (the only project file the candidate can see).
 WORKER_IN_SANDBOX = "/coevo-sandbox/worker.py"
-#: System folders bound read-only: the dynamic loader and the shared libraries the interpreter and
-#: compiled extensions link against, and the system executables (``sleep``, ...). Nothing else of the host
-#: (no /etc, /home, /root, /work, /srv, /var, /opt, /mnt) is visible.
-SYSTEM_DIRS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32", "/usr/bin", "/usr/sbin")
+#: The host's /bin, /lib, ... links into /usr (merged /usr), recreated as links; what they point to is
+#: bound only where the worker needs it.
 SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
+#: Folders of the standard library a heuristic never needs, covered by an empty tmpfs (its test suite,
+#: IDLE, the pip wheels, the static library, Tk; glob patterns).
+STDLIB_HIDDEN = ("test", "idlelib", "ensurepip", "tkinter", "turtledemo", "lib2to3", "config-*")
 
 
-def exposed_paths(site_dirs: Iterable[str], extra: Iterable[str] = ()) -> list[str]:
-    """Host paths the candidate's process sees (read-only, at the same place): :data:`SYSTEM_DIRS`, the
-    interpreter (``sys.base_prefix``, ``sys.prefix`` -- the venv -- and the real executable's folder),
-    ``site_dirs`` (site-packages, for numpy), ``/etc/ld.so.cache`` (library lookup) and ``extra``. The
-    project checkout and folders found through it (e.g. ``.pth`` entries pointing into it) are left out."""
-    project = str(project_root())
-    real_dirs = [p for p in SYSTEM_LINKS if os.path.isdir(p) and not os.path.islink(p)]  # no merged /usr
-    want = [
-        *SYSTEM_DIRS,
-        *real_dirs,
-        sys.base_prefix,
-        sys.prefix,
-        os.path.dirname(os.path.realpath(sys.executable)),
-        *site_dirs,
-        "/etc/ld.so.cache",
-        *extra,
-    ]
-    out: list[str] = []
-    for path in want:
-        path = os.path.abspath(path)
-        inside_project = path == project or path.startswith(project + os.sep)
-        if inside_project and not (path.startswith(os.path.abspath(sys.prefix)) or path in map(os.path.abspath, extra)):
-            continue
-        if os.path.exists(path) and path not in out and not any(path.startswith(p + os.sep) for p in out):
-            out.append(path)
+@dataclass(frozen=True)
+class WorkerView:
+    """What of the host a sandboxed worker sees (:func:`worker_view`).
+
+    Attributes:
+        binds: ``{path inside: host path}`` bound read-only (files or folders).
+        hidden: folders (inside ``binds``) covered by an empty read-only tmpfs.
+        shown: paths bound again on top of ``hidden`` (the allowed distributions' entries).
+        libraries: the shared libraries the worker may load (resolved host paths), or None where they
+            could not be listed (``ldd`` missing): then the library folders are bound whole.
+        extra: the caller's own paths among ``binds`` (``Sandbox(ro_paths=...)``: data, not warmed).
+    """
+
+    binds: dict[str, str]
+    hidden: tuple[str, ...]
+    shown: tuple[str, ...]
+    libraries: tuple[str, ...] | None
+    extra: tuple[str, ...] = ()
+
+
+def _elf_files(folder: str) -> list[str]:
+    out = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        out.extend(os.path.join(root, f) for f in files if ".so" in f and not f.endswith((".py", ".pyc")))
     return out
+
+
+@functools.cache
+def shared_libraries(files: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The shared libraries ``files`` (executables, extension modules) load, directly or not, and the
+    dynamic loader, as ``ldd`` lists them (one run for all files): host paths as the loader opens them
+    (e.g. ``/lib/x86_64-linux-gnu/libc.so.6``). None when ``ldd`` is missing or fails to run."""
+    ldd = shutil.which("ldd")
+    if ldd is None or not files:
+        return None
+    try:
+        done = subprocess.run([ldd, *files], capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    out: list[str] = []
+    for line in done.stdout.splitlines():
+        line = line.strip()
+        path = line.split("=>", 1)[1].strip() if "=>" in line else line
+        path = path.split(" (0x", 1)[0].strip()
+        if path.startswith("/") and os.path.exists(path) and path not in out:
+            out.append(path)
+    return tuple(out) if out else None
+
+
+def library_binds(libraries: Iterable[str]) -> dict[str, str]:
+    """``{path inside: host file}`` for ``libraries``: each file bound at its own name in its folder's real
+    location (``/lib/x86_64-linux-gnu/libz.so.1`` at ``/usr/lib/x86_64-linux-gnu/libz.so.1``, which the
+    sandbox's ``/lib`` link reaches), so the loader finds it where ``ld.so.cache`` says it is."""
+    return {os.path.join(os.path.realpath(os.path.dirname(lib)), os.path.basename(lib)): lib for lib in libraries}
+
+
+def worker_view(
+    python: str, site_dirs: Sequence[str], packages: Sequence[str] | None, extra: Iterable[str] = ()
+) -> WorkerView:
+    """What of the host a worker running ``python`` sees: the interpreter (its path, its real file, the
+    venv's ``pyvenv.cfg``), its standard library (minus :data:`STDLIB_HIDDEN`), the site-packages entries
+    of ``packages`` and of what they require (:func:`package_entries`; None: every folder of
+    ``site_dirs``), the shared libraries all of these load (:func:`shared_libraries`, one file each) and
+    ``/etc/ld.so.cache``, and ``extra``. Nothing else: no /usr/bin, no compiler, no host Python's
+    dist-packages, no /etc, no home, no project checkout (issue 45: every readable host file is page cache
+    every evaluation shares). Cached per argument set."""
+    return _worker_view(
+        python, tuple(site_dirs), None if packages is None else tuple(sorted(set(packages))), tuple(extra)
+    )
+
+
+@functools.cache
+def _worker_view(
+    python: str, site_dirs: tuple[str, ...], packages: tuple[str, ...] | None, extra: tuple[str, ...]
+) -> WorkerView:
+    import glob
+
+    stdlib = os.path.dirname(os.__file__)
+    binds: dict[str, str] = {}
+    for path in (python, os.path.realpath(python), sys.executable, os.path.realpath(sys.executable)):
+        binds.setdefault(os.path.abspath(path), path)
+    cfg = os.path.join(sys.prefix, "pyvenv.cfg")
+    if os.path.isfile(cfg):
+        binds[cfg] = cfg
+    binds[stdlib] = stdlib
+    prefixes = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+    hidden = {p for pattern in STDLIB_HIDDEN for p in glob.glob(os.path.join(stdlib, pattern)) if os.path.isdir(p)}
+    hidden |= {p for p in site_folders_under(prefixes) if p.startswith(stdlib + os.sep)}
+    if packages is None:
+        hidden -= set(site_dirs)
+    elf = [os.path.realpath(python), *_elf_files(os.path.join(stdlib, "lib-dynload"))]
+    elf = [f for f in elf if "_tkinter" not in os.path.basename(f)]  # tkinter is hidden
+    if packages is None:
+        shown: list[str] = []
+        for site_dir in site_dirs:
+            binds[site_dir] = site_dir
+    else:
+        entries = package_entries(site_dirs, packages)
+        shown = sorted(p for paths in entries.values() for p in paths)
+        for site_dir in site_dirs:  # its parent folders exist; its own content only where shown
+            binds[site_dir] = site_dir
+            hidden.add(site_dir)
+        for entry in shown:
+            if os.path.isdir(entry):
+                elf += _elf_files(entry)
+            elif ".so" in os.path.basename(entry):
+                elf.append(entry)
+    libraries = shared_libraries(tuple(elf))
+    if libraries is None or packages is None:
+        # without a list (no ldd), or with every package allowed: the folders the interpreter's own
+        # libraries live in, whole (still no /usr/bin, compiler or host Python)
+        folders = {os.path.realpath(os.path.dirname(p)) for p in (libraries or ())} or {
+            p
+            for p in ("/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/lib64")
+            if os.path.isdir(p) and not os.path.islink(p)
+        }
+        for folder in folders:
+            binds[folder] = folder
+        if libraries is not None:
+            binds.update(library_binds(libraries))
+    else:
+        binds.update(library_binds(libraries))
+    if os.path.exists("/etc/ld.so.cache"):
+        binds["/etc/ld.so.cache"] = "/etc/ld.so.cache"
+    project = str(project_root())
+    for path in extra:
+        binds[os.path.abspath(path)] = os.path.abspath(path)
+    # the project checkout stays out, unless it is the venv's site-packages itself (a wheel install) or named
+    binds = {
+        dest: src
+        for dest, src in binds.items()
+        if not (dest == project or dest.startswith(project + os.sep))
+        or dest.startswith(os.path.abspath(sys.prefix) + os.sep)
+        or dest in map(os.path.abspath, extra)
+    }
+    # a path below another bound folder is bound already, and one below a hidden folder would be covered
+    folders = [d for d in binds if os.path.isdir(binds[d]) and d not in hidden]
+    binds = {
+        d: s
+        for d, s in binds.items()
+        if not any(d.startswith(f + os.sep) for f in folders) and not any(d.startswith(h + os.sep) for h in hidden)
+    }
+    return WorkerView(binds, tuple(sorted(hidden)), tuple(shown), libraries, tuple(os.path.abspath(p) for p in extra))
+
+
+def warm_page_cache(view: WorkerView, chunk: int = 1 << 20) -> int:
+    """Read every file the worker can see once (folders walked, hidden ones skipped), so that no page of
+    them is left uncached for a candidate to fault in as a bit another evaluation reads back by timing.
+    The caller's extra paths (``view.extra``, possibly large data) are left as they are. Returns the bytes
+    read. Files that cannot be read are skipped."""
+    hidden = set(view.hidden)
+    total = 0
+    todo = [src for dest, src in view.binds.items() if dest not in hidden and dest not in view.extra]
+    todo += list(view.shown)
+    for path in todo:
+        files = [path]
+        if os.path.isdir(path):
+            files = []
+            for root, dirs, names in os.walk(path):
+                dirs[:] = [d for d in dirs if os.path.join(root, d) not in hidden]
+                files.extend(os.path.join(root, n) for n in names)
+        for name in files:
+            try:
+                with open(name, "rb", buffering=0) as fh:
+                    while data := fh.read(chunk):
+                        total += len(data)
+            except OSError:
+                continue
+    return total
 
 
 def package_entries(site_dirs: Iterable[str], packages: Iterable[str]) -> dict[str, list[str]]:
@@ -263,7 +409,7 @@ def site_folders_under(prefixes: Iterable[str]) -> list[str]:
 
 def bwrap_command(
     bwrap: str,
-    ro_paths: Iterable[str],
+    ro_paths: Iterable[str] | dict[str, str],
     network: bool,
     tmp_mb: int,
     as_root: bool | None = None,
@@ -276,7 +422,7 @@ def bwrap_command(
     """The bubblewrap prefix of a worker command (the interpreter command follows it).
 
     The sandbox's root is an empty read-only tmpfs holding only ``ro_paths`` (read-only binds at the same
-    place, parents created mode 0755), the host's /bin, /lib, ... links into /usr, the worker script at
+    place, or ``{path inside: host path}``; parents created mode 0755), the host's /bin, /lib, ... links into /usr, the worker script at
     :data:`WORKER_IN_SANDBOX`, a private writable tmpfs ``/tmp`` of ``tmp_mb`` MiB (cwd, HOME, TMPDIR),
     a minimal /dev and a /proc of its own PID namespace. Namespaces: PID, IPC, UTS, cgroup, and network
     unless ``network``. Identity: as root (``as_root``, default: the current euid is 0), bwrap keeps only
@@ -293,6 +439,7 @@ def bwrap_command(
     ``{"/proc/meminfo": host file, ...}`` bound over the sandbox's /proc (:func:`proc_stand_ins`).
     """
     as_root = (os.geteuid() == 0) if as_root is None else as_root
+    hidden, shown = list(hidden), list(shown)
     features = bwrap_features(bwrap)
     cmd = [
         bwrap,
@@ -312,9 +459,10 @@ def bwrap_command(
             cmd += ["--disable-userns"]
     if seccomp:
         cmd += ["--seccomp", SECCOMP_FD_PLACEHOLDER]
-    paths = sorted(set(ro_paths))
+    binds = dict(ro_paths) if isinstance(ro_paths, dict) else {p: p for p in ro_paths}
+    paths = sorted(binds)
     parents: set[str] = set()
-    for path in [*paths, WORKER_IN_SANDBOX]:
+    for path in [*paths, *hidden, WORKER_IN_SANDBOX]:
         parent = os.path.dirname(path)
         while parent not in ("/", ""):
             parents.add(parent)
@@ -329,7 +477,7 @@ def bwrap_command(
     for parent in sorted(parents - {"/tmp"}, key=lambda p: (p.count("/"), p)):
         cmd += ["--perms", "0755", "--dir", parent]  # bwrap would create them 0700: unreadable as nobody
     for path in paths:
-        cmd += ["--ro-bind", path, path]
+        cmd += ["--ro-bind", binds[path], path]
     for folder in hidden:
         cmd += ["--perms", "0755", "--size", str(1 << 20), "--tmpfs", folder]
     for path in shown:
@@ -369,7 +517,8 @@ def path_scrubber(extra: Iterable[str | os.PathLike] = ()) -> Callable[[str], st
     messages, stderr) with neutral names before that text is stored or shown in a later prompt: the project
     checkout (``<project>``), site-packages (``<site-packages>``), the venv (``<venv>``), the interpreter's
     installation (``<python>``), the home folder (``<home>``), cgroup folders (``<cgroup>``) and ``extra``
-    (``<host>``). Longest paths are replaced first; the sandbox's own ``/tmp`` is left as it is."""
+    (``<host>``), and the host's kernel build string and CPU model (:func:`host_facts`: ``uname`` shows them
+    whatever /proc says). Longest paths are replaced first; the sandbox's own ``/tmp`` is left as it is."""
     import re
 
     named: dict[str, str] = {}
@@ -396,20 +545,115 @@ def path_scrubber(extra: Iterable[str | os.PathLike] = ()) -> Callable[[str], st
         "|".join(re.escape(p) + r"(?=[/\s'\":,)\]]|$)" for p in paths) + r"|/sys/fs/cgroup[^\s'\":,)\]]*"
     )
 
+    facts = sorted(host_facts().items(), key=lambda kv: len(kv[0]), reverse=True)
+
     def scrub(text: str) -> str:
-        if not text or "/" not in text:
+        if not text:
+            return text
+        for fact, label in facts:
+            if fact in text:
+                text = text.replace(fact, label)
+        if "/" not in text:
             return text
         return pattern.sub(lambda m: named.get(m.group(0), "<cgroup>"), text)
 
     return scrub
 
 
+#: ``/proc`` files (relative to /proc) that show host-wide counters or host identity, replaced by an
+#: empty file: interrupt and scheduler counters, file locks and cgroup counts (activity channels between
+#: concurrent evaluations), disks, zones, partitions, swap, the key counts of every host user, the kernel's
+#: command line, configuration and symbols.
+PROC_EMPTY = (
+    "locks",
+    "cgroups",
+    "cmdline",
+    "config.gz",
+    "kallsyms",
+    "diskstats",
+    "zoneinfo",
+    "interrupts",
+    "softirqs",
+    "schedstat",
+    "key-users",
+    "buddyinfo",
+    "pagetypeinfo",
+    "partitions",
+    "swaps",
+)
+#: ``cpuinfo`` fields kept (what code decides features by); the model, stepping, microcode, clock and
+#: ids of the host's CPU are left out and ``model name`` reads ``sandbox``.
+CPUINFO_FIELDS = (
+    "processor",
+    "vendor_id",
+    "cpu family",
+    "fpu",
+    "fpu_exception",
+    "cpuid level",
+    "wp",
+    "flags",
+    "siblings",
+    "cpu cores",
+    "clflush size",
+    "cache_alignment",
+    "Features",
+    "CPU architecture",
+)
+#: the kernel build string the sandbox shows (``/proc/version``, ``/proc/sys/kernel/version``)
+KERNEL_STAND_IN = "Linux version 0.0.0-sandbox (coevo) #1"
+
+
+def host_facts() -> dict[str, str]:
+    """Host strings a candidate can read without a file (``uname``) or that name the machine, mapped to
+    neutral labels for :func:`path_scrubber`: the kernel build string and release (``<kernel>``) and the
+    CPU model (``<cpu>``). Strings shorter than 6 characters are left out (too likely elsewhere)."""
+    facts: dict[str, str] = {}
+    uname = os.uname()
+    for value in (uname.version, uname.release):
+        facts[value] = "<kernel>"
+    try:
+        with open("/proc/version") as fh:
+            facts[fh.read().strip()] = "<kernel>"
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and value.strip():
+                    facts[value.strip()] = "<cpu>"
+    except OSError:
+        pass
+    return {k: v for k, v in facts.items() if len(k) >= 6}
+
+
 def proc_stand_ins(memory_mb: int) -> dict[str, str]:
-    """Files bound over the sandbox's ``/proc/meminfo``, ``/proc/loadavg`` and ``/proc/uptime``, so the
-    candidate reads the evaluation's own memory limit (``memory_mb`` MiB total and free), zero load and zero
-    uptime instead of the host's. Written once per process and limit into a private temp folder (removed at
-    exit). Returns ``{target in /proc: host file}``."""
+    """Files bound over the sandbox's ``/proc``, so the candidate reads the evaluation's own facts instead of
+    the host's: ``meminfo`` and ``vmstat`` (the evaluation's memory limit, ``memory_mb`` MiB, total and free),
+    ``loadavg`` and ``uptime`` (zero), ``stat`` (one zero line per CPU, as many CPUs as the host has: the C
+    library counts them there; zero forks, context switches, interrupts), ``pressure/*`` (no stall),
+    ``version`` and ``sys/kernel/{version,osrelease}`` (:data:`KERNEL_STAND_IN`), ``cpuinfo``
+    (:data:`CPUINFO_FIELDS` only), ``sys/kernel/random/boot_id`` and ``sys/fs/{file-nr,inode-nr}`` (zero),
+    and an empty file for each of :data:`PROC_EMPTY`. Only files the host's /proc has are replaced. Written
+    once per process and limit into a private temp folder (removed at exit). Returns ``{target in /proc:
+    host file}``."""
     return dict(_proc_stand_ins(int(memory_mb)))
+
+
+def _cpuinfo_stand_in() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            text = fh.read()
+    except OSError:
+        return ""
+    blocks = []
+    for block in text.strip().split("\n\n"):
+        keep = []
+        for line in block.splitlines():
+            key = line.partition(":")[0].strip()
+            if key in CPUINFO_FIELDS:
+                keep.append(line)
+        if keep:
+            keep.insert(1, "model name\t: sandbox")
+            blocks.append("\n".join(keep))
+    return "\n\n".join(blocks) + "\n\n" if blocks else ""
 
 
 @functools.cache
@@ -420,17 +664,37 @@ def _proc_stand_ins(memory_mb: int) -> tuple[tuple[str, str], ...]:
     folder = tempfile.mkdtemp(prefix="coevo-proc-")
     atexit.register(shutil.rmtree, folder, True)
     kib = memory_mb * 1024
+    cpus = os.cpu_count() or 1
+    zeros = " ".join(["0"] * 10)
+    stall = "some avg10=0.00 avg60=0.00 avg300=0.00 total=0\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
     texts = {
         "meminfo": "".join(
             f"{k}:{v:>16} kB\n"
             for k, v in (("MemTotal", kib), ("MemFree", kib), ("MemAvailable", kib), ("SwapTotal", 0), ("SwapFree", 0))
         ),
+        "vmstat": f"nr_free_pages {kib // 4}\nnr_zone_inactive_anon 0\nnr_zone_active_anon 0\npgfault 0\npgmajfault 0\n",
         "loadavg": "0.00 0.00 0.00 1/1 1\n",
         "uptime": "0.00 0.00\n",
+        "stat": f"cpu  {zeros}\n"
+        + "".join(f"cpu{i} {zeros}\n" for i in range(cpus))
+        + "intr 0\nctxt 0\nbtime 0\nprocesses 0\nprocs_running 1\nprocs_blocked 0\nsoftirq 0\n",
+        "pressure/cpu": stall,
+        "pressure/memory": stall,
+        "pressure/io": stall,
+        "version": KERNEL_STAND_IN + "\n",
+        "sys/kernel/version": "#1\n",
+        "sys/kernel/osrelease": "0.0.0-sandbox\n",
+        "sys/kernel/random/boot_id": "00000000-0000-0000-0000-000000000000\n",
+        "sys/fs/file-nr": "0\t0\t0\n",
+        "sys/fs/inode-nr": "0\t0\n",
+        "cpuinfo": _cpuinfo_stand_in(),
+        **{name: "" for name in PROC_EMPTY},
     }
     out = []
     for name, text in texts.items():
-        path = os.path.join(folder, name)
+        if not os.path.exists(os.path.join("/proc", name)):
+            continue
+        path = os.path.join(folder, name.replace("/", "-"))
         with open(path, "w") as fh:
             fh.write(text)
         os.chmod(path, 0o444)

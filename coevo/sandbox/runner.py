@@ -10,8 +10,9 @@ candidate's process, and the target validates every answer and computes the metr
 (:mod:`coevo.sandbox.session` says why that makes scores unforgeable). Isolation of the candidate's process:
 
 - bubblewrap when usable (:mod:`coevo.sandbox.isolation`): an empty read-only root holding only the
-  interpreter, its libraries and site-packages (read-only; only the payload's ``candidate_packages`` when
-  given) and a private tmpfs ``/tmp``; no project checkout, no /etc, no home; no network; private PID, IPC
+  interpreter, its standard library, the payload's ``candidate_packages`` (all of site-packages when not
+  given) and the shared libraries they load, read-only (no /usr/bin, compiler or host Python), stand-ins
+  for the /proc files that show the host, and a private tmpfs ``/tmp``; no project checkout, no /etc, no home; no network; private PID, IPC
   and UTS namespaces that die with the sandbox; an unprivileged uid (as root: a fresh one per evaluation);
   a seccomp filter (:mod:`coevo.sandbox.seccomp`: no keyring, namespaces, mounts, ptrace, bpf, ...);
   environment cleared;
@@ -53,12 +54,13 @@ from coevo.sandbox.errors import CandidateFailure, failure_kind
 from coevo.sandbox.extract import Extraction, extract_code
 from coevo.sandbox.process import CappedBuffer, ProcessOutcome
 from coevo.sandbox.session import CandidateProcess, Launch, RemoteFunction
-from coevo.sandbox.wire import encode_frame
+from coevo.sandbox.wire import encode_frame, reply_text
 from coevo.types import EvalResult
 
 log = logging.getLogger(__name__)
 _warn_lock = threading.Lock()
-_warned_no_bwrap = False
+_warm_lock = threading.Lock()
+_warmed: set[int] = set()  # ids of the worker views whose files were read into the page cache by this process
 
 _TARGET_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
@@ -181,7 +183,7 @@ class Sandbox:
             raise ValueError(f"use_bwrap=True but bubblewrap is not usable: {how}")
         self.bwrap = how if usable else None
         if self.bwrap is None:
-            _warn_no_isolation(how)
+            _warn_once("bwrap", FALLBACKS["bwrap"].format(reason=how))
         #: the seccomp program handed to bubblewrap (None without bwrap, or on a machine without a table)
         self.seccomp = (
             seccomp.build_filter()
@@ -193,7 +195,15 @@ class Sandbox:
         self.require_cgroups = bool(use_cgroups)
         if use_cgroups and self.cgroups is None:
             raise ValueError("use_cgroups=True but no writable cgroup hierarchy was found")
-        self._views: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
+        if self.bwrap and self.seccomp is None:
+            why = f"no table for {os.uname().machine}" if not seccomp.supported() else f"{self.bwrap} has no --seccomp"
+            _warn_once("seccomp", FALLBACKS["seccomp"].format(reason=why))
+        if self.cgroups is None:
+            _warn_once("cgroups", FALLBACKS["cgroups"])
+        if self.bwrap and os.geteuid() != 0:
+            _warn_once("root", FALLBACKS["root"])
+        if self.bwrap and isolation.shared_libraries((os.path.realpath(self.python),)) is None:
+            _warn_once("ldd", FALLBACKS["ldd"])
         self._scrub = isolation.path_scrubber([*self.python_path, *self.ro_paths, os.path.dirname(self.python)])
 
     @property
@@ -223,7 +233,9 @@ class Sandbox:
             payload: JSON-serialisable dict handed to the target. Its optional key ``"timeout_s"`` sets the
                 wall-clock limit of this evaluation (for callers that only pass a payload through);
                 ``"candidate_packages"`` (list of distribution names) limits what the candidate can import
-                to those, what they require, and the standard library (bubblewrap only).
+                to those, what they require, and the standard library (bubblewrap only);
+                ``"instance_timeout_s"`` bounds each process's start and import of the code as well (a
+                module body that never returns ends the evaluation after one such limit).
             timeout_s: wall-clock limit of this evaluation (s); default ``payload["timeout_s"]``, else
                 ``limits.timeout_s``.
 
@@ -248,18 +260,18 @@ class Sandbox:
         return self.run(extraction.code, function_name, target, payload), extraction
 
     # ------------------------------------------------------------------ the candidate's process
-    def _package_view(self, packages: Sequence[str] | None) -> tuple[list[str], list[str]]:
-        """(folders hidden, entries shown again) that restrict the candidate's imports to ``packages`` and
-        the standard library (see :func:`coevo.sandbox.isolation.package_entries`); ``None``: everything."""
-        if packages is None:
-            return [], []
-        key = tuple(sorted(set(packages)))
-        if key not in self._views:
-            entries = isolation.package_entries(self.candidate_path, key)
-            prefixes = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
-            hidden = sorted({*self.candidate_path, *isolation.site_folders_under(prefixes)})
-            self._views[key] = (hidden, sorted(p for paths in entries.values() for p in paths))
-        return self._views[key]
+    def _view(self, packages: Sequence[str] | None) -> isolation.WorkerView:
+        """What of the host the worker sees with ``packages`` allowed (None: all of site-packages; see
+        :func:`coevo.sandbox.isolation.worker_view`); with a package list, its files are read into the
+        page cache once per process (:func:`coevo.sandbox.isolation.warm_page_cache`)."""
+        view = isolation.worker_view(self.python, self.candidate_path, packages, self.ro_paths)
+        if packages is None:  # everything allowed: gigabytes of site-packages, not warmed
+            return view
+        with _warm_lock:
+            if id(view) not in _warmed:  # views are cached for the process's life: ids stay unique
+                _warmed.add(id(view))
+                isolation.warm_page_cache(view)
+        return view
 
     def launch(
         self,
@@ -298,17 +310,16 @@ class Sandbox:
         if self.bwrap:
             env = isolation.child_env("/tmp", self.candidate_path, self.hash_seed, None)
             cmd = isolation.interpreter_command(self.python, -1, self.site_import, "serve", isolation.WORKER_IN_SANDBOX)
-            exposed = isolation.exposed_paths(self.candidate_path, self.ro_paths)
-            hidden, shown = self._package_view(packages)
+            view = self._view(packages)
             prefix = isolation.bwrap_command(
                 self.bwrap,
-                exposed,
+                view.binds,
                 limits.network,
                 tmp_mb=max(16, 4 * limits.max_file_mb),
                 as_root=as_root,
                 seccomp=self.seccomp is not None,
-                hidden=hidden,
-                shown=shown,
+                hidden=view.hidden,
+                shown=view.shown,
                 proc_files=isolation.proc_stand_ins(limits.memory_mb),
             )
             argv, cwd, mark = cgroups.enter_prefix(cgroup) + prefix + cmd, "/", None
@@ -339,12 +350,23 @@ class Sandbox:
             scrub=self._scrub,
         )
 
-    def start(self, launch: Launch, deadline: float, out: CappedBuffer, err: CappedBuffer) -> CandidateProcess:
+    def start(
+        self,
+        launch: Launch,
+        deadline: float,
+        out: CappedBuffer,
+        err: CappedBuffer,
+        load_deadline: float | None = None,
+    ) -> CandidateProcess:
         """Start a worker and load the code; raise CandidateFailure with the load failure (syntax, import,
-        parse, ...) or OSError when the process cannot start."""
+        parse, ``timeout`` at ``load_deadline`` or ``deadline``, ...) or OSError when the process cannot
+        start. ``deadline``: the evaluation's (``perf_counter``); ``load_deadline``: the load's, if earlier."""
         proc = CandidateProcess(launch, deadline, out, err)
+        detail = None
+        if load_deadline is not None and load_deadline < deadline:
+            detail = f"instance time limit of {load_deadline - proc.started:.3g} s reached while loading the code"
         try:
-            header, _ = proc.exchange(encode_frame(launch.init))
+            header, arrays = proc.exchange(encode_frame(launch.init), load_deadline, timeout_detail=detail)
         except BaseException:
             proc.close()
             raise
@@ -352,7 +374,7 @@ class Sandbox:
             proc.close()
             kind = header.get("error_kind")
             kind = kind if kind in ("syntax", "import", "memory", "parse", "return_type", "sandbox") else "sandbox"
-            raise CandidateFailure(kind, launch.scrub(str(header.get("error"))[:2000]))
+            raise CandidateFailure(kind, launch.scrub(reply_text(header.get("error"), arrays)))
         proc.load_s = proc.alive_s
         return proc
 
@@ -374,6 +396,18 @@ class Sandbox:
         limit = float(timeout_s) if timeout_s is not None else self.limits.timeout_s
         if not (limit > 0 and math.isfinite(limit)):
             raise ValueError(f"timeout_s must be a finite number > 0, got {timeout_s!r}")
+        load_limit = payload.get("instance_timeout_s")
+        if load_limit is not None and (
+            isinstance(load_limit, bool) or not isinstance(load_limit, (int, float)) or not load_limit > 0
+        ):
+            raise ValueError(f"payload['instance_timeout_s'] must be a number > 0, got {load_limit!r}")
+        packages = payload.get("candidate_packages")
+        if packages is not None and (
+            not isinstance(packages, (list, tuple)) or not all(isinstance(p, str) and p for p in packages)
+        ):
+            raise ValueError(f"payload['candidate_packages'] must be a list of package names, got {packages!r}")
+        if self.bwrap:
+            self._view(packages)  # listed (and its files warmed) once, before the evaluation's clock starts
         start = time.perf_counter()
         out = CappedBuffer(self.limits.max_output_kb * 1024)
         err = CappedBuffer(self.limits.max_output_kb * 1024)
@@ -390,11 +424,6 @@ class Sandbox:
                 self.isolation,
                 None,
             )
-        packages = payload.get("candidate_packages")
-        if packages is not None and (
-            not isinstance(packages, (list, tuple)) or not all(isinstance(p, str) and p for p in packages)
-        ):
-            raise ValueError(f"payload['candidate_packages'] must be a list of package names, got {packages!r}")
         tmpdir = None if self.bwrap else tempfile.mkdtemp(prefix="coevo-sbx-")
         remote = None
         returncode = 0
@@ -411,7 +440,12 @@ class Sandbox:
             launch = self.launch(code, function_name, limit, tmpdir, cgroup, packages)
             deadline = start + limit
             try:  # OSError (the process cannot start) propagates: the caller's problem, not the candidate's
-                remote = RemoteFunction(lambda: self.start(launch, deadline, out, err), deadline, restart=restart)
+                remote = RemoteFunction(
+                    lambda load_by: self.start(launch, deadline, out, err, load_by),
+                    deadline,
+                    restart=restart,
+                    load_timeout_s=load_limit,
+                )
             except CandidateFailure as exc:  # the code did not load (syntax, import, ...) or timed out doing so
                 result = EvalResult(valid=False, error_kind=exc.error_kind, error=str(exc)[:2000])
             else:
@@ -570,14 +604,28 @@ def interpret(
     return EvalResult(valid=False, error_kind=kind, error=detail, feedback=tail, duration_s=out.wall_s), None
 
 
-def _warn_no_isolation(reason: str) -> None:
-    global _warned_no_bwrap
+#: The one line logged (once per process) for each isolation measure this host lacks, with what the
+#: fallback still guarantees (docs/sandbox.md, "Fallbacks").
+FALLBACKS = {
+    "bwrap": "sandbox: no usable bubblewrap ({reason}): no filesystem, network, namespace or seccomp "
+    "isolation; still rlimits, own process group, marker kill, private temp dir, wall-clock limit, "
+    "trusted-side scoring -- use only for code you trust",
+    "seccomp": "sandbox: no seccomp filter ({reason}): keyring, namespace, mount, page-cache and socket-family "
+    "calls are not refused; still namespaces, read-only narrow view, unprivileged uid, limits",
+    "cgroups": "sandbox: no writable cgroup hierarchy: memory, CPU and process limits are per process "
+    "(RLIMIT_AS, RLIMIT_CPU, RLIMIT_NPROC), not per evaluation; the wall-clock limit and the final kill "
+    "still end everything an evaluation started",
+    "root": "sandbox: not root: every evaluation runs as uid 65534 of a user namespace mapped to this user, "
+    "so RLIMIT_NPROC counts this user's processes together; the keyring is refused by seccomp",
+    "ldd": "sandbox: no ldd: the interpreter's library folders are bound whole instead of the libraries it "
+    "loads; still no /usr/bin, compiler or host Python",
+}
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, line: str) -> None:
     with _warn_lock:
-        if _warned_no_bwrap:
+        if key in _warned:
             return
-        _warned_no_bwrap = True
-    log.warning(
-        "sandbox without bubblewrap (%s): network and filesystem isolation are OFF; only rlimits, "
-        "setsid, process-group kill and the wall-clock timeout apply",
-        reason,
-    )
+        _warned.add(key)
+    log.warning(line)

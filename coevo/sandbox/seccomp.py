@@ -7,13 +7,18 @@ evaluation could leave data for the next one), new namespaces (``unshare``, ``se
 any ``CLONE_NEW*`` flag -- a new user namespace would give the candidate its own mounts and tmpfs, outside
 the memory accounting of its sandbox), mounts, ``ptrace`` and cross-process memory access, ``bpf``,
 ``perf_event_open``, ``userfaultfd``, ``io_uring`` (its operations bypass the filter), kernel modules,
-reboot, clock, host name and swap changes. ``clone3`` gets ``ENOSYS`` (its flags sit in memory a filter
+reboot, clock, host name and swap changes, and whatever makes the host's page cache a store shared by
+every evaluation (``fadvise64``, ``readahead``, ``mincore``, ``cachestat``, ``process_madvise``, ``madvise``
+with ``MADV_COLD`` / ``MADV_PAGEOUT``, ``preadv2`` / ``pwritev2`` with ``RWF_NOWAIT``: set, clear or read
+whether a page of a read-only file is cached, one bit per page; issue 45); ``socket`` / ``socketpair``
+of any family but :data:`SOCKET_FAMILIES` (``AF_VSOCK`` reaches the hypervisor). ``clone3`` gets ``ENOSYS`` (its flags sit in memory a filter
 cannot read), so the C library falls back to ``clone``, whose flags are checked. A call from another ABI
 (32-bit ``int 0x80`` on x86_64, the x32 ABI) kills the process: the numbers below would not apply to it.
 
 Program layout (``struct sock_filter`` = ``<HBBI``, ``struct seccomp_data`` = nr @0, arch @4, args @16 + 8 i;
 Linux ``Documentation/userspace-api/seccomp_filter.rst``): check the architecture, load the number, one
-``JEQ`` per refused call, ``clone``'s flags tested with ``JSET``, then ``ALLOW``.
+``JEQ`` per refused call, then per call whose arguments decide (``clone``'s flags, ``preadv2``'s flags,
+``madvise``'s advice, ``socket``'s family) a jump to a block that tests the argument's low 32 bits.
 """
 
 from __future__ import annotations
@@ -38,6 +43,14 @@ _NR, _ARCH, _ARG0 = 0, 4, 16
 
 #: ``CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET`` (linux/sched.h)
 CLONE_NEW_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
+
+#: ``RWF_NOWAIT`` (linux/fs.h): preadv2 / pwritev2 with it tell whether a page is cached without reading it in
+RWF_NOWAIT = 0x00000008
+#: madvise advice refused: ``MADV_COLD`` (20) and ``MADV_PAGEOUT`` (21) reclaim a shared file's cached pages
+MADV_DENIED = (20, 21)
+#: socket families a heuristic may create (AF_UNIX, AF_INET, AF_INET6; its network namespace has only
+#: loopback): every other family (AF_VSOCK, AF_PACKET, AF_NETLINK, AF_ALG, ...) is refused
+SOCKET_FAMILIES = (1, 2, 10)
 
 #: the refused calls (see the module docstring), by name
 DENIED = (
@@ -89,6 +102,12 @@ DENIED = (
     "syslog",
     "vhangup",
     "lookup_dcookie",
+    # the page cache as a store (issue 45): set / clear whether a page of a shared file is cached, or read it
+    "fadvise64",
+    "readahead",
+    "mincore",
+    "process_madvise",
+    "cachestat",
 )
 
 #: per machine: (AUDIT_ARCH_* value, first number of a foreign ABI sharing the arch value or None, numbers)
@@ -130,6 +149,14 @@ _X86_64 = {
     "vhangup": 153,
     "lookup_dcookie": 212,
     "clone": 56,
+    "fadvise64": 221,
+    "readahead": 187,
+    "mincore": 27,
+    "preadv2": 327,
+    "pwritev2": 328,
+    "madvise": 28,
+    "socket": 41,
+    "socketpair": 53,
     "iopl": 172,
     "ioperm": 173,
     "uselib": 134,
@@ -172,6 +199,14 @@ _AARCH64 = {
     "vhangup": 58,
     "lookup_dcookie": 18,
     "clone": 220,
+    "fadvise64": 223,
+    "readahead": 213,
+    "mincore": 232,
+    "preadv2": 286,
+    "pwritev2": 287,
+    "madvise": 233,
+    "socket": 198,
+    "socketpair": 199,
 }
 _COMMON = {  # numbers shared by both tables (the unified numbering of newer calls)
     "io_uring_setup": 425,
@@ -185,8 +220,10 @@ _COMMON = {  # numbers shared by both tables (the unified numbering of newer cal
     "fspick": 433,
     "clone3": 435,
     "pidfd_getfd": 438,
+    "process_madvise": 440,
     "mount_setattr": 442,
     "quotactl_fd": 443,
+    "cachestat": 451,
 }
 #: machine -> (AUDIT_ARCH value, numbers at or above this are another ABI (x32) or None, syscall table)
 ARCHES = {
@@ -230,7 +267,7 @@ def build_filter(machine: str | None = None) -> bytes:
     machine = machine or platform.machine()
     deny = sorted(set(denied_numbers(machine).values()))
     arch, foreign_from, table = ARCHES[machine]
-    body: list[tuple] = []  # (code, k, jt label or offset, jf label or offset)
+    body: list[tuple] = []  # (code, k, jt label or offset, jf label or offset); labels jump forward only
     body.append((_LD_W_ABS, _ARCH, 0, 0))
     body.append((_JEQ_K, arch, 1, 0))
     body.append((_RET_K, RET_KILL_PROCESS, 0, 0))
@@ -240,16 +277,34 @@ def build_filter(machine: str | None = None) -> bytes:
     for nr in deny:
         body.append((_JEQ_K, nr, "eperm", 0))
     body.append((_JEQ_K, table["clone3"], "enosys", 0))
-    body.append((_JEQ_K, table["clone"], 0, "allow"))
-    body.append((_LD_W_ABS, _ARG0, 0, 0))  # low 32 bits of clone's flags (little-endian)
-    body.append((_JSET_K, CLONE_NEW_FLAGS, "eperm", "allow"))
-    labels = {"allow": len(body), "eperm": len(body) + 1, "enosys": len(body) + 2, "kill": len(body) + 3}
-    tail = [
-        (_RET_K, RET_ALLOW),
-        (_RET_K, RET_ERRNO | errno.EPERM),
-        (_RET_K, RET_ERRNO | errno.ENOSYS),
-        (_RET_K, RET_KILL_PROCESS),
-    ]
+    checked = [("clone", "clone"), ("preadv2", "rwf"), ("pwritev2", "rwf"), ("madvise", "madvise")]
+    checked += [("socket", "socket"), ("socketpair", "socket")]
+    for name, label in checked:
+        body.append((_JEQ_K, table[name], label, 0))
+    blocks = {  # label -> instructions testing the call's arguments (low 32 bits, little-endian)
+        "clone": [(_LD_W_ABS, _ARG0, 0, 0), (_JSET_K, CLONE_NEW_FLAGS, "eperm", "allow")],
+        "rwf": [(_LD_W_ABS, _ARG0 + 8 * 5, 0, 0), (_JSET_K, RWF_NOWAIT, "eperm", "allow")],
+        "madvise": [(_LD_W_ABS, _ARG0 + 8 * 2, 0, 0)]
+        + [(_JEQ_K, advice, "eperm", 0) for advice in MADV_DENIED]
+        + [(_RET_K, RET_ALLOW, 0, 0)],
+        "socket": [(_LD_W_ABS, _ARG0, 0, 0)]
+        + [(_JEQ_K, family, "allow", 0) for family in SOCKET_FAMILIES]
+        + [(_RET_K, RET_ERRNO | errno.EPERM, 0, 0)],
+    }
+    labels: dict[str, int] = {}
+    body.append((_RET_K, RET_ALLOW, 0, 0))  # any other call
+    for label, block in blocks.items():
+        labels[label] = len(body)
+        body.extend(block)
+    for label, action in (
+        ("allow", RET_ALLOW),
+        ("eperm", RET_ERRNO | errno.EPERM),
+        ("enosys", RET_ERRNO | errno.ENOSYS),
+    ):
+        labels[label] = len(body)
+        body.append((_RET_K, action, 0, 0))
+    labels["kill"] = len(body)
+    body.append((_RET_K, RET_KILL_PROCESS, 0, 0))
     out = []
     for i, (code, k, jt, jf) in enumerate(body):
         jt = labels[jt] - i - 1 if isinstance(jt, str) else jt
@@ -257,7 +312,6 @@ def build_filter(machine: str | None = None) -> bytes:
         if not (0 <= jt <= 255 and 0 <= jf <= 255):
             raise ValueError("seccomp program too long for 8-bit jumps")
         out.append(_ins(code, k, jt, jf))
-    out += [_ins(code, k) for code, k in tail]
     return b"".join(out)
 
 

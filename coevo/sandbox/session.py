@@ -7,7 +7,10 @@ head and tail kept), the exit is seen at once, and the wall-clock deadline is ex
 :class:`RemoteFunction` makes it look like the candidate's function to a trusted target: each call sends
 the arguments (read-only arrays once, as constants) and returns the decoded reply (:mod:`coevo.sandbox.wire`),
 or raises :class:`~coevo.sandbox.errors.CandidateFailure` (timeout, death, malformed reply, or the kind of
-the exception the function raised).
+the exception the function raised). A reply is read only up to what the called function can return
+(:meth:`RemoteFunction.accept_replies`): a padded one fails the candidate before the trusted process parses
+it, and an output flood is drained at a bounded rate (:data:`OUTPUT_DRAIN_RATE`), so what the candidate
+sends costs the trusted process about what an honest evaluation costs (issue 45).
 
 Why scores cannot be forged: the objective and every feasibility check run in the trusted process, on its
 own copy of the instance; the candidate's process only ever answers "which node / item / bin next" (or
@@ -32,7 +35,7 @@ import numpy as np
 from coevo.sandbox.errors import CandidateFailure
 from coevo.sandbox.process import DRAIN_S, CappedBuffer, kill_marked, spawn_with_pipe
 from coevo.sandbox.seccomp import filter_fd as seccomp_fd
-from coevo.sandbox.wire import FrameReader, MalformedFrame, decode_value, encode_frame
+from coevo.sandbox.wire import FrameReader, MalformedFrame, decode_value, encode_frame, reply_text
 
 _CHUNK = 65536
 _MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
@@ -40,6 +43,24 @@ _MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out
 CONST_MIN_BYTES = 1024
 #: Constants kept per process (least recently used dropped first).
 CONST_SLOTS = 16
+#: Bytes of stdout / stderr (each) a process may write at its own pace; beyond them they are drained at
+#: :data:`OUTPUT_DRAIN_RATE`: what it writes past the kept output (``Launch.output_cap``) is dropped
+#: anyway, and reading an endless flood at the candidate's pace would cost the trusted process CPU in
+#: proportion (32 MiB: about 20 ms of it). The candidate's writes block meanwhile, on its own clock.
+OUTPUT_FREE_BYTES = 32 << 20
+#: Rate (bytes/s) at which a stream is drained past :data:`OUTPUT_FREE_BYTES` (a few ms of CPU per second).
+OUTPUT_DRAIN_RATE = 4 << 20
+#: Largest JSON header of a reply the trusted side parses (bytes), unless the target accepts more
+#: (:meth:`RemoteFunction.accept_replies`): an honest reply's header names a scalar or an array in a few
+#: dozen bytes (lists of numbers and failure texts travel as arrays), and parsing 512 bytes of the worst
+#: JSON costs less than the rest of a call.
+REPLY_HEADER_BYTES = 512
+#: Array bytes a reply may carry beyond what the call's arguments allow (a failure text: at most 1500).
+REPLY_TEXT_BYTES = 4096
+#: Array bytes a reply may carry per element of the call's arguments: a heuristic returns at most one
+#: float64 per number it was given (BPP: one priority per bin; a construction loop: a tour shorter than
+#: its distance matrix).
+REPLY_BYTES_PER_ELEMENT = 8
 
 
 @dataclass
@@ -93,7 +114,7 @@ class CandidateProcess:
         self.launch = launch
         self.deadline = deadline
         self.out, self.err = stdout, stderr
-        self.reader = FrameReader(max_frame=launch.max_reply_mb << 20)
+        self.reader = FrameReader(max_header=REPLY_HEADER_BYTES, max_frame=4 + REPLY_HEADER_BYTES + REPLY_TEXT_BYTES)
         self.returncode: int | None = None
         self.started = time.perf_counter()
         kwargs = dict(launch.popen_kwargs)
@@ -126,6 +147,8 @@ class CandidateProcess:
         self.exited = False
         self.closed = False
         self.writing = False
+        self._seen = {self.fd_out: 0, self.fd_err: 0}  # bytes read per output stream
+        self._paused: dict[int, float] = {}  # output fd -> perf_counter when it is read again
 
     # ------------------------------------------------------------------ low level
     def _read(self, fd: int) -> None:
@@ -142,6 +165,21 @@ class CandidateProcess:
             self.reader.feed(data)  # MalformedFrame when it floods
         else:
             (self.out if fd == self.fd_out else self.err).add(data)
+            self._seen[fd] += len(data)
+            if self._seen[fd] > OUTPUT_FREE_BYTES and not self.closed:  # a flood: read it at a bounded rate
+                self.poller.unregister(fd)
+                self._paused[fd] = time.perf_counter() + len(data) / OUTPUT_DRAIN_RATE
+
+    def _resume_output(self, now: float) -> float:
+        """Poll again the output streams whose pause is over; returns the seconds until the next one ends."""
+        nearest = 3600.0
+        for fd, until in list(self._paused.items()):
+            if until <= now or self.closed:
+                del self._paused[fd]
+                self.poller.register(fd, select.POLLIN)
+            else:
+                nearest = min(nearest, until - now)
+        return nearest
 
     def _write_pending(self) -> None:
         try:
@@ -205,7 +243,8 @@ class CandidateProcess:
                     return frame
             if self.exited and self.reply_fd not in self.readers:
                 raise self._failure_after_exit()
-            remaining = end - time.perf_counter()
+            now = time.perf_counter()
+            remaining = end - now
             if remaining <= 0:
                 self.close()
                 detail = timeout_detail or f"wall-clock limit of {self.launch.timeout_s:g} s reached"
@@ -213,7 +252,8 @@ class CandidateProcess:
             if self.pending and not self.writing and not self.exited:
                 self.poller.register(self.fd_in, select.POLLOUT)
                 self.writing = True
-            for fd, _ev in self.poller.poll(min(remaining, 3600.0) * 1000):
+            wake = self._resume_output(now) if self._paused else 3600.0
+            for fd, _ev in self.poller.poll(min(remaining, wake, 3600.0) * 1000):
                 if fd == self.pidfd:
                     self.exited = True
                     self.poller.unregister(self.pidfd)
@@ -259,6 +299,7 @@ class CandidateProcess:
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
         self.readers.discard(self.reply_fd)
+        self._resume_output(time.perf_counter())  # what the killed process left in its pipes, once
         drain_until = time.perf_counter() + DRAIN_S
         while self.readers - {self.reply_fd} and time.perf_counter() < drain_until:
             for fd, _ev in self.poller.poll(max(0.0, drain_until - time.perf_counter()) * 1000):
@@ -283,20 +324,30 @@ class RemoteFunction:
     from the reply: JSON scalars, lists, dicts, and read-only numpy arrays for returned arrays.
 
     Args:
-        spawn: starts a new :class:`CandidateProcess` with the code loaded, or raises CandidateFailure
-            with the failure of loading it (syntax, import, ...).
+        spawn: ``spawn(load_deadline)`` starts a new :class:`CandidateProcess` with the code loaded by
+            ``load_deadline`` (a ``perf_counter`` value), or raises CandidateFailure with the failure of
+            loading it (syntax, import, a ``timeout`` at the load deadline, ...).
         deadline: the evaluation's overall ``perf_counter`` deadline.
         restart: start a fresh process for the next call after a call timed out or the process died
             (per-instance accounting, ``keep_going``); False: every later call fails the same way.
+        load_timeout_s: wall-clock limit of each process's start and load (s; the per-instance limit of
+            the caller); None: only ``deadline``.
     """
 
     is_remote_function = True
 
-    def __init__(self, spawn: Callable[[], CandidateProcess], deadline: float, restart: bool = False):
+    def __init__(
+        self,
+        spawn: Callable[[float], CandidateProcess],
+        deadline: float,
+        restart: bool = False,
+        load_timeout_s: float | None = None,
+    ):
         self._spawn = spawn
         self.deadline = deadline
         self.restart = restart
-        self.proc: CandidateProcess | None = spawn()
+        self.load_timeout_s = load_timeout_s
+        self.proc: CandidateProcess | None = spawn(self._load_deadline())
         self._consts: dict[int, tuple[np.ndarray, int]] = {}  # id(array) -> (array kept alive, const id)
         self._next_const = 0
         self._broken: CandidateFailure | None = None
@@ -305,11 +356,33 @@ class RemoteFunction:
         self._drivers: dict[str, int] = {}
         self.calls = 0
         self._charged: set[int] = set()
+        self._accept: tuple[int, int] | None = None
+        self._elements = 0  # numbers in the arguments of the call being encoded
+
+    def accept_replies(self, header_bytes: int, array_bytes: int) -> None:
+        """Accept replies of up to ``header_bytes`` of JSON header and ``array_bytes`` of array data, for
+        targets whose function returns JSON trees (text, dicts; e.g. :func:`coevo.sandbox.targets.call_cases`).
+        By default a reply may hold :data:`REPLY_HEADER_BYTES` of header and :data:`REPLY_TEXT_BYTES` +
+        :data:`REPLY_BYTES_PER_ELEMENT` bytes per number in the call's arguments (arrays counted by their
+        size, constants included): what a heuristic can return. A larger reply is a ``sandbox`` failure of
+        the candidate, refused before it is parsed."""
+        self._accept = (int(header_bytes), int(array_bytes))
+
+    def _reply_bounds(self) -> tuple[int, int]:
+        """(largest header, largest array bytes) accepted for the reply to the call just encoded."""
+        if self._accept is not None:
+            return self._accept
+        return REPLY_HEADER_BYTES, REPLY_TEXT_BYTES + REPLY_BYTES_PER_ELEMENT * self._elements
 
     def _encode(self, value: Any, blobs: list[np.ndarray], prelude: list[bytes]) -> Any:
-        if value is None or isinstance(value, (bool, int, float, str)):
+        self._elements += 1
+        if value is None or isinstance(value, (bool, int, float)):
+            return value
+        if isinstance(value, str):
+            self._elements += len(value) // REPLY_BYTES_PER_ELEMENT
             return value
         if isinstance(value, np.ndarray):
+            self._elements += value.size
             arr = value if value.dtype.kind in "biuf" else value.astype(np.float64)
             if arr.dtype.str not in ("|b1", "|i1", "|u1") and arr.dtype.byteorder == ">":
                 arr = arr.astype(arr.dtype.newbyteorder("<"))
@@ -356,8 +429,16 @@ class RemoteFunction:
         self._consts.clear()  # constants and drivers live in a process: a new one starts without them
         self._drivers.clear()
         self._broken = None
-        self.proc = self._spawn()
+        self.proc = self._spawn(self._load_deadline())
         return self.proc
+
+    def _load_deadline(self) -> float:
+        """Until when a new process may take to start and load the code: ``load_timeout_s`` from now (the
+        per-instance limit: a module body that never returns costs one instance limit), never past the
+        evaluation's deadline."""
+        if self.load_timeout_s is None:
+            return self.deadline
+        return min(self.deadline, time.perf_counter() + self.load_timeout_s)
 
     def take_load_s(self) -> float:
         """Seconds the current process took to start and import the candidate's code, the first time this
@@ -389,8 +470,12 @@ class RemoteFunction:
         proc = self._ensure_process()
         blobs: list[np.ndarray] = []
         prelude = list(prelude or [])
+        self._elements = 0
         tree = [self._encode(a, blobs, prelude) for a in args]
         data = b"".join([*prelude, encode_frame({**head, "args": tree}, blobs)])
+        max_header, max_arrays = self._reply_bounds()
+        max_arrays = min(max_arrays, proc.launch.max_reply_mb << 20)
+        proc.reader.max_header, proc.reader.max_frame = max_header, 4 + max_header + max_arrays
         detail = None
         if self._limit_end is not None and self._limit_end < proc.deadline:
             detail = f"instance time limit of {self._limit_s:g} s reached"
@@ -411,7 +496,7 @@ class RemoteFunction:
         if ok is False:
             kind = header.get("error_kind")
             kind = kind if kind in ("runtime", "memory", "return_type", "infeasible", "timeout") else "runtime"
-            raise CandidateFailure(kind, proc.launch.scrub(str(header.get("error"))[:2000]))
+            raise CandidateFailure(kind, proc.launch.scrub(reply_text(header.get("error"), arrays)))
         self._broken = CandidateFailure("sandbox", "malformed reply: neither a value nor an error")
         proc.close()
         raise self._broken

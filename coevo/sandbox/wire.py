@@ -2,14 +2,19 @@
 
 Frame: a 4-byte big-endian header length, a UTF-8 JSON header, then the raw bytes of each array the
 header lists (``"arrays": [{"dtype": "<f8", "shape": [k]}, ...]``, C order). Inside the header's value
-tree, ``{"__nd__": i}`` stands for the i-th array and ``{"__const__": k}`` for a constant sent earlier.
+tree, ``{"__nd__": i}`` stands for the i-th array, ``{"__list__": i}`` for the i-th (1-d) array read back
+as a list (how the worker sends lists of numbers), and ``{"__const__": k}`` for a constant sent earlier; a
+failure's text travels as a uint8 array (:func:`reply_text`).
 
 Everything read back from the candidate's process is untrusted data: :class:`FrameReader` refuses a
 header above ``max_header`` bytes or a frame above ``max_frame`` bytes, parses the header with
 :func:`json.loads` only (no pickle, nothing that runs code; ``NaN``/``Infinity`` become floats), accepts
 array dtypes from :data:`coevo.sandbox.worker.DTYPES` only and exactly ``prod(shape) * itemsize`` bytes
 per array with no dimension above ``max_frame`` (so an empty array of shape ``[0, 2**62, 2**62]`` is refused
-too), and raises :class:`MalformedFrame` for anything else.
+too), and raises :class:`MalformedFrame` for anything else. The bounds are checked on the header's length
+prefix and the array specs, before anything is parsed or copied; the caller sets them per call to what the
+called function can return (:meth:`coevo.sandbox.session.RemoteFunction.accept_replies`), so a reply
+padded with junk is refused unread instead of costing the trusted process CPU.
 """
 
 from __future__ import annotations
@@ -140,5 +145,24 @@ def decode_value(tree: Any, arrays: list[np.ndarray], depth: int = 0) -> Any:
             if len(tree) != 1 or not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < len(arrays):
                 raise MalformedFrame(f"bad array reference in reply: {str(tree)[:80]}")
             return arrays[idx]
+        if "__list__" in tree:
+            idx = tree["__list__"]
+            if len(tree) != 1 or not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < len(arrays):
+                raise MalformedFrame(f"bad list reference in reply: {str(tree)[:80]}")
+            if arrays[idx].ndim != 1:
+                raise MalformedFrame(f"list in reply sent as an array of shape {list(arrays[idx].shape)[:8]}")
+            return arrays[idx].tolist()
         return {k: decode_value(v, arrays, depth + 1) for k, v in tree.items()}
     return tree
+
+
+def reply_text(tree: Any, arrays: list[np.ndarray], limit: int = 2000) -> str:
+    """The failure text of a reply: its UTF-8 bytes sent as a uint8 array (``{"__nd__": i}``), or a JSON
+    string; at most ``limit`` characters. Never raises (an unusable value gives its ``str``)."""
+    if isinstance(tree, dict) and set(tree) == {"__nd__"}:
+        idx = tree["__nd__"]
+        if isinstance(idx, int) and not isinstance(idx, bool) and 0 <= idx < len(arrays):
+            arr = arrays[idx]
+            if arr.dtype == np.uint8 and arr.ndim == 1:
+                return arr[: limit * 4].tobytes().decode("utf-8", errors="replace")[:limit]
+    return str(tree)[:limit]

@@ -212,8 +212,38 @@ def read_frame(pipe: _Pipe):
     return header, arrays
 
 
+#: Lists of at least this many numbers of one type travel as arrays (``{"__list__": i}``), not as JSON.
+LIST_AS_ARRAY = 8
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _list_blob(value):
+    """``value`` (a list or tuple) as one array when it holds only Python ints that fit int64, only floats,
+    or only bools (so the trusted side gets back exactly the same values with ``tolist()``), else None."""
+    first = type(value[0])
+    if first not in (int, float, bool) or not all(type(v) is first for v in value):
+        return None
+    if first is int and not all(_INT64[0] <= v <= _INT64[1] for v in value):
+        return None
+    import array
+
+    if first is bool:
+        return _Raw("|b1", bytes(value), len(value))
+    buf = array.array("q" if first is int else "d", value)
+    return _Raw("<i8" if first is int else "<f8", buf.tobytes(), len(value))
+
+
+class _Raw:
+    """Bytes sent as a 1-d array of ``dtype`` (no numpy needed on this side)."""
+
+    def __init__(self, dtype: str, data: bytes, count: int):
+        self.dtype_str, self.data, self.count = dtype, data, count
+
+
 def _encode_value(value, blobs: list):
-    """JSON-able tree of ``value`` with numpy arrays moved to ``blobs`` as ``{"__nd__": i}``."""
+    """JSON-able tree of ``value`` with numpy arrays moved to ``blobs`` as ``{"__nd__": i}`` and lists of
+    numbers as ``{"__list__": i}`` (:data:`LIST_AS_ARRAY`): the trusted side then reads numbers as array
+    bytes, not as JSON."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
@@ -221,6 +251,11 @@ def _encode_value(value, blobs: list):
     if isinstance(value, dict):
         return {str(k): _encode_value(v, blobs) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
+        if len(value) >= LIST_AS_ARRAY:
+            raw = _list_blob(value)
+            if raw is not None:
+                blobs.append(raw)
+                return {"__list__": len(blobs) - 1}
         return [_encode_value(v, blobs) for v in value]
     mod = type(value).__module__ or ""
     if mod.startswith("numpy"):
@@ -242,14 +277,26 @@ def _encode_value(value, blobs: list):
 
 
 def write_frame(fd: int, header: dict, blobs: list) -> None:
-    """Write one frame (header + raw array bytes) to ``fd``."""
+    """Write one frame (header + raw array bytes) to ``fd``; ``blobs`` are numpy arrays or :class:`_Raw`."""
     if blobs:
-        header["arrays"] = [{"dtype": a.dtype.str, "shape": list(a.shape)} for a in blobs]
+        header["arrays"] = [
+            {"dtype": a.dtype_str, "shape": [a.count]}
+            if isinstance(a, _Raw)
+            else {"dtype": a.dtype.str, "shape": list(a.shape)}
+            for a in blobs
+        ]
     head = _dumps(header).encode("utf-8", errors="replace")
-    parts = [_LEN.pack(len(head)), head, *(a.tobytes() for a in blobs)]
+    parts = [_LEN.pack(len(head)), head, *(a.data if isinstance(a, _Raw) else a.tobytes() for a in blobs)]
     view = memoryview(b"".join(parts))
     while view:
         view = view[_write(fd, view) :]
+
+
+def write_failure(fd: int, kind: str, text: str) -> None:
+    """A failure reply: ``{"ok": false, "error_kind": kind, "error": {"__nd__": 0}}`` with the text's UTF-8
+    bytes (at most :data:`MAX_DETAIL` of them) as a uint8 array, so the header stays a few dozen bytes."""
+    data = text.encode("utf-8", errors="replace")[:MAX_DETAIL]
+    write_frame(fd, {"ok": False, "error_kind": kind, "error": {"__nd__": 0}}, [_Raw("|u1", data, len(data))])
 
 
 def _decode_args(tree, arrays, consts):
@@ -285,12 +332,13 @@ def serve(reply_fd: int) -> None:
         apply_limits(init.get("limits"))
         drop_privileges(init.get("drop"))
     except BaseException as exc:  # noqa: BLE001 - refuse to run the candidate without its limits
-        write_frame(reply_fd, {"ok": False, "error_kind": "sandbox", "error": "setup: " + describe(exc)}, [])
+        write_failure(reply_fd, "sandbox", "setup: " + describe(exc))
         _exit(0)
     fn, failure = load_candidate(init["code"], init["function_name"])
-    write_frame(reply_fd, failure or {"ok": True}, [])
     if failure:
+        write_failure(reply_fd, failure["error_kind"], failure["error"])
         _exit(0)
+    write_frame(reply_fd, {"ok": True}, [])
     consts: dict = {}
     drivers: dict = {}
     while True:
@@ -322,11 +370,12 @@ def serve(reply_fd: int) -> None:
             blobs: list = []
             reply = {"ok": True, "value": _encode_value(value, blobs)}
         except BaseException as exc:  # noqa: BLE001 - classified and reported, the server goes on
-            blobs, reply = [], {"ok": False, "error_kind": classify(exc), "error": describe(exc)}
+            write_failure(reply_fd, classify(exc), describe(exc))
+            continue
         try:
             write_frame(reply_fd, reply, blobs)
         except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError while encoding a huge value
-            write_frame(reply_fd, {"ok": False, "error_kind": classify(exc), "error": "reply: " + describe(exc)}, [])
+            write_failure(reply_fd, classify(exc), "reply: " + describe(exc))
 
 
 # ----------------------------------------------------------------------------------------- local mode

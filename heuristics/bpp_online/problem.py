@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coevo.ahd.instances import InstanceSet, load_bpp_json
+from coevo.ahd.instances import InstanceSet, key_fingerprint, keyed_rng, load_bpp_json
 from coevo.ahd.problem import HeuristicProblem, register_problem
 from coevo.ahd.references import bpp_l1_bound
 from coevo.sandbox.errors import InvalidReturn
@@ -60,12 +60,14 @@ class BPPOnline(HeuristicProblem):
 
     def generate(self, size: int, count: int, seed: int, distribution: str = "weibull") -> InstanceSet:
         """``count`` sequences of ``size`` items from ``distribution`` ("weibull", C = 100, or "uniform",
-        U[20, 100] with C = 150), drawn with ``np.random.default_rng(seed)``."""
+        U[20, 100] with C = 150), drawn with :func:`coevo.ahd.instances.keyed_rng` (``seed`` and this
+        installation's secret key): the items are the future an online heuristic must not know, and a
+        config's seed is public (issue 45). The same seed gives the same items on this installation."""
         self.check_args(size, count, seed)
         if distribution not in DISTRIBUTIONS:
             raise ValueError(f"bpp_online: distribution must be one of {sorted(DISTRIBUTIONS)}, got {distribution!r}")
         cap = DISTRIBUTIONS[distribution]
-        rng = np.random.default_rng(seed)
+        rng = keyed_rng(seed, f"bpp_online/{distribution}")
         arrays = []
         for _ in range(count):
             if distribution == "weibull":
@@ -74,7 +76,8 @@ class BPPOnline(HeuristicProblem):
                 items = rng.integers(20, 101, size).astype(np.int64)
             arrays.append({"items": items, "capacity": np.array(cap, dtype=np.int64)})
         names = [f"{distribution}{size}_s{seed}_{i}" for i in range(count)]
-        return InstanceSet(self.name, names, arrays, f"{distribution} n={size} C={cap} seed={seed}")
+        source = f"{distribution} n={size} C={cap} seed={seed} key={key_fingerprint()}"
+        return InstanceSet(self.name, names, arrays, source)
 
     def solve_instance(self, fn, arrays):
         items = np.asarray(arrays["items"], dtype=np.int64)
