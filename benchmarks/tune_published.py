@@ -27,6 +27,7 @@ Usage::
 
     .venv/bin/python benchmarks/tune_published.py --seeds 2024,2025,2026 --out runs/tune_published
     .venv/bin/python benchmarks/tune_published.py --cases tsp/reevo --seeds 1 --generations 2   # quick look
+    .venv/bin/python benchmarks/tune_published.py --cases cvrp/eoh --train-count 32   # a larger training set
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ def run_case(case: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     from coevo.store import TrajectoryStore
 
     problem, code, ref_name, settings = CASES[case]
+    if args.train_count is not None:
+        settings = {**settings, "train_count": args.train_count}
     tmp = Path(tempfile.mkdtemp(prefix="tune_published_"))
     store = TrajectoryStore(tmp / "store.sqlite")
     ctx = RunContext(run_id="tune", run_dir=tmp, store=store, budget=Budget(store, "tune"), seed=seed)
@@ -166,6 +169,7 @@ def run_case(case: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "seed": seed,
         "problem": problem,
         "direction": eoh.problem.direction,
+        "train_count": settings["train_count"],
         "reference": ref_name,
         "train_before": before.objective,
         "train_after": tuned.objective if tuned else before.objective,
@@ -215,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--population", type=int, default=8, help="tune variants per generation")
     p.add_argument("--sigma", type=float, default=0.3, help="tune sigma_0 (relative)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per training evaluation")
+    p.add_argument("--train-count", type=int, default=None, help="training instances (default: the case's, 8 or 5)")
     p.add_argument("--workers", type=int, default=2, help="evaluations in parallel")
     p.add_argument("--out", default="runs/tune_published", help="output folder")
     args = p.parse_args(argv)

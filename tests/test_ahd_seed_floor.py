@@ -145,3 +145,33 @@ def test_seed_off_and_a_broken_published_seed_are_reported_and_the_run_goes_on(t
     assert "- The published seed heuristic `broken` was not in the population: " in report
     assert "- Held-out n=50: the published seed `small_only` is invalid (" in report
     assert "| small_only | 20 |" in report  # compared where it works
+
+
+def test_sample_arm_keeps_the_seed_heuristic_as_its_floor(tmp_path, tiny_model_dir):
+    """The ahd_compare Sample + ES arm (``sample_es/kp_construct.yaml``, seed on): every LLM sample of the tiny
+    model is invalid, so the seed heuristic (greedy) is the run's best, and the report names it."""
+    sets = {
+        "model.name": str(tiny_model_dir),
+        "model.backend": "hf",
+        "model.dtype": "float32",
+        "sampling.max_new_tokens": 4,
+        "report.plots": "false",
+        "budget.max_wall_s": "null",
+        "evolvers.sample.train_size": 50,
+        "evolvers.sample.train_count": 2,
+        "evolvers.sample.test_sizes": "[50]",
+        "evolvers.sample.test_count": 2,
+        "evolvers.sample.validation_count": 1,
+        "evolvers.sample.batch": 2,
+        "evolvers.es.population_size": 2,
+        "evolvers.es.total_generations": 2,
+    }
+    cfg, raw = load_config(CONFIGS / "sample_es/kp_construct.yaml", [f"{k}={v}" for k, v in sets.items()])
+    loop = CoEvolutionLoop(cfg, new_run_dir(cfg, tmp_path / "run"), raw_config=raw, progress=False)
+    loop.run()
+    sample = loop.evolvers["sample"]
+    seed = _training_objectives(sample, [])["seed"]
+    assert sample.best is not None and sample.best.id == "seed" and sample.best.objective == pytest.approx(seed)
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "is the problem's seed heuristic (Greedy by value density" in report
+    assert "was not in the population" not in report
