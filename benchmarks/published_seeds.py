@@ -131,7 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         md_table(
             ["instances", "heuristic", "objective", "published", "reproduces", "wall s"],
             [
-                [r["instances"], r["heuristic"], f"{r['objective']:.6f}", r["published"], reproduces(r), r["wall_s"]]
+                [
+                    r["instances"],
+                    r["heuristic"],
+                    f"{r['objective']:.6f}",
+                    r["published"] and str(r["published"]),
+                    reproduces(r),
+                    r["wall_s"],
+                ]
                 for r in rows
             ],
         )

@@ -322,7 +322,10 @@ class AHDEvolver(Evolver):
                         size, self.config.validation_count, self.validation_seed
                     )
                 r = self.sampler.evaluate(
-                    [ind.code], self._validation_sets[size], timeout_basis=(self.train_size, self.config.train_count)
+                    [ind.code],
+                    self._validation_sets[size],
+                    with_reference=False,  # validity only: no reference solver runs on the validation instances
+                    timeout_basis=(self.train_size, self.config.train_count),
                 )[0]
                 if not r.valid:
                     why = f"n={size}: {_failure_text(r, 160)}"
