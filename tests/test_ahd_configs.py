@@ -130,13 +130,17 @@ def test_every_shipped_config_keeps_the_seed_heuristic(path):
 
 @pytest.mark.parametrize("problem", PROBLEMS)
 def test_main_jobs_have_one_shape(problem):
-    """The four main jobs share the TSP main job's budget, engine, ES (4 low-rank members, 4 generations) and tune."""
+    """The four main jobs share the TSP main job's budget, engine, ES (4 low-rank members, 4 generations) and tune
+    (KP has no tune: measured, it only fits the training instances there)."""
     cfg, tsp = _load(f"{problem}.yaml"), _load("tsp_construct.yaml")
     assert cfg.budget == tsp.budget and cfg.model == tsp.model
     assert _es(cfg).params == _es(tsp).params  # 4 low-rank members, 4 generations
     assert (_es(cfg).params.population_size, _es(cfg).params.perturbation) == (4, "lowrank")
-    tune = next(e for e in cfg.evolvers if e.type == "tune").params
-    assert tune == next(e for e in tsp.evolvers if e.type == "tune").params
+    tune = next((e.params for e in cfg.evolvers if e.type == "tune"), None)
+    if problem == "kp_construct":  # measured: tune fits noise on KP (docs/measurements.md, issue 42)
+        assert tune is None and [s.evolver for s in cfg.resolved_schedule()] == ["es", "eoh"]
+    else:
+        assert tune == next(e for e in tsp.evolvers if e.type == "tune").params
     assert _ahd(cfg).params.seed_heuristics  # a published heuristic starts the search on every problem
 
 

@@ -33,7 +33,8 @@ pytestmark = pytest.mark.usefixtures("private_cache")
 
 def _run(tmp_path: Path, config: str, model_dir: Path, size: int, **over) -> CoEvolutionLoop:
     """The shipped ``config`` shrunk to test size (2 training and 2 held-out instances of ``size``, 16 LLM samples
-    of 4 tokens: EoH's 8 initial ones and one ES generation, tune 1 generation of 2 variants), run to its end."""
+    of 4 tokens: EoH's 8 initial ones and one ES generation; tune, where the config has it, 1 generation of 2
+    variants), run to its end."""
     sets = {
         "model.name": str(model_dir),
         "model.backend": "hf",
@@ -48,10 +49,10 @@ def _run(tmp_path: Path, config: str, model_dir: Path, size: int, **over) -> CoE
         "evolvers.eoh.test_count": 2,
         "evolvers.eoh.validation_count": 1,
         "evolvers.eoh.eval_timeout_s": 20,
-        "evolvers.tune.generations": 1,
-        "evolvers.tune.population_size": 2,
         **over,
     }
+    if "name: tune" in (CONFIGS / config).read_text():
+        sets.update({"evolvers.tune.generations": 1, "evolvers.tune.population_size": 2})
     cfg, raw = load_config(CONFIGS / config, [f"{k}={v}" for k, v in sets.items()])
     loop = CoEvolutionLoop(cfg, new_run_dir(cfg, tmp_path / "run"), raw_config=raw, progress=False)
     loop.run()
