@@ -302,7 +302,7 @@ _TSP_SAME = "same distribution as coevo's TSP instances; other instances"
 
 #: The peers' published values per problem; docs/references.md §2 and heuristics/<problem>/published/ cite
 #: the same sources. Values marked "reproduced" in ``source`` were recomputed by coevo's evaluator on the
-#: peer's own instances (benchmarks/published_values.py).
+#: peer's own instances (benchmarks/published_values.py for BPP, benchmarks/published_seeds.py for KP and CVRP).
 PUBLISHED_VALUES: tuple[PublishedValue, ...] = (
     *(
         PublishedValue("tsp_construct", m, _REEVO_TSP, n, v, "mean tour length", src, _TSP_SAME)
@@ -313,7 +313,7 @@ PUBLISHED_VALUES: tuple[PublishedValue, ...] = (
                 (4.4466, 6.8919, 9.6508, 13.4248),
             ),
             (
-                "ReEvo's best heuristic (GPT-3.5)",
+                "ReEvo's best heuristic",
                 "ReEvo, NeurIPS 2024, Table 1 / stored test results",
                 (4.0906, 6.2269, 8.5676, 12.0927),
             ),

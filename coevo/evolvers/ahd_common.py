@@ -436,7 +436,7 @@ class AHDEvolver(Evolver):
             t0 = time.perf_counter()
             inst = PEER_SETS[key]()
             self._test_cache[cache_key] = self.sampler.evaluate(
-                [code], inst, timeout_basis=(self.train_size, self.config.train_count)
+                [code], inst, with_reference=False, timeout_basis=(self.train_size, self.config.train_count)
             )[0]
             self.heldout_s += time.perf_counter() - t0
         return self._test_cache[cache_key]
