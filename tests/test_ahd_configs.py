@@ -107,7 +107,7 @@ MAIN_JOB_TUNING["kp_construct"] = {
     ("budget", "max_samples"): (64, 20),
     ("evolvers", 1, "total_generations"): (4, 2),
     ("evolvers", 1, "rollout", "reward"): ("rank", None),  # as the TSP main job (its eoh_es arm has it too)
-    ("evolvers", 0, "seed_heuristics"): (["mcts_ahd", "agentic_esopt"], None),
+    ("evolvers", 0, "seed_heuristics"): (["mcts_ahd"], None),
 }
 MAIN_JOB_TUNING["cvrp_construct"] = {
     **MAIN_JOB_TUNING["kp_construct"],

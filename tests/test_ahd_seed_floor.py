@@ -73,7 +73,7 @@ def _training_objectives(eoh, names: list[str]) -> dict[str, float]:
 
 @pytest.mark.parametrize(
     ("config", "size", "published"),
-    [("kp_construct.yaml", 50, ["mcts_ahd", "agentic_esopt"]), ("cvrp_construct.yaml", 20, ["eoh"])],
+    [("kp_construct.yaml", 50, ["mcts_ahd"]), ("cvrp_construct.yaml", 20, ["eoh"])],
 )
 def test_shipped_main_job_ends_no_worse_than_its_seeds_on_the_training_set(
     tmp_path, tiny_model_dir, config, size, published
