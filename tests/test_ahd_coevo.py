@@ -545,6 +545,7 @@ def test_scripted_sample_es_through_the_loop(tmp_path, tiny_model_dir):
             str(tiny_model_dir),
             **{
                 "evolvers.sample.reject_duplicates": "false",  # the script repeats codes on purpose
+                "evolvers.sample.include_seed_heuristic": "false",  # the best comes from the samples only
                 "budget.max_samples": 20,
                 "evolvers.es.total_generations": 2,
                 "evolvers.es.rollout.children_per_operator": 1,
@@ -631,6 +632,7 @@ def test_tiny_model_sample_es_invalid_children(tmp_path, tiny_model_dir):
                 "evolvers.es.rollout.children_per_operator": 1,
                 "evolvers.sample.batch": 2,
                 "evolvers.es.population_size": 4,
+                "evolvers.sample.include_seed_heuristic": "false",  # no seed: no valid heuristic at all
             },
         ),
     )

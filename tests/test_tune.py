@@ -299,7 +299,7 @@ def test_published_seed_heuristic_starts_the_population_and_tune_searches_it(tmp
         **{**SMALL, "train_size": 20, "train_count": 3, "include_seed_heuristic": True, "seed_heuristics": ["eoh_ael"]}
     )
     eoh = EoHEvolver("eoh", cfg, ctx)
-    eoh._add_seed_heuristics()
+    eoh.add_seed_heuristics()
     ids = sorted(i.id for i in eoh.population)
     assert ids == ["seed", "seed:eoh_ael"]
     ael = next(i for i in eoh.population if i.id == "seed:eoh_ael")

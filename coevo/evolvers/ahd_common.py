@@ -16,6 +16,7 @@ run.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 from collections import Counter
@@ -23,7 +24,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
-from coevo.ahd.population import Individual
+from coevo.ahd.population import Individual, survivors
 from coevo.ahd.problem import HeuristicProblem, load_problem
 from coevo.ahd.sampler import HeuristicSampler
 from coevo.ahd.seeds import check_instance_key, run_instance_seed
@@ -32,6 +33,8 @@ from coevo.evolvers.base import Evolver, EvolverConfig, RunContext
 from coevo.sandbox.runner import SandboxLimits
 from coevo.tables import md_table
 from coevo.types import EvalResult
+
+log = logging.getLogger(__name__)
 
 
 def _failure_text(r: EvalResult, limit: int) -> str:
@@ -63,11 +66,19 @@ class AHDConfig(EvolverConfig):
         description="seed of the held-out instances (keep != train_seed); default (null): drawn per run like "
         "train_seed",
     )
+    include_seed_heuristic: bool = Field(
+        False,
+        description="add the problem's seed heuristic (the textbook rule: nearest neighbour, greedy, Best Fit), "
+        "evaluated, to the initial population (the best heuristic is then never worse than the seed on the "
+        "training instances); off by default as in EoH, on in every shipped config. The report says when the "
+        "seed was not in the population",
+    )
     seed_heuristics: list[str] = Field(
         default_factory=list,
-        description="published heuristics that start the population (EoH), by name: files "
+        description="published heuristics that start the population, by name: files "
         "<problem folder>/published/<name>.py (e.g. eoh_ael for tsp_construct); ReEvo and HSEvo start their "
-        "search from such a seed function. Held-out reports compare the best heuristic with each of them",
+        "search from such a seed function. Held-out reports compare the best heuristic with each of them. One "
+        "that is invalid on the training instances is left out with one warning line (the run goes on)",
     )
     validation_count: int = Field(
         16,
@@ -215,6 +226,30 @@ class AHDEvolver(Evolver):
         self.rejected_best: list[dict[str, Any]] = []
         #: held-out size -> its validation instances (generated once)
         self._validation_sets: dict[int, Any] = {}
+        #: published seed heuristics left out of the population: name -> why (invalid on the training set)
+        self.skipped_seeds: dict[str, str] = {}
+
+    def add_seed_heuristics(self) -> None:
+        """The problem's seed heuristic (``include_seed_heuristic``) and the published ones (``seed_heuristics``),
+        evaluated on the training instances, into :attr:`population` (EoH survivors when the config has a
+        ``population_size``). A published heuristic that is invalid there (it no longer loads, or fails on this
+        instance size) is left out with one warning line naming it, and recorded in :attr:`skipped_seeds` for
+        the report; the run goes on without it.
+
+        Raises:
+            RuntimeError: the problem's own seed heuristic is invalid (a broken problem folder).
+        """
+        seeds = [self.sampler.seed_individual()] if self.config.include_seed_heuristic else []
+        for name in self.config.seed_heuristics:
+            try:
+                seeds.append(self.sampler.seed_individual(name))
+            except RuntimeError as exc:
+                why = " ".join(str(exc).split())[:300]
+                self.skipped_seeds[name] = why
+                log.warning("evolvers.%s.seed_heuristics: %s left out of the population: %s", self.name, name, why)
+        if seeds:
+            size = getattr(self.config, "population_size", None) or len(self.population) + len(seeds)
+            self.population = survivors(self.population + seeds, size)
 
     @property
     def train_instances(self):
@@ -288,7 +323,10 @@ class AHDEvolver(Evolver):
                         size, self.config.validation_count, self.validation_seed
                     )
                 r = self.sampler.evaluate(
-                    [ind.code], self._validation_sets[size], timeout_basis=(self.train_size, self.config.train_count)
+                    [ind.code],
+                    self._validation_sets[size],
+                    with_reference=False,  # validity only: no reference solver runs on the validation instances
+                    timeout_basis=(self.train_size, self.config.train_count),
                 )[0]
                 if not r.valid:
                     why = f"n={size}: {_failure_text(r, 160)}"
@@ -375,15 +413,89 @@ class AHDEvolver(Evolver):
             return "tie"
         return "yes" if (best < seed) == (self.problem.direction == "minimize") else "no"
 
+    def _seed_population_lines(self) -> list[str]:
+        """Report lines: that the problem's seed heuristic was not in the population (``include_seed_heuristic``
+        off), and each published seed heuristic left out because it was invalid on the training instances."""
+        out = []
+        if not self.config.include_seed_heuristic:
+            out.append(
+                "- The seed heuristic was not in the population (`include_seed_heuristic: false`): the best "
+                "heuristic can be worse than it, on the training set too."
+            )
+        out += [
+            f"- The published seed heuristic `{name}` was not in the population: {why}."
+            for name, why in self.skipped_seeds.items()
+        ]
+        return ["", *out] if out else []
+
+    def _peer_result(self, code: str, key: str) -> EvalResult:
+        """``code`` evaluated on the peer instance set ``key`` (:data:`coevo.ahd.references.PEER_SETS`), cached."""
+        from coevo.ahd.references import PEER_SETS
+
+        cache_key = (hashlib.sha256(code.encode()).hexdigest(), key)
+        if cache_key not in self._test_cache:
+            t0 = time.perf_counter()
+            inst = PEER_SETS[key]()
+            self._test_cache[cache_key] = self.sampler.evaluate(
+                [code], inst, with_reference=False, timeout_basis=(self.train_size, self.config.train_count)
+            )[0]
+            self.heldout_s += time.perf_counter() - t0
+        return self._test_cache[cache_key]
+
+    def _peer_lines(self) -> list[str]:
+        """Report lines: the values peers published for this problem (:func:`coevo.ahd.references.published_values`),
+        each with its instance set and how coevo's instances compare; on the peer sets coevo regenerates exactly,
+        the run's seed and best heuristics evaluated there too."""
+        from coevo.ahd.references import published_values
+
+        values = published_values(self.problem.name)
+        if not values:
+            return []
+        rows = [[v.method, v.instances, v.size, str(v.value), v.unit, v.source, v.comparable] for v in values]
+        lines = [
+            "",
+            (
+                "Published values on comparable instances (the peers' own instance sets, not this run's: compare "
+                "with the held-out table above only where the distribution and capacity match):"
+            ),
+            "",
+            md_table(["method", "instances", "size", "value", "unit", "source", "vs coevo's instances"], rows),
+        ]
+        sets = list(dict.fromkeys(v.peer_set for v in values if v.peer_set))
+        if not sets or self.best is None:
+            return lines
+        peer_rows = []
+        for key in sets:
+            named = next(v.instances for v in values if v.peer_set == key)
+            for label, code in (("seed", self.problem.seed_heuristic_code()), ("best", self.best.code)):
+                r = self._peer_result(code, key)
+                peer_rows.append([named, label, f"{r.objective:.5f}" if r.valid else _failure_text(r, 120)])
+        return lines + [
+            "",
+            (
+                "The same peer instance sets, regenerated here from the peers' generators: this run's seed and best "
+                "heuristics on them, to set against the published values above:"
+            ),
+            "",
+            md_table(["instances", "heuristic", "objective"], peer_rows),
+        ]
+
     def _published_seed_lines(self) -> list[str]:
-        """Report lines: each published seed heuristic (``seed_heuristics``) vs the best, on the held-out sets."""
+        """Report lines: each published seed heuristic (``seed_heuristics``) vs the best, on the held-out sets, and
+        one line per held-out size where a published seed is invalid."""
         if not self.config.seed_heuristics or self.best is None:
             return []
-        rows = []
+        rows, invalid = [], []
         for name in self.config.seed_heuristics:
+            if name in self.skipped_seeds:
+                continue
             code = self.problem.published_heuristic_code(name)
             for size in self.test_sizes():
                 rs, rb = self._test_result(code, size), self._test_result(self.best.code, size)
+                if not rs.valid:
+                    invalid.append(
+                        f"- Held-out n={size}: the published seed `{name}` is invalid ({_failure_text(rs, 200)})."
+                    )
                 rows.append(
                     [
                         name,
@@ -401,6 +513,7 @@ class AHDEvolver(Evolver):
             ),
             "",
             md_table(["published seed", "size", "seed objective", "best objective", "best beats it"], rows),
+            *(["", *invalid] if invalid else []),
         ]
 
     def best_sentence(self) -> str:
@@ -493,6 +606,7 @@ class AHDEvolver(Evolver):
             ),
         ]
         lines += self._invalid_heldout_lines()
+        lines += self._seed_population_lines()
         lines += self._published_seed_lines()
         compared = [r[-1] for r in rows if r[-1] is not None]
         if compared:
@@ -532,6 +646,7 @@ class AHDEvolver(Evolver):
                     es_rows,
                 ),
             ]
+        lines += self._peer_lines()
         return "\n".join(lines)
 
     def close(self) -> None:
@@ -544,9 +659,11 @@ class AHDEvolver(Evolver):
             "best": self.best.to_dict() if self.best else None,
             "validation": dict(self.validation),
             "rejected_best": list(self.rejected_best),
+            "skipped_seeds": dict(self.skipped_seeds),
         }
 
     def _load_base_state(self, state: dict[str, Any]) -> None:
         self.best = Individual.from_dict(state["best"]) if state.get("best") else None
         self.validation = dict(state.get("validation") or {})
         self.rejected_best = list(state.get("rejected_best") or [])
+        self.skipped_seeds = dict(state.get("skipped_seeds") or {})

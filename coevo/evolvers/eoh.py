@@ -54,11 +54,6 @@ class EoHConfig(AHDConfig):
     offspring_per_operator: int | None = Field(None, ge=1, description="slots per operator (default N)")
     parents_m: int = Field(2, ge=1, description="parents of e1/e2")
     init_retries: int = Field(2, ge=0, description="extra 2N-call rounds when the initial population is empty")
-    include_seed_heuristic: bool = Field(
-        False,
-        description="add the problem's seed heuristic, evaluated, to the initial population (the best "
-        "heuristic is then never worse than the seed on the training instances)",
-    )
     pool_other_evolvers: bool = Field(True, description="fold in valid heuristics other evolvers recorded")
     reflection: bool = Field(
         False,
@@ -155,7 +150,7 @@ class EoHEvolver(AHDEvolver):
     def _initialise(self, round_index: int, report: StepReport) -> None:
         cfg, n_init = self.config, 2 * self.config.population_size
         if self.init_attempts == 0:
-            self._add_seed_heuristics()
+            self.add_seed_heuristics()
         # the first round always runs (the seed heuristic alone is no LLM initialisation); retries only
         # while the population is still empty
         while self.init_attempts <= cfg.init_retries and (self.init_attempts == 0 or not self.population):
@@ -176,14 +171,6 @@ class EoHEvolver(AHDEvolver):
             )
             return
         self.generation = 1
-
-    def _add_seed_heuristics(self) -> None:
-        """The problem's seed heuristic (``include_seed_heuristic``) and the published ones (``seed_heuristics``),
-        evaluated, into the population before the i1 samples."""
-        seeds = [self.sampler.seed_individual()] if self.config.include_seed_heuristic else []
-        seeds += [self.sampler.seed_individual(name) for name in self.config.seed_heuristics]
-        if seeds:
-            self.population = survivors(self.population + seeds, self.config.population_size)
 
     def _generation(self, round_index: int, report: StepReport) -> None:
         cfg = self.config

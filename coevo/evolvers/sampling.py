@@ -4,7 +4,10 @@ Each step draws ``batch`` independent ``i1`` samples (a new heuristic from scrat
 prompt of :mod:`coevo.ahd.prompts`) and keeps the best heuristic seen so far. This is the "Sample" baseline
 the Agentic ESOpt AHD experiments compare against (batch 20 there; docs/references.md §2). Sampling, evaluation and
 recording are the sampler service's (:class:`coevo.ahd.sampler.HeuristicSampler`); the best-heuristic
-artifact and the report are shared with EoH (:mod:`coevo.evolvers.ahd_common`).
+artifact and the report are shared with EoH (:mod:`coevo.evolvers.ahd_common`). With
+``include_seed_heuristic`` / ``seed_heuristics`` the first step first puts the seed heuristics into the
+population (the candidates the best is taken from, and ``tune``'s elites), so the best is never worse than them
+on the training instances.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class RandomSamplingEvolver(AHDEvolver):
 
     def step(self, round_index: int) -> StepReport:
         """Draw ``batch`` i1 samples (cut to the sample budget), record them, update the best."""
+        if self.steps_done == 0 and not self.population:
+            self.add_seed_heuristics()
         rng = self.ctx.rng(self.name, "step", self.steps_done)
         jobs = [
             self.sampler.job("i1", key=self.sampler.key(self.name, round_index, "i1", i), seed=rng.getrandbits(63))
@@ -57,8 +62,13 @@ class RandomSamplingEvolver(AHDEvolver):
         return report
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self._base_state(), "steps_done": self.steps_done}
+        return {
+            **self._base_state(),
+            "steps_done": self.steps_done,
+            "population": [i.to_dict() for i in self.population],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._load_base_state(state)
         self.steps_done = state.get("steps_done", 0)
+        self.population = [Individual.from_dict(d) for d in state.get("population", [])]
