@@ -308,7 +308,8 @@ class AHDEvolver(Evolver):
         (:meth:`~coevo.ahd.sampler.HeuristicSampler.operator_jobs`; ``parents_m`` parents for e1/e2); with an
         empty population (e.g. before the first step) ``n`` fresh ``i1`` calls per operator instead. Override
         it to give ES members your own prompts (build each call with ``self.sampler.job`` or a
-        :class:`~coevo.ahd.sampler.SampleJob` of your own messages).
+        :class:`~coevo.ahd.sampler.SampleJob` of your own messages), making ``n x len(operators)`` calls: the
+        ES evolver sizes its sample budget by that count (the rollout's ``n_cases``).
 
         Args:
             key: the member's key without the run id, unique per ES generation and member. Keys of the calls:
