@@ -103,7 +103,7 @@ def step_report_problem(report: Any) -> str | None:
     if not isinstance(report.metrics, dict):
         return f"returned a StepReport whose metrics is {type(report.metrics).__name__}, not a dict"
     for k, v in report.metrics.items():
-        if not isinstance(k, str) or not number(v):
+        if not isinstance(k, str) or not isinstance(v, (int, float)):  # bool too: a flag plots as 0 / 1
             return f"returned a StepReport whose metrics[{k!r}] is {v!r}, not a number"
     if not isinstance(report.stop, bool):
         return f"returned a StepReport whose stop is {report.stop!r}, not a bool"
