@@ -20,8 +20,9 @@ import yaml
 from test_ahd_coevo import ScriptedTinyQwen
 from test_eoh import FARTHEST, FIRST_INDEX, NN, NN_SAME_OBJECTIVE, SMALL, TOWARD_HOME, ScriptedPolicy, _ctx, reply
 
+from coevo.ahd.population import Individual
 from coevo.config import load_config, parse_config
-from coevo.evolvers import AHDEvolver
+from coevo.evolvers import AHDEvolver, StepReport
 from coevo.evolvers.base import EVOLVERS
 from coevo.evolvers.eoh import EoHConfig, EoHEvolver
 from coevo.evolvers.hillclimb import HillClimbConfig, HillClimbEvolver
@@ -140,9 +141,14 @@ def test_a_tie_keeps_the_earliest_heuristic_and_the_report_says_tie(tmp_path):
     assert "Tie: 1 other heuristic(s) reach the same training objective" in report and twin.key[2:] in report
     # the same in a population (EoH with the seed heuristic): the seed, the earliest, stays the best
     eoh = EoHEvolver("eoh", EoHConfig(**SMALL, include_seed_heuristic=True), _ctx(tmp_path / "e", policy=policy))
-    seed = eoh.sampler.seed_individual()
-    eoh.population = [hc.population[0].__class__.from_trajectory(twin), seed]
+    seed, later = eoh.sampler.seed_individual(), Individual.from_trajectory(twin)
+    eoh.population = [later, seed]
     assert eoh.publish_best() and eoh.best.id == "seed"
+    # also when survivors have since kept the later twin alone (one heuristic per objective): the seed was earlier
+    eoh2 = EoHEvolver("eoh", EoHConfig(**SMALL, include_seed_heuristic=True), _ctx(tmp_path / "f", policy=policy))
+    eoh2.population = [seed]
+    eoh2.population = [later]
+    assert eoh2.publish_best() and eoh2.best.id == "seed"
 
 
 def test_a_subclass_that_leaves_out_super_in_its_state_raises(tmp_path):
@@ -200,3 +206,43 @@ def test_the_docs_yaml_runs_the_plugin_beside_es_whose_members_write_its_variant
     finally:
         EVOLVERS.remove("my-climb")
         sys.modules.pop("mymodule", None)
+
+
+class TopThree(AHDEvolver):
+    """A search written from docs/extending.md's list alone, on the base's default population (no state of its
+    own): i1 until it holds a heuristic, then one e1 call on its two best; keeps the three best."""
+
+    def step(self, round_index):
+        """One call; the population keeps the three best valid heuristics."""
+        parents = self.population[:2]
+        op = "e1" if parents else "i1"
+        rng = self.ctx.rng(self.name, round_index)
+        job = self.sampler.job(
+            op, key=self.sampler.key(self.name, round_index), seed=rng.getrandbits(63), parents=parents
+        )
+        trajs = self.sampler.sample([job], round_index=round_index, generation=round_index, existing=self.population)
+        new = [Individual.from_trajectory(t) for t in trajs if t.valid]
+        self.population = sorted(self.population + new, key=lambda i: -i.reward)[:3]
+        self.publish_best()
+        return StepReport(samples=len(trajs), trajectories=len(trajs))
+
+
+def test_a_search_on_the_default_population_resumes_without_state_of_its_own(tmp_path):
+    script = [reply("a", FARTHEST), GARBAGE, reply("b", TOWARD_HOME), reply("c", FIRST_INDEX), reply("d", NN)]
+
+    def run(run_dir, rounds, policy, resume=False):
+        data = {"run": {"name": "t", "seed": 1}, "budget": {"max_rounds": rounds}, "report": {"plots": False}}
+        data["evolvers"] = [{"name": "top", "type": f"{__name__}:TopThree", **SMALL}]
+        loop = CoEvolutionLoop(
+            parse_config(data), run_dir, raw_config=data, resume=resume, progress=False, policy_factory=lambda: policy
+        )
+        loop.run()
+        return loop.evolvers["top"]
+
+    ref = run(tmp_path / "ref" / "run", 5, ScriptedPolicy(script))
+    policy = ScriptedPolicy(script)
+    run(tmp_path / "cut" / "run", 3, policy)
+    again = run(tmp_path / "cut" / "run", 5, policy, resume=True)
+    assert [i.id for i in again.population] == [i.id for i in ref.population] and len(ref.population) == 3
+    assert again.state_dict() == ref.state_dict() and again.best.id == ref.population[0].id
+    assert _trajectories(tmp_path / "cut" / "run") == _trajectories(tmp_path / "ref" / "run")

@@ -167,7 +167,7 @@ class AHDConfig(EvolverConfig):
 
 
 #: the keys :meth:`AHDEvolver.state_dict` saves (a subclass's state must hold them: it calls ``super()``)
-BASE_STATE_KEYS = ("best", "validation", "rejected_best", "population", "pool_cursor")
+BASE_STATE_KEYS = ("best", "validation", "rejected_best", "population", "pool_cursor", "seeds")
 
 
 class AHDEvolver(Evolver):
@@ -258,6 +258,9 @@ class AHDEvolver(Evolver):
         )
         self.train_tag = self.sampler.train_tag
         self._population: list[Individual] = []
+        #: id -> every seed heuristic (operator ``seed``) the population has held: candidates for the best even
+        #: after the population dropped them (e.g. for a later twin of equal objective)
+        self._seeds: dict[str, Individual] = {}
         #: largest trajectory id :meth:`collect_pooled` has looked at
         self.pool_cursor = 0
         self.best: Individual | None = None
@@ -288,6 +291,12 @@ class AHDEvolver(Evolver):
     @population.setter
     def population(self, value: list[Individual]) -> None:
         self._population = list(value)
+        self._remember_seeds(self._population)
+
+    def _remember_seeds(self, individuals: Sequence[Individual]) -> None:
+        for ind in individuals:
+            if ind.operator == "seed":
+                self._seeds.setdefault(ind.id, ind)
 
     def collect_pooled(self) -> list[Individual]:
         """The valid heuristics recorded for this problem and training set since the last call, by anyone but
@@ -344,12 +353,14 @@ class AHDEvolver(Evolver):
     # ------------------------------------------------------------------ best heuristic
     def best_candidates(self) -> list[Individual]:
         """The candidates for the best heuristic, best training reward first; of equal rewards the earliest first:
-        the seed heuristics of the population, then this search's recorded heuristics (its own samples and the
+        the seed heuristics the population has held (also those it dropped since), then this search's recorded
+        heuristics (its own samples and the
         children ES members wrote for it) in recording order, then the rest of the population. One entry per id;
         only finite rewards."""
         own = [Individual.from_trajectory(t) for t in self.sampler.recorded() if t.meta.get("sampler") == self.name]
         pop = list(self.population)
-        ordered = [c for c in pop if c.operator == "seed"] + own + pop
+        self._remember_seeds(pop)
+        ordered = list(self._seeds.values()) + own + pop
         unique: dict[str, Individual] = {}
         for c in ordered:
             if math.isfinite(c.reward):
@@ -692,7 +703,7 @@ class AHDEvolver(Evolver):
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """The base state (keys :data:`BASE_STATE_KEYS`): the best heuristic, the validation cache, the rejected
-        candidates, the default population and the pooling cursor. A subclass returns
+        candidates, the default population, the pooling cursor and the seed heuristics held. A subclass returns
         ``{**super().state_dict(), ...its own keys}`` (JSON-serialisable)."""
         return {
             "best": self.best.to_dict() if self.best else None,
@@ -700,6 +711,7 @@ class AHDEvolver(Evolver):
             "rejected_best": list(self.rejected_best),
             "population": [i.to_dict() for i in self._population],
             "pool_cursor": self.pool_cursor,
+            "seeds": [i.to_dict() for i in self._seeds.values()],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -709,6 +721,8 @@ class AHDEvolver(Evolver):
         self.rejected_best = list(state.get("rejected_best") or [])
         self._population = [Individual.from_dict(d) for d in state.get("population") or []]
         self.pool_cursor = int(state.get("pool_cursor") or 0)
+        self._seeds = {d["id"]: Individual.from_dict(d) for d in state.get("seeds") or []}
+        self._remember_seeds(self._population)
         self._base_loaded = True
 
 
