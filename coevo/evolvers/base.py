@@ -22,6 +22,12 @@ Scoring a candidate context: :func:`score_context` rolls a policy out under a ca
 rollout) and records the trajectories once, cached by key for resume; ``ESEvolver.score_context`` calls it
 with the ES centre.
 
+Plug-ins: for an evolver class defined outside coevo (:func:`plugin_label`), the loop turns an exception from its
+constructor, ``setup``, ``step``, ``state_dict`` / ``load_state_dict`` or checkpoint methods, a malformed step
+report (:func:`step_report_problem`) or a state that is not JSON into one :class:`~coevo.errors.PluginError` line
+naming the evolver, the class, its file and the method; states are taken before a checkpoint is begun, so the
+last checkpoint and the store stay as they were.
+
 Report sections: at the end of a run the loop calls :func:`record_report_sections`, which stores each
 evolver's :meth:`Evolver.report_markdown` in the run's store; the run report (:mod:`coevo.report`) only
 reads the store, so ``coevo runs show RUN --report`` rebuilds the same report later.
