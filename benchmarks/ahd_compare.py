@@ -1,8 +1,10 @@
-"""AHD comparison: EoH, Sample and their ES variants (Agentic ESOpt) at matched LLM-sample budgets.
+"""AHD comparison: EoH, Sample and their ES variants (Agentic ESOpt), and the (1+1)-EPS hill climber, at matched
+LLM-sample budgets.
 
-For every problem, method (``eoh``, ``sample``, ``eoh_es``, ``sample_es``; the shipped configs
-``configs/ahd/<method>/<problem>.yaml``) and seed, one real run (:class:`coevo.loop.CoEvolutionLoop`) with
-``budget.max_samples`` set to the same ``--max-samples`` for all four methods; the ES variants'
+For every problem, method (``eoh``, ``sample``, ``eoh_es``, ``sample_es``, ``hillclimb``: LLM4AD's (1+1)-EPS,
+Zhang et al., PPSN 2024, one incumbent improved by m1 variants, :mod:`coevo.evolvers.hillclimb`; the shipped
+configs ``configs/ahd/<method>/<problem>.yaml``) and seed, one real run (:class:`coevo.loop.CoEvolutionLoop`) with
+``budget.max_samples`` set to the same ``--max-samples`` for every method; the ES variants'
 ``total_generations`` is the largest number of ES generations whose sigma schedule (cosine 1e-3 -> 0) still
 reaches its last, zero-sigma generation within that budget (:func:`fit_es_generations`). Each run's best
 heuristic is then evaluated on the held-out sizes (``--sizes``, default the config's ``test_sizes``).
@@ -34,16 +36,18 @@ problem); ``--ahd-set KEY=VALUE`` sets ``evolvers.<AHD evolver>.KEY`` whatever t
 ``train_count=4``); ``--population-size N`` sets the EoH population of ``eoh`` and ``eoh_es`` alike (EoH
 initialisation = 2N samples, so a smaller N leaves room for two ES generations in a small budget).
 
-Smoke run on a tiny random model (both problems, all four methods, one seed; a few minutes of CPU)::
+Smoke run on a tiny random model (both problems, every method, one seed; a few minutes of CPU)::
 
     .venv/bin/python benchmarks/ahd_compare.py --problems tsp_construct,bpp_online --seeds 2024 \\
         --max-samples 16 --population-size 2 --sizes tsp_construct=20,bpp_online=500 \\
         --ahd-set train_count=2 --ahd-set test_count=2 --set sampling.max_new_tokens=16 \\
         --model tiny:micro --seed-heuristic --out /tmp/ahd_compare_smoke
 
-On the 0.5B model, TSP50 and Weibull 5k, 4 methods x 3 seeds (24 runs; the budget is per run)::
+On the 0.5B model, TSP50 and Weibull 5k, the 4 EoH / Sample methods x 3 seeds (24 runs; the budget is per run;
+``--methods`` left out adds the ``hillclimb`` arm, 30 runs)::
 
     .venv/bin/python benchmarks/ahd_compare.py --problems tsp_construct,bpp_online --seeds 2024,2025,2026 \\
+        --methods eoh,sample,eoh_es,sample_es \\
         --max-samples 16 --population-size 2 --sizes tsp_construct=50,bpp_online=5000 \\
         --set 'sampling.stop=["\\n```\\n"]' --out runs/ahd_compare
 
@@ -79,6 +83,7 @@ import yaml
 
 from coevo.config import RunConfig, load_config
 from coevo.errors import UserError
+from coevo.evolvers import registered_evolvers
 from coevo.tables import md_table
 
 #: the +tune arms run tune with the main job's settings (configs/ahd/tsp_construct.yaml) over the run's top 4
@@ -92,7 +97,9 @@ def main_tune_settings() -> dict[str, Any]:
     return {**spec.params.model_dump(exclude={"evolver"}), "elites": POSTHOC_ELITES}
 
 
-METHODS = ("eoh", "sample", "eoh_es", "sample_es")
+METHODS = ("eoh", "sample", "eoh_es", "sample_es", "hillclimb")
+#: the heuristic-design evolver types an arm's config may hold
+AHD_TYPES = ("eoh", "sample", "hillclimb")
 BASELINE = {"eoh_es": "eoh", "sample_es": "sample"}
 #: ``<method>+tune`` arms (``--tune``): the method's run, then ``tune`` over its elites (:func:`tune_one`)
 TUNED = tuple(f"{m}+tune" for m in METHODS)
@@ -112,8 +119,8 @@ DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 
 
 def ahd_spec(cfg: RunConfig):
-    """The run's heuristic-design evolver spec (type eoh or sample)."""
-    return next(e for e in cfg.evolvers if e.type in ("eoh", "sample"))
+    """The run's heuristic-design evolver spec (a type of :data:`AHD_TYPES`)."""
+    return next(e for e in cfg.evolvers if e.type in AHD_TYPES)
 
 
 def es_spec(cfg: RunConfig):
@@ -146,13 +153,14 @@ def plan_steps(cfg: RunConfig) -> list[tuple[str, int]]:
                 return steps
             if es is not None and entry.evolver == es.name:
                 ro = es.params.rollout
-                n = es.params.population_size * ro["children_per_operator"] * len(ro["operators"])
+                ops = ro.get("operators") or registered_evolvers()[ahd.type].member_operators
+                n = es.params.population_size * ro["children_per_operator"] * len(ops)
                 if es_done >= es.params.total_generations or n > budget - used:
                     return steps
                 es_done += 1
             else:
                 p = ahd.params
-                if ahd.type == "sample":
+                if ahd.type in ("sample", "hillclimb"):
                     n = p.batch
                 else:
                     n = (
@@ -217,7 +225,7 @@ class Interrupted(Exception):
 
 
 def run_settings(problem: str, method: str, seed: int, args: argparse.Namespace) -> tuple[Path, list[str]]:
-    """The config path and the overrides of one run of the grid (the same budget for all four methods)."""
+    """The config path and the overrides of one run of the grid (the same budget for every method)."""
     path = ROOT / "configs" / "ahd" / method / f"{problem}.yaml"
     cfg, _ = load_config(path)
     ahd = ahd_spec(cfg)
@@ -611,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="2024,2025,2026", help="comma-separated run seeds (>= 3 for the std)")
     p.add_argument("--max-samples", type=int, default=36, help="LLM-sample budget of every run (matched)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="model name, local folder, or tiny:<preset> (smoke)")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the four methods")
+    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
     p.add_argument(
         "--seed-heuristic",
         action="store_true",

@@ -22,7 +22,11 @@ Plug-ins: ``plugins: [mymodule, mypkg.evolvers]`` (or ``coevo run --import mymod
 before any type is resolved, so classes they register (``@register_evolver("name")``, ``@register_rollout``)
 can be named by ``type:`` anywhere in the config; the current folder is on the import path for them. Types
 are resolved independently of the order evolvers are listed: plug-ins first, then every dotted-path type
-(whose import may register further names), then registered names.
+(whose import may register further names), then registered names. A new run records where each plug-in
+module was loaded from (``plugins.json`` in the run folder, :func:`plugin_origins`), so resuming it and
+``coevo es replay`` find the module from any folder (:func:`load_run_config` in :mod:`coevo.loop` passes the
+record to :func:`parse_config`); when the module cannot be found there either, the error names the module,
+the file it was loaded from and the fix.
 
 Example::
 
@@ -40,6 +44,8 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.util
+import json
 import os
 import sys
 import typing
@@ -203,14 +209,104 @@ def _format_errors(exc: ValidationError, prefix: str = "", model: type[BaseModel
     return lines
 
 
-def import_plugins(modules: Any) -> list[str]:
-    """Import the ``plugins`` modules (with the current folder on ``sys.path``); returns field-named errors."""
+#: the run folder's record of where each plug-in module was loaded from (:func:`plugin_origins`)
+PLUGINS_FILE = "plugins.json"
+
+
+def _findable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _import_root(name: str, file: Path) -> Path:
+    """The ``sys.path`` folder from which module ``name`` (file ``file``) was imported."""
+    root = file.parent.parent if file.name == "__init__.py" else file.parent
+    for _ in range(name.count(".")):
+        root = root.parent
+    return root
+
+
+def plugin_origins(cfg: RunConfig) -> dict[str, dict[str, str]]:
+    """Where the config's plug-in modules were loaded from: module -> ``{"file": its file, "root": the folder on
+    the import path it was found in}``, for the ``plugins`` modules, the modules of dotted-path ``type`` values
+    (also nested ones, e.g. a rollout's) and the modules defining the evolver classes, leaving out coevo's own
+    modules and modules not loaded. Saved as ``plugins.json`` in a new run's folder."""
+    names = list(cfg.plugins)
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            t = node.get("type")
+            if isinstance(t, str) and (":" in t or "." in t):
+                names.append(t.partition(":")[0] if ":" in t else t.rpartition(".")[0])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    for spec in cfg.evolvers:
+        walk({"type": spec.type, **spec.raw_params()})
+        names.append(resolve_evolver(spec.type).__module__)
+    package = Path(__file__).resolve().parent
+    out: dict[str, dict[str, str]] = {}
+    for name in dict.fromkeys(names):
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if not file or Path(file).resolve().is_relative_to(package):
+            continue
+        path = Path(file).resolve()
+        out[name] = {"file": str(path), "root": str(_import_root(name, path))}
+    return out
+
+
+def read_plugin_origins(run_dir: str | Path) -> dict[str, dict[str, str]]:
+    """A run folder's record of its plug-in modules (``plugins.json``, :func:`plugin_origins`); empty when there
+    is none (a run without plug-ins, or made before coevo kept the record) or it cannot be read."""
+    try:
+        data = json.loads((Path(run_dir) / PLUGINS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def add_plugin_roots(origins: dict[str, dict[str, str]] | None) -> None:
+    """Put on ``sys.path`` the recorded folder of every plug-in module (:func:`plugin_origins`) that cannot be
+    imported from the current one (a run resumed or replayed from another folder) and whose file still exists."""
+    for name, where in (origins or {}).items():
+        root = where.get("root") if isinstance(where, dict) else None
+        if not root or root in sys.path or name in sys.modules or _findable(name):
+            continue
+        if Path(where.get("file", "")).is_file():
+            sys.path.append(root)
+
+
+def import_hint(name: str, origins: dict[str, dict[str, str]] | None) -> str:
+    """How to make plug-in module ``name`` importable, for an error line: the file the run loaded it from
+    (recorded in ``plugins.json``) and the fix, else where Python looks for it."""
+    top = name.split(".")[0]
+    where = (origins or {}).get(name) or (origins or {}).get(top)
+    if isinstance(where, dict) and where.get("file"):
+        file, root = where["file"], where.get("root") or str(Path(where["file"]).parent)
+        if Path(file).is_file():
+            return f"; the run loaded it from {file}: set PYTHONPATH={root}"
+        return (
+            f"; the run loaded it from {file}, which no longer exists: put it back, or set PYTHONPATH to the "
+            "folder that now holds it"
+        )
+    return f"; run from the folder that holds {top}.py or set PYTHONPATH=<that folder> (or install it as a package)"
+
+
+def import_plugins(modules: Any, origins: dict[str, dict[str, str]] | None = None) -> list[str]:
+    """Import the ``plugins`` modules (with the current folder on ``sys.path``, and the recorded folders of
+    ``origins``, see :func:`add_plugin_roots`); returns field-named errors, each naming the fix."""
     if not isinstance(modules, list):
         return [] if modules is None else ["plugins: a list of module names"]
     errors = []
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.append(cwd)
+    add_plugin_roots(origins)
     for i, name in enumerate(modules):
         if not isinstance(name, str) or not name:
             errors.append(f"plugins.{i}: a module name (e.g. mypkg.evolvers)")
@@ -218,11 +314,13 @@ def import_plugins(modules: Any) -> list[str]:
         try:
             importlib.import_module(name)
         except ImportError as exc:
-            errors.append(f"plugins.{i}: cannot import {name!r} ({exc})")
+            missing = getattr(exc, "name", None)
+            hint = import_hint(name, origins) if missing and name.startswith(missing) else ""
+            errors.append(f"plugins.{i}: cannot import {name!r} ({exc}){hint}")
     return errors
 
 
-def _validate_evolvers(cfg: RunConfig) -> list[str]:
+def _validate_evolvers(cfg: RunConfig, origins: dict[str, dict[str, str]] | None = None) -> list[str]:
     """Validate each evolver's params with its type's Config; returns the errors (field-named).
 
     Types are resolved in an order that does not depend on the config's: dotted paths first (importing them
@@ -233,7 +331,8 @@ def _validate_evolvers(cfg: RunConfig) -> list[str]:
         try:
             classes[spec.name] = resolve_evolver(spec.type)
         except ValueError as exc:
-            errors.append(f"evolvers.{spec.name}.type: {exc}")
+            missing = getattr(exc.__cause__, "name", None) if isinstance(exc.__cause__, ImportError) else None
+            errors.append(f"evolvers.{spec.name}.type: {exc}" + (import_hint(missing, origins) if missing else ""))
     for spec in cfg.evolvers:
         if spec.name not in classes:
             continue
@@ -244,13 +343,20 @@ def _validate_evolvers(cfg: RunConfig) -> list[str]:
     return errors
 
 
-def parse_config(data: dict[str, Any], source: str = "<config>", overrides: list[str] | None = None) -> RunConfig:
+def parse_config(
+    data: dict[str, Any],
+    source: str = "<config>",
+    overrides: list[str] | None = None,
+    origins: dict[str, dict[str, str]] | None = None,
+) -> RunConfig:
     """Validate a config mapping.
 
     Args:
         data: the mapping. source: the file it came from (named in errors). overrides: the ``--set
             A.B=VALUE`` items applied to it (:func:`apply_overrides`): an error of a field they set names the
-            ``--set`` item instead of blaming ``source``.
+            ``--set`` item instead of blaming ``source``. origins: where a run loaded its plug-in modules
+            from (a run folder's ``plugins.json``, :func:`plugin_origins`): their folders join the import path
+            when the modules cannot be found otherwise, and import errors name them.
 
     Raises:
         ConfigError: naming each invalid field (an unknown one with the nearest allowed name) and, for
@@ -263,7 +369,8 @@ def parse_config(data: dict[str, Any], source: str = "<config>", overrides: list
 
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a run config must be a YAML mapping, got {type(data).__name__}")
-    plugin_errors = import_plugins(data.get("plugins"))
+    add_plugin_roots(origins)
+    plugin_errors = import_plugins(data.get("plugins"), origins)
     if plugin_errors:
         raise fail(plugin_errors)
     try:
@@ -272,7 +379,7 @@ def parse_config(data: dict[str, Any], source: str = "<config>", overrides: list
         errors = _format_errors(exc, model=RunConfig)
         evolver_errors = _evolver_errors_raw(data.get("evolvers"))
         raise fail(errors + evolver_errors) from None
-    errors = _validate_evolvers(cfg)
+    errors = _validate_evolvers(cfg, origins)
     for spec in cfg.evolvers if not errors else ():  # cross-evolver checks: EvolverConfig.link(name, cfg)
         errors += spec.params.link(spec.name, cfg)
     if not errors:

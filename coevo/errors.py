@@ -61,6 +61,12 @@ class InputFileError(UserError, ValueError):
     """A file or folder given by the user cannot be used (missing, wrong kind, unreadable, malformed)."""
 
 
+class PluginError(UserError):
+    """A user's plugin (an evolver class defined outside coevo, e.g. imported through ``plugins:``) raised, or
+    broke its contract (a malformed step report, a state that is not JSON): the message names the plugin, its
+    file and the method; the run's store and its last checkpoint are left as they were."""
+
+
 class RunFolderError(UserError):
     """A run folder cannot be used for this command (holds no run, already holds one, unreadable store)."""
 

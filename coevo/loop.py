@@ -57,9 +57,25 @@ from coevo.artifacts import RUN_IDENTITY, STEP_CUT
 from coevo.backends.base import decode_deadline
 from coevo.budget import Budget
 from coevo.checkpoint import CheckpointDir
-from coevo.config import RunConfig, parse_config
-from coevo.errors import BudgetExhausted, ConfigError, DeadlineReached, RunFolderError, RunInterrupted
-from coevo.evolvers.base import Evolver, RunContext, StepReport, record_report_sections, resolve_evolver
+from coevo.config import PLUGINS_FILE, RunConfig, parse_config, plugin_origins, read_plugin_origins
+from coevo.errors import (
+    BudgetExhausted,
+    ConfigError,
+    DeadlineReached,
+    PluginError,
+    RunFolderError,
+    RunInterrupted,
+    UserError,
+)
+from coevo.evolvers.base import (
+    Evolver,
+    RunContext,
+    StepReport,
+    plugin_label,
+    record_report_sections,
+    resolve_evolver,
+    step_report_problem,
+)
 from coevo.lock import RunLock
 from coevo.progress import RunProgress
 from coevo.store import TrajectoryStore
@@ -138,7 +154,35 @@ def load_run_config(run_dir: Path) -> RunConfig:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the config ({exc})") from None
-    return parse_config(data, str(path))
+    return parse_config(data, str(path), origins=read_plugin_origins(run_dir))
+
+
+@contextmanager
+def plugin_call(name: str, cls: type, method: str):
+    """Run a call of evolver ``name``'s ``method``: an exception from a plugin's class (defined outside coevo,
+    :func:`~coevo.evolvers.base.plugin_label`) becomes one :class:`~coevo.errors.PluginError` line naming the
+    evolver, the plugin, its file and the method (the original is chained: ``-v`` shows its traceback); user
+    errors, run stops and coevo's own exceptions pass unchanged."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as exc:
+        label = plugin_label(cls)
+        if label is None:
+            raise
+        first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+        detail = f"{type(exc).__name__}: {first[:300]}" if first else type(exc).__name__
+        raise PluginError(f"evolvers.{name}: plugin {label}: {method}() raised {detail}") from exc
+
+
+def plugin_problem(name: str, cls: type, method: str, problem: str) -> None:
+    """Raise for a contract ``problem`` of evolver ``name``'s ``method``: :class:`~coevo.errors.PluginError` for
+    a plugin's class, RuntimeError (a bug) for coevo's own."""
+    label = plugin_label(cls)
+    if label is None:
+        raise RuntimeError(f"evolvers.{name}: {cls.__qualname__}.{method}() {problem}")
+    raise PluginError(f"evolvers.{name}: plugin {label}: {method}() {problem}")
 
 
 def check_runnable(config: RunConfig, policy_factory=None) -> None:
@@ -274,6 +318,8 @@ class CoEvolutionLoop:
                     raw_config = {**raw_config, "model": model}
         if not resume and raw_config is not None:
             (self.run_dir / "config.yaml").write_text(yaml.safe_dump(raw_config, sort_keys=False))
+        if not resume and (origins := plugin_origins(config)):  # resume / replay find them from any folder
+            (self.run_dir / PLUGINS_FILE).write_text(json.dumps(origins, indent=1, sort_keys=True))
         self.checkpoints = CheckpointDir(self.run_dir / "checkpoints")
         b = config.budget
         self.budget = Budget(self.store, self.run_id, b.max_samples, b.max_rounds, b.max_wall_s)
@@ -294,10 +340,12 @@ class CoEvolutionLoop:
         self.evolvers: dict[str, Evolver] = {}
         for spec in config.evolvers:
             cls = resolve_evolver(spec.type)
-            self.evolvers[spec.name] = cls(spec.name, spec.params, self.ctx)
+            with plugin_call(spec.name, cls, "__init__"):
+                self.evolvers[spec.name] = cls(spec.name, spec.params, self.ctx)
         self.ctx.evolvers = self.evolvers
-        for ev in self.evolvers.values():
-            ev.setup()
+        for name, ev in self.evolvers.items():
+            with plugin_call(name, type(ev), "setup"):
+                ev.setup()
         self.schedule = config.resolved_schedule()
         self.round = 0
         self.slot = 0
@@ -345,29 +393,46 @@ class CoEvolutionLoop:
         self.budget.wall_used_s = max(state["wall_used_s"], self.budget.wall_used_s)
         self.ctx.shared.update(state["shared"])
         for name, ev in self.evolvers.items():
-            ev.load_state_dict(state["evolvers"].get(name, {}))
+            with plugin_call(name, type(ev), "load_state_dict"):
+                ev.load_state_dict(state["evolvers"].get(name, {}))
             sub = path / name
             if sub.exists():
-                ev.load_checkpoint(sub)
+                with plugin_call(name, type(ev), "load_checkpoint"):
+                    ev.load_checkpoint(sub)
         self.last_checkpoint = path.name
         self.resumed = (
             f"resumed {self.run_dir} at round {self.round}, slot {self.slot} "
             f"({self.budget.samples_used()} samples already used)"
         )
 
+    def _evolver_state(self, name: str, ev: Evolver) -> dict[str, Any]:
+        """``ev.state_dict()``, checked to be a JSON mapping (:func:`plugin_problem` otherwise)."""
+        with plugin_call(name, type(ev), "state_dict"):
+            state = ev.state_dict()
+        if not isinstance(state, dict):
+            plugin_problem(name, type(ev), "state_dict", f"returned {type(state).__name__}, not a dict")
+        try:
+            json.dumps(state)
+        except (TypeError, ValueError) as exc:
+            plugin_problem(name, type(ev), "state_dict", f"returned a state that is not JSON ({exc})")
+        return state
+
     def _checkpoint(self) -> None:
+        # states first: a broken one leaves the last checkpoint as it was (nothing half-written)
+        states = {name: self._evolver_state(name, ev) for name, ev in self.evolvers.items()}
         path = self.checkpoints.begin()
         for name, ev in self.evolvers.items():
             sub = path / name
             sub.mkdir()
-            ev.save_checkpoint(sub)
+            with plugin_call(name, type(ev), "save_checkpoint"):
+                ev.save_checkpoint(sub)
         state = {
             "round": self.round,
             "slot": self.slot,
             "steps_done": self.steps_done,
             "wall_used_s": self.budget.wall_elapsed(),
             "shared": self.ctx.shared,
-            "evolvers": {name: ev.state_dict() for name, ev in self.evolvers.items()},
+            "evolvers": states,
         }
         self.checkpoints.commit(path, state)
         self.last_checkpoint = path.name
@@ -523,8 +588,11 @@ class CoEvolutionLoop:
             self._current = (self.round, name)
             self.progress.step_started(self.round, name, evolver.space, self.budget.samples_used())
             started = time.time()
-            with decode_deadline(self.budget.deadline()):
+            with decode_deadline(self.budget.deadline()), plugin_call(name, type(evolver), "step"):
                 report = evolver.step(self.round)
+            problem = step_report_problem(report)
+            if problem is not None:
+                plugin_problem(name, type(evolver), "step", problem)
             self._record_step(name, report, started)
             if report.best_reward is not None:
                 prev = best.get(name)

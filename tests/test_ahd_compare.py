@@ -196,3 +196,19 @@ def test_tune_arm_reuses_the_finished_run_and_spends_no_samples(tmp_path, tiny_m
     capsys.readouterr()
     assert BENCH.main(argv) == 0
     assert capsys.readouterr().err.count("finished before, skipped") == 2
+
+
+def test_the_hillclimb_arm_runs_from_its_shipped_config(tmp_path, tiny_model_dir, capsys):
+    """``--methods hillclimb``: configs/ahd/hillclimb/<problem>.yaml at the shared budget; the incumbent starts at the
+    seed heuristic, so the best is never worse than it."""
+    out = tmp_path / "cmp"
+    argv = ["--problems", "tsp_construct", "--methods", "hillclimb", "--seeds", "7", "--max-samples", "4"]
+    argv += ["--sizes", "tsp_construct=8", "--ahd-set", "train_size=8", "--ahd-set", "train_count=2"]
+    argv += ["--ahd-set", "test_count=2", "--ahd-set", "batch=2", "--set", "sampling.max_new_tokens=4"]
+    argv += ["--set", "model.dtype=float32", "--model", str(tiny_model_dir), "--out", str(out)]
+    assert BENCH.main(argv) == 0
+    result = json.loads((out / "tsp_construct" / "hillclimb" / "seed7" / "result.json").read_text())
+    assert result["samples"] == 4 and "evolvers.hillclimb.batch=2" in result["settings"]
+    row = result["rows"]["8"]
+    assert row["best_objective"] is not None and row["best_objective"] <= row["seed_objective"] + 1e-12
+    assert "| tsp_construct | 8 | hillclimb | 1/1 |" in capsys.readouterr().out

@@ -362,7 +362,7 @@ def test_best_must_be_valid_on_validation_instances(tmp_path, validation_count):
     eoh.population.append(toward)  # a valid heuristic with the same training objective now wins
     assert eoh.publish_best() and eoh.best.id == "toward"
     assert len(eoh.rejected_best) == 1  # evaluated once per code
-    state = eoh._base_state()
+    state = eoh.state_dict()
     eoh2 = EoHEvolver("eoh", EoHConfig(**{**SMALL, "validation_count": validation_count}), ctx)
-    eoh2._load_base_state(state)
+    eoh2.load_state_dict(state)
     assert eoh2.rejected_best == eoh.rejected_best and eoh2.validation == eoh.validation

@@ -36,7 +36,7 @@ which writes children of an evolver's population under perturbed weights with th
   the best parent's ``parent_objective`` and ``parent_score`` (its reward, in the same score space).
 
 :class:`HeuristicSearch` is what other parts of a run may use of a heuristic-design evolver: its sampler,
-its population and whether it takes parent operators.
+its population and the calls its ES members make.
 """
 
 from __future__ import annotations
@@ -696,15 +696,20 @@ class HeuristicSampler:
 
 @runtime_checkable
 class HeuristicSearch(Protocol):
-    """What other parts of a run (the ES rollout ``eoh_children``) may use of a heuristic-design evolver.
+    """What other parts of a run (the ES rollout ``eoh_children``, the ``tune`` evolver) may use of a
+    heuristic-design evolver (:class:`coevo.evolvers.ahd_common.AHDEvolver` implements it).
 
     Attributes:
         sampler: its :class:`HeuristicSampler` (problem, training set, budget, store).
         population: its current population, ranked best first (empty when it keeps none, e.g. random
             sampling, or before initialisation).
-        parents_m: parents of the e1/e2 operators, or None when the search takes no parent operators.
+        member_operators: the operators an ES member writes for it by default.
+        member_jobs: ``member_jobs(key, n, operators=None) -> list[SampleJob]``, the calls one ES member makes
+            for it (``key``: the member's key without the run id; ``n`` calls per operator).
     """
 
     sampler: HeuristicSampler
     population: list[Individual]
-    parents_m: int | None
+    member_operators: tuple[str, ...]
+
+    def member_jobs(self, key: str, n: int, operators: Sequence[str] | None = None) -> list[SampleJob]: ...

@@ -1,4 +1,11 @@
-"""Evolvers: the base class, the registry and the built-in evolvers (es, eoh, sample, trace2skill)."""
+"""Evolvers: the base class, the registry and the built-in evolvers (es, eoh, sample, hillclimb, tune,
+trace2skill).
+
+:class:`AHDEvolver` / :class:`AHDConfig` (the public base of heuristic-design evolvers,
+:mod:`coevo.evolvers.ahd_common`) are imported on first use, so ``import coevo.evolvers`` stays light.
+"""
+
+from typing import Any
 
 from coevo.evolvers.base import (
     Evolver,
@@ -12,6 +19,8 @@ from coevo.evolvers.base import (
 )
 
 __all__ = [
+    "AHDConfig",
+    "AHDEvolver",
     "Evolver",
     "EvolverConfig",
     "RunContext",
@@ -21,3 +30,11 @@ __all__ = [
     "registered_evolvers",
     "resolve_evolver",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("AHDEvolver", "AHDConfig"):
+        from coevo.evolvers import ahd_common
+
+        return getattr(ahd_common, name)
+    raise AttributeError(f"module 'coevo.evolvers' has no attribute {name!r}")

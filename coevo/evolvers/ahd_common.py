@@ -1,34 +1,53 @@
-"""Shared machinery of the heuristic-design evolvers (:mod:`coevo.evolvers.eoh`, :mod:`coevo.evolvers.sampling`).
+"""The public base of heuristic-design evolvers: :class:`AHDEvolver` and its config :class:`AHDConfig`.
 
-Sampling, parsing, evaluation and recording are the sampler service's
-(:class:`coevo.ahd.sampler.HeuristicSampler`, one per evolver, shared with the ES rollout ``eoh_children``).
-This base class adds what belongs to an evolver of a run: its config, the best heuristic found
-(``kind="heuristic"`` artifacts, ``run_dir/best_heuristic.py``) and the report section comparing it with
-the problem's seed heuristic on held-out test instances, with the gap to the problem's named reference.
+Subclass :class:`AHDEvolver` to write an automatic-heuristic-design (AHD) search of your own: it gives you the
+problem (:attr:`AHDEvolver.problem`), the sampler service (:attr:`AHDEvolver.sampler`: prompt -> sample ->
+extract -> evaluate -> record, :class:`coevo.ahd.sampler.HeuristicSampler`), the best-heuristic tracking, the
+report section and resume; you write :meth:`~coevo.evolvers.base.Evolver.step`. docs/extending.md shows a
+complete one, the (1+1)-EPS hill climber (:mod:`coevo.evolvers.hillclimb`); ``eoh`` and ``sample`` are built
+on it too. What a subclass may use and override:
+
+* :attr:`~AHDEvolver.population` (a property, ranked best first): the heuristics parent operators draw from,
+  here and in ES members' children. The default is a list the base keeps and saves; override the property
+  to expose your own (e.g. one incumbent).
+* :meth:`~AHDEvolver.state_dict` / :meth:`~AHDEvolver.load_state_dict`: a subclass returns
+  ``{**super().state_dict(), ...}`` and calls ``super().load_state_dict(state)``, so the base state (the best,
+  the validation cache, rejected candidates, the default population, the pooling cursor) resumes exactly; a
+  subclass that leaves ``super()`` out raises ``TypeError`` naming the method.
+* :meth:`~AHDEvolver.collect_pooled`: the valid heuristics other parts of the run recorded for this search
+  since the last call (the children ES members wrote through this sampler, other evolvers' samples).
+* :attr:`~AHDEvolver.member_operators` / :meth:`~AHDEvolver.member_jobs`: what ES members write for this
+  search under perturbed weights (the ES rollout ``eoh_children`` asks :meth:`~AHDEvolver.member_jobs`).
 
 The best heuristic is the best (highest reward) of the valid heuristics recorded through this evolver's
 sampler (its own samples and the children ES members wrote for it) and of its population that is also valid
 on a few validation instances of each held-out size (``validation_count``, their own seed: neither training
-nor held-out instances); it is published at the end of every step, before the report and at the end of the
-run.
+nor held-out instances); of equal heuristics the earliest (the seed, then in recording order) stays the best,
+and the report says how many tie with it. It is published at the end of every step, before the report and
+at the end of the run. The report section compares it with the problem's seed heuristic on held-out test
+instances, with the gap to the problem's named reference.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
 from coevo.ahd.population import Individual, survivors
 from coevo.ahd.problem import HeuristicProblem, load_problem
-from coevo.ahd.sampler import HeuristicSampler
+from coevo.ahd.prompts import parents_needed
+from coevo.ahd.sampler import HeuristicSampler, SampleJob
 from coevo.ahd.seeds import check_instance_key, run_instance_seed
 from coevo.artifacts import HEURISTIC
+from coevo.errors import ConfigError
 from coevo.evolvers.base import Evolver, EvolverConfig, RunContext
 from coevo.sandbox.runner import SandboxLimits
 from coevo.tables import md_table
@@ -158,11 +177,30 @@ class AHDConfig(EvolverConfig):
         return v
 
 
-class AHDEvolver(Evolver):
-    """Base of the heuristic-design evolvers: the sampler service, best tracking, report.
+#: the keys :meth:`AHDEvolver.state_dict` saves (a subclass's state must hold them: it calls ``super()``)
+BASE_STATE_KEYS = ("best", "validation", "rejected_best", "population", "pool_cursor", "seeds")
 
-    Implements :class:`coevo.ahd.sampler.HeuristicSearch` (``sampler``, ``population``, ``parents_m``), the
-    interface the ES rollout ``eoh_children`` uses.
+
+class AHDEvolver(Evolver):
+    """Public base of heuristic-design evolvers (module docstring): the problem, the sampler service, the
+    population hook, best tracking, the report section and resumable state. Subclasses implement
+    :meth:`~coevo.evolvers.base.Evolver.step`; a config subclasses :class:`AHDConfig`.
+
+    Implements :class:`coevo.ahd.sampler.HeuristicSearch` (``sampler``, ``population``, ``member_jobs``), the
+    interface the ES rollout ``eoh_children`` and the ``tune`` evolver use.
+
+    Attributes:
+        problem: the :class:`~coevo.ahd.problem.HeuristicProblem` (``name``, ``direction`` ``"minimize"`` or
+            ``"maximize"``, ``objective_name``, ``function_name``, ``seed_heuristic_code()``).
+        sampler: the :class:`~coevo.ahd.sampler.HeuristicSampler` of this search: ``sampler.job(operator,
+            key=, seed=, parents=)`` builds one LLM call of an EoH operator (``i1``, ``e1``, ``e2``, ``m1``,
+            ``m2``, ``m3``; :mod:`coevo.ahd.prompts`), ``sampler.key(*parts)`` a trajectory key,
+            ``sampler.sample(jobs, round_index=, generation=, existing=)`` samples, evaluates and records them
+            (one :class:`~coevo.types.Trajectory` per job, valid or not; cut to the sample budget; cached by key
+            on a re-run), ``sampler.seed_individual()`` the problem's seed heuristic, evaluated;
+            ``sampler.reward_unit`` what a reward is (``-objective`` when minimising: higher is better).
+        best: the run's best heuristic so far (:class:`~coevo.ahd.population.Individual`), or None.
+        train_size, train_seed, test_seed, validation_seed: the instance sets' size and seeds.
 
     Raises:
         ValueError: ``problem`` names no problem (the message lists the available ones).
@@ -170,8 +208,24 @@ class AHDEvolver(Evolver):
 
     space: ClassVar[str] = "context"
     Config: ClassVar[type[EvolverConfig]] = AHDConfig
-    #: parents of e1/e2; None: this search takes no parent operators (see HeuristicSearch)
-    parents_m: int | None = None
+    #: the operators an ES member writes for this search by default (rollout ``eoh_children`` without
+    #: ``operators``); see :meth:`member_jobs`
+    member_operators: ClassVar[tuple[str, ...]] = ("i1",)
+    #: whether this search keeps a population parent operators can draw from (False: e.g. ``sample``, whose ES
+    #: members can only write i1 samples)
+    keeps_population: ClassVar[bool] = True
+    #: parents of the e1/e2 operators when :meth:`member_jobs` draws them (EoH sets its ``parents_m``)
+    parents_m: int = 2
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Wrap a subclass's own ``state_dict`` / ``load_state_dict`` so that leaving out ``super()`` (which
+        would lose the base state on resume) raises ``TypeError`` naming the method."""
+        super().__init_subclass__(**kwargs)
+        save, load = cls.__dict__.get("state_dict"), cls.__dict__.get("load_state_dict")
+        if save is not None and not getattr(save, "_keeps_base", False):
+            cls.state_dict = _checked_save(save)  # type: ignore[method-assign]
+        if load is not None and not getattr(load, "_keeps_base", False):
+            cls.load_state_dict = _checked_load(load)  # type: ignore[method-assign]
 
     def __init__(self, name: str, config: AHDConfig, ctx: RunContext):
         super().__init__(name, config, ctx)
@@ -215,7 +269,12 @@ class AHDEvolver(Evolver):
             operator_temperature=c.operator_temperature,
         )
         self.train_tag = self.sampler.train_tag
-        self.population: list[Individual] = []
+        self._population: list[Individual] = []
+        #: id -> every seed heuristic (operator ``seed``) the population has held: candidates for the best even
+        #: after the population dropped them (e.g. for a later twin of equal objective)
+        self._seeds: dict[str, Individual] = {}
+        #: largest trajectory id :meth:`collect_pooled` has looked at
+        self.pool_cursor = 0
         self.best: Individual | None = None
         self._test_cache: dict[tuple[str, int], EvalResult] = {}
         #: wall seconds spent on held-out evaluations in this session (instances generated and evaluated)
@@ -256,19 +315,104 @@ class AHDEvolver(Evolver):
         """The training :class:`~coevo.ahd.instances.InstanceSet` (the sampler's)."""
         return self.sampler.train_instances
 
+    # ------------------------------------------------------------------ the search's hooks
+    @property
+    def population(self) -> list[Individual]:
+        """The heuristics of this search, ranked best first: parent operators draw from them (here and in
+        :meth:`member_jobs`), they join the best-heuristic candidates, and the sampler's duplicate check knows
+        them. Default: a list the base keeps and saves in :meth:`state_dict` (empty at first); override the
+        property (a getter alone is enough) to expose what your search keeps, e.g. ``[self.incumbent]``."""
+        return self._population
+
+    @population.setter
+    def population(self, value: list[Individual]) -> None:
+        self._population = list(value)
+        self._remember_seeds(self._population)
+
+    def _remember_seeds(self, individuals: Sequence[Individual]) -> None:
+        for ind in individuals:
+            if ind.operator == "seed":
+                self._seeds.setdefault(ind.id, ind)
+
+    def collect_pooled(self) -> list[Individual]:
+        """The valid heuristics recorded for this problem and training set since the last call, by anyone but
+        this evolver: the children ES members wrote through :attr:`sampler` (rollout ``eoh_children``), samples
+        of other evolvers of the run. Oldest first. The cursor (:attr:`pool_cursor`: the largest trajectory id
+        returned) is part of :meth:`state_dict`, so a step re-run after a crash collects the same heuristics
+        again and ends in the same state."""
+        pooled = [t for t in self.sampler.recorded(since_id=self.pool_cursor) if t.evolver != self.name]
+        self.pool_cursor = max([self.pool_cursor, *(t.id for t in pooled)])
+        return [Individual.from_trajectory(t) for t in pooled]
+
+    def member_jobs(self, key: str, n: int, operators: Sequence[str] | None = None) -> list[SampleJob]:
+        """The LLM calls one ES member makes for this search under its perturbed weights: the ES rollout
+        ``eoh_children`` asks for them once per member and ES generation, samples them through :attr:`sampler`
+        and records them for the ES evolver (they reach this search through :meth:`collect_pooled`).
+
+        Default: ``n`` calls of each operator, parents drawn by rank from :attr:`population`
+        (:meth:`~coevo.ahd.sampler.HeuristicSampler.operator_jobs`; ``parents_m`` parents for e1/e2); with an
+        empty population (e.g. before the first step) ``n`` fresh ``i1`` calls per operator instead. Override
+        it to give ES members your own prompts (build each call with ``self.sampler.job`` or a
+        :class:`~coevo.ahd.sampler.SampleJob` of your own messages), making ``n x len(operators)`` calls: the
+        ES evolver sizes its sample budget by that count (the rollout's ``n_cases``).
+
+        Args:
+            key: the member's key without the run id, unique per ES generation and member. Keys of the calls:
+                ``<run id>/<key>/<operator>/<slot>``; random draws come from ``self.ctx.rng(key, ...)``, so a
+                re-run makes the same calls.
+            n: calls per operator (the rollout's ``children_per_operator``).
+            operators: the rollout's ``operators``, or None for :attr:`member_operators`.
+
+        Returns:
+            The calls, each with ``meta`` ``parent_score`` / ``worst_score`` for the rollout's rewards.
+
+        Raises:
+            ConfigError: a parent operator asked of a search that keeps no population (:attr:`keeps_population`).
+        """
+        ops = list(self.member_operators if operators is None else operators)
+        parented = any(parents_needed(op, self.parents_m) for op in ops)
+        if parented and not self.keeps_population:
+            raise ConfigError(
+                f"rollout.operators: {ops} need parents, but evolver {self.name!r} ({self.type_name}) keeps no "
+                "population; use [i1]"
+            )
+        if parented and self.population:
+            return self.sampler.operator_jobs(
+                ops, n, self.ctx.rng(key, "children"), (key,), population=self.population, parents_m=self.parents_m
+            )
+        rng = self.ctx.rng(key, "i1")
+        return [
+            self.sampler.job("i1", key=self.sampler.key(key, "i1", j), seed=rng.getrandbits(63))
+            for j in range(n * len(ops))
+        ]
+
     # ------------------------------------------------------------------ best heuristic
+    def best_candidates(self) -> list[Individual]:
+        """The candidates for the best heuristic, best training reward first; of equal rewards the earliest first:
+        the seed heuristics the population has held (also those it dropped since), then this search's recorded
+        heuristics (its own samples and the
+        children ES members wrote for it) in recording order, then the rest of the population. One entry per id;
+        only finite rewards."""
+        own = [Individual.from_trajectory(t) for t in self.sampler.recorded() if t.meta.get("sampler") == self.name]
+        pop = list(self.population)
+        self._remember_seeds(pop)
+        ordered = list(self._seeds.values()) + own + pop
+        unique: dict[str, Individual] = {}
+        for c in ordered:
+            if math.isfinite(c.reward):
+                unique.setdefault(c.id, c)
+        return sorted(unique.values(), key=lambda c: -c.reward)  # stable: the earliest of equal rewards first
+
     def publish_best(self) -> bool:
-        """Make the best candidate (see the module docstring) the run's best if it beats the current one.
+        """Make the best candidate (:meth:`best_candidates`) the run's best if it strictly beats the current one
+        (a tie keeps the current best: the earliest of equal heuristics).
 
         Candidates are taken best training reward first; each must also be valid on the validation instances
         (:meth:`validation_failure`), else it is recorded in :attr:`rejected_best` and the next one is tried.
         A new best is stored as a ``kind="heuristic"`` artifact (idempotent on its id) and written to
         ``run_dir/best_heuristic.py``. Returns whether the best changed.
         """
-        own = [Individual.from_trajectory(t) for t in self.sampler.recorded() if t.meta.get("sampler") == self.name]
-        finite = sorted(
-            (c for c in own + list(self.population) if math.isfinite(c.reward)), key=lambda c: c.reward, reverse=True
-        )
+        finite = self.best_candidates()
         top = None
         for cand in finite:
             if self.best is not None and cand.reward <= self.best.reward:
@@ -536,6 +680,21 @@ class AHDEvolver(Evolver):
         thought = " ".join(b.thought.split())
         return f"{head}, made by {b.provenance()}" + (f'; its thought: "{thought}".' if thought else ".")
 
+    def tie_sentence(self) -> str:
+        """The report's sentence on the heuristics that tie with the best (the same training reward, other code),
+        or "" when none does: the earliest of equal heuristics stays the best."""
+        b = self.best
+        if b is None:
+            return ""
+        ties = [c for c in self.best_candidates() if c.reward == b.reward and c.code_hash != b.code_hash]
+        if not ties:
+            return ""
+        names = ", ".join(f"`{c.id}`" for c in ties[:3]) + (f" and {len(ties) - 3} more" if len(ties) > 3 else "")
+        return (
+            f"Tie: {len(ties)} other heuristic(s) reach the same training objective ({b.objective:.6g}): {names}; "
+            f"the earliest, `{b.id}`, stays the best."
+        )
+
     def es_children_rows(self) -> list[list[Any]]:
         """Per ES evolver and generation, the children its members wrote for this search (read from the store):
         [ES evolver, generation, sigma, children, valid, valid %, best child objective, mean objective of the
@@ -616,7 +775,10 @@ class AHDEvolver(Evolver):
                 "held-out sizes" + (f" (ties: {compared.count('tie')})." if "tie" in compared else "."),
             ]
         if self.best is not None:
-            lines += ["", self.best_sentence() + " Code: `best_heuristic.py`."]
+            lines += [
+                "",
+                " ".join(filter(None, [self.best_sentence(), self.tie_sentence(), "Code: `best_heuristic.py`."])),
+            ]
         else:
             lines += ["", "No valid heuristic was found."]
         lines += self._rejected_best_lines()
@@ -654,16 +816,64 @@ class AHDEvolver(Evolver):
         self.publish_best()
         self.write_best_file()
 
-    def _base_state(self) -> dict[str, Any]:
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """The base state (keys :data:`BASE_STATE_KEYS`): the best heuristic, the validation cache, the rejected
+        candidates, the default population, the pooling cursor and the seed heuristics held. A subclass returns
+        ``{**super().state_dict(), ...its own keys}`` (JSON-serialisable)."""
         return {
             "best": self.best.to_dict() if self.best else None,
             "validation": dict(self.validation),
             "rejected_best": list(self.rejected_best),
             "skipped_seeds": dict(self.skipped_seeds),
+            "population": [i.to_dict() for i in self._population],
+            "pool_cursor": self.pool_cursor,
+            "seeds": [i.to_dict() for i in self._seeds.values()],
         }
 
-    def _load_base_state(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved; a subclass calls ``super().load_state_dict(state)`` first."""
         self.best = Individual.from_dict(state["best"]) if state.get("best") else None
         self.validation = dict(state.get("validation") or {})
         self.rejected_best = list(state.get("rejected_best") or [])
         self.skipped_seeds = dict(state.get("skipped_seeds") or {})
+        self._population = [Individual.from_dict(d) for d in state.get("population") or []]
+        self.pool_cursor = int(state.get("pool_cursor") or 0)
+        self._seeds = {d["id"]: Individual.from_dict(d) for d in state.get("seeds") or []}
+        self._remember_seeds(self._population)
+        self._base_loaded = True
+
+
+def _checked_save(method):
+    """``method`` (a subclass's ``state_dict``), raising ``TypeError`` when its result lacks the base state."""
+
+    @functools.wraps(method)
+    def state_dict(self):
+        state = method(self)
+        missing = [k for k in BASE_STATE_KEYS if k not in state] if isinstance(state, dict) else list(BASE_STATE_KEYS)
+        if missing:
+            raise TypeError(
+                f"{type(self).__qualname__}.state_dict() must return {{**super().state_dict(), ...}} "
+                f"(missing: {', '.join(missing)}): without it the best heuristic is lost on resume"
+            )
+        return state
+
+    state_dict._keeps_base = True  # type: ignore[attr-defined]
+    return state_dict
+
+
+def _checked_load(method):
+    """``method`` (a subclass's ``load_state_dict``), raising ``TypeError`` when it skips the base's."""
+
+    @functools.wraps(method)
+    def load_state_dict(self, state):
+        self._base_loaded = False
+        method(self, state)
+        if not self._base_loaded:
+            raise TypeError(
+                f"{type(self).__qualname__}.load_state_dict() must call super().load_state_dict(state): without "
+                "it the best heuristic is lost on resume"
+            )
+
+    load_state_dict._keeps_base = True  # type: ignore[attr-defined]
+    return load_state_dict

@@ -22,6 +22,12 @@ Scoring a candidate context: :func:`score_context` rolls a policy out under a ca
 rollout) and records the trajectories once, cached by key for resume; ``ESEvolver.score_context`` calls it
 with the ES centre.
 
+Plug-ins: for an evolver class defined outside coevo (:func:`plugin_label`), the loop turns an exception from its
+constructor, ``setup``, ``step``, ``state_dict`` / ``load_state_dict`` or checkpoint methods, a malformed step
+report (:func:`step_report_problem`) or a state that is not JSON into one :class:`~coevo.errors.PluginError` line
+naming the evolver, the class, its file and the method; states are taken before a checkpoint is begun, so the
+last checkpoint and the store stay as they were.
+
 Report sections: at the end of a run the loop calls :func:`record_report_sections`, which stores each
 evolver's :meth:`Evolver.report_markdown` in the run's store; the run report (:mod:`coevo.report`) only
 reads the store, so ``coevo runs show RUN --report`` rebuilds the same report later.
@@ -82,6 +88,48 @@ class StepReport:
     metrics: dict[str, float] = field(default_factory=dict)
     stop: bool = False
     stop_reason: str | None = None
+
+
+def step_report_problem(report: Any) -> str | None:
+    """What is wrong with ``report`` as an :class:`StepReport` returned by a step (its type, a count that is not
+    an int >= 0, a reward or metric that is not a number, a stop flag that is not a bool), or None when it is
+    well-formed. The loop stores reports as JSON and sums their counts, so it checks every step's."""
+    if not isinstance(report, StepReport):
+        return f"returned {type(report).__name__}, not a StepReport"
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    for name in ("samples", "trajectories"):
+        v = getattr(report, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            return f"returned a StepReport whose {name} is {v!r}, not an int >= 0"
+    if report.best_reward is not None and not number(report.best_reward):
+        return f"returned a StepReport whose best_reward is {report.best_reward!r}, not a number or None"
+    if not isinstance(report.metrics, dict):
+        return f"returned a StepReport whose metrics is {type(report.metrics).__name__}, not a dict"
+    for k, v in report.metrics.items():
+        if not isinstance(k, str) or not isinstance(v, (int, float)):  # bool too: a flag plots as 0 / 1
+            return f"returned a StepReport whose metrics[{k!r}] is {v!r}, not a number"
+    if not isinstance(report.stop, bool):
+        return f"returned a StepReport whose stop is {report.stop!r}, not a bool"
+    for name in ("reward_unit", "stop_reason"):
+        v = getattr(report, name)
+        if v is not None and not isinstance(v, str):
+            return f"returned a StepReport whose {name} is {v!r}, not a string or None"
+    return None
+
+
+def plugin_label(cls: type) -> str | None:
+    """``module:Class (file)`` of an evolver class defined outside the coevo package (a user's plugin), or None
+    for coevo's own classes."""
+    import sys
+
+    mod = cls.__module__
+    if mod == "coevo" or mod.startswith("coevo."):
+        return None
+    file = getattr(sys.modules.get(mod), "__file__", None)
+    return f"{mod}:{cls.__qualname__}" + (f" ({file})" if file else "")
 
 
 class Evolver(ABC):

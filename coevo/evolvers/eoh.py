@@ -81,26 +81,25 @@ class EoHEvolver(AHDEvolver):
     """EoH over the run's policy; one step = initialisation or one generation (see the module docstring)."""
 
     Config = EoHConfig
+    #: ES members write m1 / m2 children of the population (Agentic ESOpt's AHD setting)
+    member_operators = ("m1", "m2")
 
     def __init__(self, name: str, config: EoHConfig, ctx):
         super().__init__(name, config, ctx)
         self.parents_m = config.parents_m
         self.generation = 0  # generations completed (0 = not initialised)
         self.init_attempts = 0
-        self.pool_cursor = 0  # largest trajectory id already considered for pooling
 
     # ------------------------------------------------------------------ pooling
     def fold_pooled(self) -> int:
         """Add the valid heuristics recorded since this evolver's last step (by other evolvers, or by ES
-        members through this evolver's sampler) for the same problem and training set to the population.
-
-        The cursor (largest trajectory id considered) moves past this evolver's own samples at the end of
-        every step, so only trajectories written between its steps are folded. Returns the number of
-        heuristics folded in (before survivor selection).
+        members through this evolver's sampler) for the same problem and training set to the population
+        (:meth:`~coevo.evolvers.ahd_common.AHDEvolver.collect_pooled`). Returns the number of heuristics folded
+        in (before survivor selection).
         """
         if not self.config.pool_other_evolvers:
             return 0
-        pooled = [Individual.from_trajectory(t) for t in self.sampler.recorded(since_id=self.pool_cursor)]
+        pooled = self.collect_pooled()
         if pooled:
             self.population = survivors(self.population + pooled, self.config.population_size)
         return len(pooled)
@@ -204,7 +203,6 @@ class EoHEvolver(AHDEvolver):
             self._initialise(round_index, report)
         else:
             self._generation(round_index, report)
-        self.pool_cursor = max(self.pool_cursor, self.sampler.last_id())
         self.publish_best()
         report.metrics.update(
             generation=float(self.generation), population=float(len(self.population)), pooled=float(pooled)
@@ -215,20 +213,12 @@ class EoHEvolver(AHDEvolver):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        return {
-            **self._base_state(),
-            "population": [i.to_dict() for i in self.population],
-            "generation": self.generation,
-            "init_attempts": self.init_attempts,
-            "pool_cursor": self.pool_cursor,
-        }
+        return {**super().state_dict(), "generation": self.generation, "init_attempts": self.init_attempts}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._load_base_state(state)
-        self.population = [Individual.from_dict(d) for d in state.get("population", [])]
+        super().load_state_dict(state)
         self.generation = state.get("generation", 0)
         self.init_attempts = state.get("init_attempts", 0)
-        self.pool_cursor = state.get("pool_cursor", 0)
 
     def report_markdown(self) -> str:
         rows = [[i.id, i.operator, i.source, i.objective, i.thought[:100]] for i in self.population]

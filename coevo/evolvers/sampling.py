@@ -32,6 +32,7 @@ class RandomSamplingEvolver(AHDEvolver):
     """Independent i1 samples, keeping the best (see the module docstring)."""
 
     Config = RandomSamplingConfig
+    keeps_population = False  # ES members (rollout eoh_children) write i1 samples only
 
     def __init__(self, name: str, config: RandomSamplingConfig, ctx):
         super().__init__(name, config, ctx)
@@ -62,13 +63,8 @@ class RandomSamplingEvolver(AHDEvolver):
         return report
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            **self._base_state(),
-            "steps_done": self.steps_done,
-            "population": [i.to_dict() for i in self.population],
-        }
+        return {**super().state_dict(), "steps_done": self.steps_done}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._load_base_state(state)
+        super().load_state_dict(state)
         self.steps_done = state.get("steps_done", 0)
-        self.population = [Individual.from_dict(d) for d in state.get("population", [])]

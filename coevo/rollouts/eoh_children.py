@@ -3,9 +3,13 @@
 Agentic ESOpt's AHD setting (docs/references.md §2): at test time, the chosen EoH operators (e.g. M1, M2) generate
 their children under perturbed weights, one ES member per seed; the same children enter the EoH population
 (pooled samples: the EoH evolver folds them in at its next step), and ES adapts the model's weights from
-their rewards. Children are prompted, sampled, evaluated and recorded by the searched evolver's sampler
-service (:class:`coevo.ahd.sampler.HeuristicSampler`, through the :class:`~coevo.ahd.sampler.HeuristicSearch`
-interface), so they use its training set and count in its best heuristic.
+their rewards. What a member writes is the searched evolver's to say: the rollout asks it for the member's calls
+(``member_jobs`` of the :class:`~coevo.ahd.sampler.HeuristicSearch` interface, e.g.
+:meth:`coevo.evolvers.ahd_common.AHDEvolver.member_jobs`: EoH's m1 / m2 children of its population, the hill
+climber's improved variants of its incumbent, any heuristic-design evolver's own prompts), so ES perturbs the
+model while it writes what that search asks for. Children are sampled, evaluated and recorded by the searched
+evolver's sampler service (:class:`coevo.ahd.sampler.HeuristicSampler`), so they use its training set and count
+in its best heuristic.
 
 Member rewards are computed in score space, ``s = -objective`` for minimisation problems and ``s = objective``
 for maximisation (the evaluator's score, higher is better), so every problem direction is rewarded the
@@ -65,9 +69,12 @@ _STAGE = {
 
 class EoHChildrenConfig(RolloutConfig):
     type: str = "eoh_children"
-    evolver: str = Field("eoh", description="name of the run's eoh or sample evolver whose population is used")
-    operators: list[Literal["i1", "e1", "e2", "m1", "m2", "m3"]] = Field(
-        default_factory=lambda: ["m1", "m2"], min_length=1, description="operators run under perturbed weights"
+    evolver: str = Field("eoh", description="name of the run's heuristic-design evolver (eoh, sample, hillclimb, ...)")
+    operators: list[Literal["i1", "e1", "e2", "m1", "m2", "m3"]] | None = Field(
+        None,
+        min_length=1,
+        description="operators run under perturbed weights; default (null): the searched evolver's own "
+        "(member_operators: eoh m1, m2; sample i1; hillclimb m1 on its incumbent)",
     )
     children_per_operator: int = Field(1, ge=1, description="children per operator and member")
     invalid: Literal["paper", "zero"] | float = Field("paper", description="reward rule for invalid children")
@@ -104,25 +111,9 @@ class EoHChildrenRollout(Rollout):
         return key_prefix.removeprefix(f"{self.ctx.run_id}/")
 
     def _jobs(self, search: HeuristicSearch, key_prefix: str) -> list:
-        """The calls of one member keyed by ``key_prefix``: children of the chosen operators, or (no population
-        yet, or i1 only) fresh i1 samples; deterministic in the run seed and the member's key."""
-        cfg, sampler = self.config, search.sampler
-        local = self._local(key_prefix)
-        parented = any(op != "i1" for op in cfg.operators)
-        if parented and search.parents_m is None:
-            raise ValueError(f"rollout.operators: {cfg.operators} need an eoh evolver, not {self.config.evolver!r}")
-        if parented and search.population:
-            return sampler.operator_jobs(
-                cfg.operators,
-                cfg.children_per_operator,
-                self.ctx.rng(local, "children"),
-                (local,),
-                population=search.population,
-                parents_m=search.parents_m,
-            )
-        rng = self.ctx.rng(local, "i1")
-        n = cfg.children_per_operator * len(cfg.operators)
-        return [sampler.job("i1", key=f"{key_prefix}/i1/{j}", seed=rng.getrandbits(63)) for j in range(n)]
+        """The calls of one member keyed by ``key_prefix``, as the searched evolver makes them
+        (``search.member_jobs``); deterministic in the run seed and the member's key."""
+        return search.member_jobs(self._local(key_prefix), self.config.children_per_operator, self.config.operators)
 
     def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
         """Children (or, with no population yet or i1 only, fresh i1 samples) written by ``policy`` through
@@ -227,4 +218,12 @@ class EoHChildrenRollout(Rollout):
         return self.population_rewards([trajectories])[0]
 
     def n_cases(self, split: Split = "train") -> int:
-        return self.config.children_per_operator * len(self.config.operators) if split == "train" else 0
+        """Calls per member: ``children_per_operator`` x the operators (``operators``, else the searched
+        evolver's ``member_operators``, read once the run's evolvers exist; 1 before)."""
+        if split != "train":
+            return 0
+        ops = self.config.operators
+        if ops is None:
+            search = self.ctx.evolvers.get(self.config.evolver) if self.ctx is not None else None
+            ops = getattr(search, "member_operators", None) or ["i1"]
+        return self.config.children_per_operator * len(ops)
