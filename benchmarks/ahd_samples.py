@@ -14,7 +14,9 @@ Everything is read from each run's ``store.sqlite`` (and its ``config.yaml``); p
   (and per valid-and-novel one);
 * ``children > parent``: valid LLM children (operators e1, e2, m1-m3, repair) whose training objective beats
   their best parent's (``meta["parent_objective"]``);
-* repairs (operator ``repair``): made, valid, repeating the failure they repair;
+* repairs (operator ``repair``): made, valid, valid-and-novel, their completion tokens, repeating the failure they
+  repair; per arm, valid heuristics per 1,000 completion tokens of the repairs against that of the other calls
+  (a repair pays when its rate is the higher: the same seeds give the same first samples with repair on or off);
 * the held-out best: the run's best heuristic (its ``heuristic`` artifact) and the problem's seed heuristic on the
   run's held-out sets (``test_sizes`` x ``test_count``, its ``test_seed``), objective and gap to the reference
   (:func:`ahd_compare.heldout_rows`);
@@ -249,7 +251,8 @@ def read_run(run_dir: Path, arm: str | None, cache: HeldoutCache) -> dict[str, A
                     res.objective,
                     behaviour_key(res.metrics.get("objectives")),
                 )
-        started = [k for k in seeds if (k == "seed" and spec.params.include_seed_heuristic) or k != "seed"]
+        with_nn = getattr(spec.params, "include_seed_heuristic", False)  # an EoH setting
+        started = [k for k in seeds if k != "seed" or with_nn]
         start_ids = started or ["seed"]
         pick = min if direction == "minimize" else max
         seed_id = pick((k for k in start_ids if k in seeds), key=lambda k: seeds[k][0])
@@ -296,6 +299,8 @@ def read_run(run_dir: Path, arm: str | None, cache: HeldoutCache) -> dict[str, A
             "children_better_than_parent": len(better),
             "repairs": len(repairs),
             "repairs_valid": sum(_evaluated(t) for t in repairs),
+            "repairs_valid_novel": sum(t.id in novel_ids for t in repairs),
+            "repair_completion_tokens": sum(t.completion_tokens for t in repairs),
             "repairs_repeating_failure": sum(bool(t.meta.get("repeats_failure")) for t in repairs),
             "failures": dict(Counter(t.failure or "valid" for t in heur)),
             "seed_id": seed_id,
@@ -354,6 +359,10 @@ def _mean(xs: list[float | None]) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
+def _per_1k(count: int, tokens: int) -> float | None:
+    return 1000 * count / tokens if tokens else None
+
+
 def arm_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (problem, arm): means over the seeds (tokens per valid pooled: all tokens over all valid)."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -382,6 +391,20 @@ def arm_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "children_better_than_parent": sum(r["children_better_than_parent"] for r in rs),
                 "repairs": sum(r["repairs"] for r in rs),
                 "repairs_valid": sum(r["repairs_valid"] for r in rs),
+                "valid_per_1k_tokens_first": _per_1k(
+                    sum(r["valid"] - r["repairs_valid"] for r in rs),
+                    sum(r["completion_tokens"] - r["repair_completion_tokens"] for r in rs),
+                ),
+                "valid_per_1k_tokens_repairs": _per_1k(
+                    sum(r["repairs_valid"] for r in rs), sum(r["repair_completion_tokens"] for r in rs)
+                ),
+                "novel_per_1k_tokens_first": _per_1k(
+                    sum(r["valid_novel"] - r["repairs_valid_novel"] for r in rs),
+                    sum(r["completion_tokens"] - r["repair_completion_tokens"] for r in rs),
+                ),
+                "novel_per_1k_tokens_repairs": _per_1k(
+                    sum(r["repairs_valid_novel"] for r in rs), sum(r["repair_completion_tokens"] for r in rs)
+                ),
                 "heldout_best": {
                     size: _mean([(r["heldout"].get(str(size)) or {}).get("best_objective") for r in rs])
                     for size in sizes
@@ -417,6 +440,7 @@ def table(arms: list[dict[str, Any]]) -> str:
         "tokens/novel",
         "runs with child > parent",
         "repairs (valid)",
+        "valid per 1k tokens: first / repairs",
         "held-out best (gap %)",
         "gain: LLM / tune / start / total",
     ]
@@ -438,6 +462,7 @@ def table(arms: list[dict[str, Any]]) -> str:
                 _fmt(a["tokens_per_valid_novel"], 0),
                 f"{a['runs_child_better_than_parent']}/{len(a['seeds'])}",
                 f"{a['repairs']} ({a['repairs_valid']})",
+                f"{_fmt(a['valid_per_1k_tokens_first'], 2)} / {_fmt(a['valid_per_1k_tokens_repairs'], 2)}",
                 held or "-",
                 gain,
             ]

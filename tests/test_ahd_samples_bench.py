@@ -83,6 +83,7 @@ def test_summary_of_a_scripted_run_counts_samples_children_repairs_and_splits_th
     assert row["valid_novel"] == evaluated - 1 - (child.failure == "behavioural_duplicate")
     assert row["completion_tokens"] == 6 * 40 and row["tokens_per_valid"] == pytest.approx(240 / evaluated)
     assert row["repairs"] == 1 and row["repairs_valid"] == 1 and row["repairs_repeating_failure"] == 0
+    assert row["repairs_valid_novel"] == 1 and row["repair_completion_tokens"] == 40
     better = child.meta.get("objective") is not None and child.meta["objective"] < child.meta["parent_objective"]
     assert row["children"] == (1 if evaluated == 5 else 0) + 1  # the repair is an LLM child of its i1's parents
     assert row["children_better_than_parent"] == int(better)
@@ -104,6 +105,25 @@ def test_summary_of_a_scripted_run_counts_samples_children_repairs_and_splits_th
     # a second summary evaluates nothing on the held-out sets (cached)
     cache = json.loads((out / "heldout_cache.json").read_text())
     assert len(cache) == 1
+
+
+def test_novelty_is_counted_from_the_store_against_the_problems_seed(tmp_path, bench):
+    """A `sample` run (no seed heuristic in its search, so the sampler records nearest neighbour written with
+    min() as valid): the benchmark still counts it as valid but not novel (the problem's seed heuristic has
+    its objectives)."""
+    data = {
+        "run": {"name": "s", "seed": 2},
+        "budget": {"max_rounds": 1},
+        "evolvers": [{"name": "sample", "type": "sample", **SMALL, "batch": 4}],
+        "report": {"plots": False},
+    }
+    script = [reply("min", NN_SAME_OBJECTIVE), reply("far", FARTHEST), "no code", reply("index", FIRST_INDEX)]
+    make_loop(tmp_path, data, lambda: ScriptedPolicy(script=script)).run()
+    assert bench.main(["--summarise", str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    (row,) = [r for r in rows if r["type"] == "run"]
+    assert (row["llm_calls"], row["valid"], row["valid_novel"]) == (4, 3, 2)
+    assert row["failures"] == {"valid": 3, "parse": 1} and row["seed_id"] == "seed"
 
 
 def test_tiny_model_grid_runs_reuses_and_summarises(tmp_path, bench, capsys):

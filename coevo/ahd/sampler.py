@@ -390,7 +390,8 @@ class HeuristicSampler:
         policy: Policy | None = None,
         existing: Sequence[Individual] = (),
     ) -> list[Trajectory]:
-        """Run ``jobs`` as LLM calls and return their trajectories (in job order).
+        """Run ``jobs`` as LLM calls and return their trajectories (in job order, each followed by its repair
+        when ``repair`` made one).
 
         Jobs whose key is stored are reused without a call. The rest are cut to ``budget.allow(n)`` (so the
         returned list may be shorter than ``jobs``), generated in one ``policy.generate`` call (one per
@@ -437,7 +438,8 @@ class HeuristicSampler:
         missing jobs as the full call did. The budget cut keeps the jobs in member order.
 
         Returns:
-            one trajectory list per group, in job order (shorter where the budget cut it).
+            one trajectory list per group, in job order (shorter where the budget cut it), each followed by its
+            repair when ``repair`` made one (under the same member).
 
         Raises:
             PolicyError: the backend cannot serve the request at all (not a bad sample).
