@@ -525,9 +525,13 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path | None:
         top, bottom = axes[0][col], axes[1][col]
         for x, arm in enumerate(arms):
             ar = [r for r in rs if r["arm"] == arm]
-            for dx, key, color in ((-0.2, "valid_percent", "tab:blue"), (0.2, "valid_novel_percent", "tab:green")):
+            for dx, key, color, label in (
+                (-0.2, "valid_percent", "tab:blue", "valid"),
+                (0.2, "valid_novel_percent", "tab:green", "valid and novel"),
+            ):
                 vals = [r[key] for r in ar if r[key] is not None]
-                top.bar(x + dx, statistics.fmean(vals) if vals else 0, width=0.38, color=color, alpha=0.6)
+                mean = statistics.fmean(vals) if vals else 0
+                top.bar(x + dx, mean, width=0.38, color=color, alpha=0.6, label=label if x == 0 else None)
                 top.scatter([x + dx] * len(vals), vals, color=color, s=12, zorder=3)
             tok = [r["tokens_per_valid"] for r in ar if r["tokens_per_valid"] is not None]
             bottom.scatter([x] * len(tok), tok, color="tab:purple", zorder=3)
@@ -536,10 +540,11 @@ def plot(runs: list[dict[str, Any]], path: Path) -> Path | None:
         top.axhline(60, color="tab:blue", linestyle="--", linewidth=1)
         top.axhline(40, color="tab:green", linestyle="--", linewidth=1)
         top.set_title(problem)
-        top.set_ylabel("% of LLM samples (blue valid, green valid+novel)")
+        top.set_ylabel("% of LLM calls (dashed: goals)")
+        top.legend(fontsize=7, loc="upper right")
         top.set_ylim(0, 100)
         bottom.set_yscale("log")
-        bottom.set_ylabel("completion tokens per valid heuristic (x: none valid)")
+        bottom.set_ylabel("tokens per valid heuristic (x: none)")
         for ax in (top, bottom):
             ax.set_xticks(range(len(arms)), arms, rotation=20, fontsize=8)
             ax.grid(alpha=0.3)
