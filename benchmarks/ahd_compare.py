@@ -3,11 +3,13 @@ LLM-sample budgets.
 
 For every problem, method (``eoh``, ``sample``, ``eoh_es``, ``sample_es``, ``hillclimb``: LLM4AD's (1+1)-EPS,
 Zhang et al., PPSN 2024, one incumbent improved by m1 variants, :mod:`coevo.evolvers.hillclimb`; the shipped
-configs ``configs/ahd/<method>/<problem>.yaml``) and seed, one real run (:class:`coevo.loop.CoEvolutionLoop`) with
-``budget.max_samples`` set to the same ``--max-samples`` for every method; the ES variants'
-``total_generations`` is the largest number of ES generations whose sigma schedule (cosine 1e-3 -> 0) still
-reaches its last, zero-sigma generation within that budget (:func:`fit_es_generations`). Each run's best
-heuristic is then evaluated on the held-out sizes (``--sizes``, default the config's ``test_sizes``).
+configs ``configs/ahd/<method>/<problem>.yaml``; and the noise-only controls ``eoh_es_noise``, ``sample_es_noise``:
+the ES arm's config with ``evolvers.es.alpha=0``, members perturbed but never updated) and seed, one real run
+(:class:`coevo.loop.CoEvolutionLoop`) with ``budget.max_samples`` set to the same ``--max-samples`` for every
+method; the ES variants' ``total_generations`` is the largest number of ES generations whose sigma schedule
+(cosine 1e-3 -> 0) still reaches its last, zero-sigma generation within that budget (:func:`fit_es_generations`).
+Each run's best heuristic is then evaluated on the held-out sizes (``--sizes``, default the config's
+``test_sizes``).
 
 A *setting* is (problem, held-out size, baseline method); the ES variant beats its baseline when its mean
 best objective over the seeds both ran is better (direction-aware), counting runs without any valid heuristic
@@ -97,10 +99,14 @@ def main_tune_settings() -> dict[str, Any]:
     return {**spec.params.model_dump(exclude={"evolver"}), "elites": POSTHOC_ELITES}
 
 
-METHODS = ("eoh", "sample", "eoh_es", "sample_es", "hillclimb")
+METHODS = ("eoh", "sample", "eoh_es", "sample_es", "hillclimb", "eoh_es_noise", "sample_es_noise")
 #: the heuristic-design evolver types an arm's config may hold
 AHD_TYPES = ("eoh", "sample", "hillclimb")
 BASELINE = {"eoh_es": "eoh", "sample_es": "sample"}
+#: the noise-only controls of the ES arms: the ES arm's config with ``evolvers.es.alpha=0`` (members perturbed,
+#: never updated; the seed paper's ablation, docs/field-notes §8); no config file of their own
+NOISE = {"eoh_es_noise": "eoh_es", "sample_es_noise": "sample_es"}
+NOISE_SETS = ["evolvers.es.alpha=0"]
 #: ``<method>+tune`` arms (``--tune``): the method's run, then ``tune`` over its elites (:func:`tune_one`)
 TUNED = tuple(f"{m}+tune" for m in METHODS)
 #: every (variant, baseline) pair the table compares: ES vs none, tune vs none, and ES vs none under tune
@@ -113,6 +119,10 @@ COMPARISONS = (
     ("sample_es+tune", "sample_es"),
     ("eoh_es+tune", "eoh+tune"),
     ("sample_es+tune", "sample+tune"),
+    ("eoh_es", "eoh_es_noise"),
+    ("sample_es", "sample_es_noise"),
+    ("eoh_es_noise", "eoh"),
+    ("sample_es_noise", "sample"),
 )
 PAPER_WINS, PAPER_SETTINGS = 28, 36
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
@@ -225,11 +235,13 @@ class Interrupted(Exception):
 
 
 def run_settings(problem: str, method: str, seed: int, args: argparse.Namespace) -> tuple[Path, list[str]]:
-    """The config path and the overrides of one run of the grid (the same budget for every method)."""
-    path = ROOT / "configs" / "ahd" / method / f"{problem}.yaml"
+    """The config path and the overrides of one run of the grid (the same budget for every method; a noise-only
+    arm is its ES arm's config with :data:`NOISE_SETS`)."""
+    path = ROOT / "configs" / "ahd" / NOISE.get(method, method) / f"{problem}.yaml"
     cfg, _ = load_config(path)
     ahd = ahd_spec(cfg)
     sets = [
+        *(NOISE_SETS if method in NOISE else []),
         f"run.seed={seed}",
         f"model.name={args.model}",
         f"budget.max_samples={args.max_samples}",
@@ -267,6 +279,30 @@ def heldout_rows(ev) -> dict[int, dict[str, Any]]:
     return rows
 
 
+def start_loop(path: Path, sets: list[str], out: Path, label: str):
+    """The :class:`~coevo.loop.CoEvolutionLoop` of run folder ``out`` for config ``path`` with overrides ``sets``:
+    a new run, or the interrupted run there resumed from its last completed step (``label`` names it in the
+    line saying so).
+
+    Raises:
+        ValueError: ``out`` holds a run of another config.
+    """
+    from coevo.loop import CoEvolutionLoop, new_run_dir
+
+    cfg, raw = load_config(path, sets)
+    if not (out / "config.yaml").is_file():
+        return CoEvolutionLoop(cfg, new_run_dir(cfg, out), raw_config=raw, progress=False)
+    from coevo.backends.factory import resolve_engine
+
+    made, _ = load_config(out / "config.yaml")
+    # the run's config.yaml holds the engine its `model.backend: auto` resolved to (coevo.backends.factory)
+    cfg = cfg.model_copy(update={"model": resolve_engine(cfg.model)})
+    if made.model_dump() != cfg.model_dump():
+        raise ValueError(f"{out} holds a run of another config; use another --out")
+    print(f"# {label}: resuming the interrupted run", file=sys.stderr)
+    return CoEvolutionLoop(cfg, out, resume=True, progress=False)
+
+
 def run_one(problem: str, method: str, seed: int, args: argparse.Namespace) -> RunResult:
     """One real run of ``configs/ahd/<method>/<problem>.yaml`` at the shared budget; returns its results.
 
@@ -277,7 +313,6 @@ def run_one(problem: str, method: str, seed: int, args: argparse.Namespace) -> R
         ValueError: the run folder holds a run made with other settings.
         Interrupted: SIGINT / SIGTERM during the run (it is checkpointed; rerun the benchmark to continue).
     """
-    from coevo.loop import CoEvolutionLoop, new_run_dir
     from coevo.store import TrajectoryStore
 
     path, sets = run_settings(problem, method, seed, args)
@@ -289,23 +324,9 @@ def run_one(problem: str, method: str, seed: int, args: argparse.Namespace) -> R
             raise ValueError(f"{out} holds a run of other settings ({prev.settings}); use another --out")
         print(f"# {problem} {method} seed {seed}: finished before, skipped", file=sys.stderr)
         return prev
-    cfg, raw = load_config(path, sets)
-    resume = (out / "config.yaml").is_file()
-    if resume:
-        from coevo.backends.factory import resolve_engine
-
-        made, _ = load_config(out / "config.yaml")
-        # the run's config.yaml holds the engine its `model.backend: auto` resolved to (coevo.backends.factory)
-        cfg = cfg.model_copy(update={"model": resolve_engine(cfg.model)})
-        if made.model_dump() != cfg.model_dump():
-            raise ValueError(f"{out} holds a run of another config; use another --out")
-        print(f"# {problem} {method} seed {seed}: resuming the interrupted run", file=sys.stderr)
     started = time.time()
-    if resume:
-        loop = CoEvolutionLoop(cfg, out, resume=True, progress=False)
-    else:
-        loop = CoEvolutionLoop(cfg, new_run_dir(cfg, out), raw_config=raw, progress=False)
-    ev = loop.evolvers[ahd_spec(cfg).name]
+    loop = start_loop(path, sets, out, f"{problem} {method} seed {seed}")
+    ev = loop.evolvers[ahd_spec(loop.config).name]
     summary = loop.run(handle_signals=True)
     if summary.interrupted:
         raise Interrupted(f"{problem} {method} seed {seed}: {summary.stop_reason}")
@@ -514,9 +535,10 @@ def plot(results: list[RunResult], directions: dict[str, str], path: Path) -> Pa
     present = {r.method for r in results}
     arms = [m for m in METHODS + TUNED if m in present]
 
-    def rank(m: str) -> tuple[int, bool, bool]:  # eoh, eoh+tune, eoh_es, eoh_es+tune, sample, ...
+    def rank(m: str) -> tuple[int, bool, bool, bool]:  # eoh, eoh+tune, eoh_es, eoh_es+tune, eoh_es_noise, ...
         root = m.split("+")[0]
-        return METHODS.index(BASELINE.get(root, root)), root in BASELINE, m.endswith("+tune")
+        es = NOISE.get(root, root)
+        return METHODS.index(BASELINE.get(es, es)), es in BASELINE, root in NOISE, m.endswith("+tune")
 
     order = sorted(arms, key=rank)
     seeds = sorted({r.seed for r in results})
@@ -619,7 +641,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", default="2024,2025,2026", help="comma-separated run seeds (>= 3 for the std)")
     p.add_argument("--max-samples", type=int, default=36, help="LLM-sample budget of every run (matched)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="model name, local folder, or tiny:<preset> (smoke)")
-    p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
+    p.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help="comma-separated subset of the methods (eoh_es_noise / sample_es_noise: the ES arm with alpha 0)",
+    )
     p.add_argument(
         "--seed-heuristic",
         action="store_true",
@@ -746,6 +772,16 @@ def main(argv: list[str] | None = None) -> int:
         emit("ahd_tune_wins", tw, f"count of the {len(tune_settings)} settings won by the +tune arm", tw > 0)
         ew = sum(s["win"] for s in es_tuned)
         emit("ahd_es_wins_under_tune", ew, f"count of the {len(es_tuned)} settings ES+tune beats tune", True)
+    over_noise = [s for s in all_settings if (s["variant"], s["baseline"]) in {(es, n) for n, es in NOISE.items()}]
+    if over_noise:
+        nw = sum(s["win"] for s in over_noise)
+        emit(
+            "ahd_es_wins_over_noise_only",
+            nw,
+            f"count of the {len(over_noise)} settings the ES arm beats its noise-only control (alpha 0); the seed "
+            "paper's ablation: noise alone 6.484, with updates 6.463 (TSP50)",
+            True,
+        )
     emit("ahd_matched_budgets", matched, "every ES variant run has its baseline's max_samples", matched)
     cut = [f"{r.problem}/{r.method}/seed{r.seed} ({r.samples}/{r.max_samples})" for r in results if cut_by_wall(r)]
     emit(

@@ -26,7 +26,8 @@ FAILURE_KINDS = (
     "runtime",  # an exception while running
     "return_type",  # wrong return type / shape / NaN
     "infeasible",  # solution violates a constraint
-    "duplicate",  # the same code as an existing heuristic (up to formatting, comments, docstrings): not run
+    "duplicate",  # the same code as an existing heuristic (up to formatting, comments, docstrings, local names): not run
+    "behavioural_duplicate",  # other code, but the same objective on every training instance as an existing heuristic
     "llm_error",  # the model call itself failed
     "sandbox",  # the sandbox could not start or died without a result
     "other",

@@ -394,6 +394,7 @@ def test_scripted_eoh_es_through_the_loop(tmp_path, tiny_model_dir):
             str(tiny_model_dir),
             **{
                 "evolvers.eoh.reject_duplicates": "false",
+                "evolvers.eoh.reject_same_behaviour": "false",
                 "evolvers.eoh.include_seed_heuristic": "false",
                 "evolvers.eoh.offspring_per_operator": 1,  # the script's order: 4 EoH children per generation
                 "evolvers.eoh.parse_retries": 0,  # retries (tests of their own) would take the script's next replies
@@ -546,6 +547,7 @@ def test_scripted_sample_es_through_the_loop(tmp_path, tiny_model_dir):
             **{
                 "evolvers.sample.reject_duplicates": "false",  # the script repeats codes on purpose
                 "evolvers.sample.include_seed_heuristic": "false",  # the best comes from the samples only
+                "evolvers.sample.reject_same_behaviour": "false",
                 "budget.max_samples": 20,
                 "evolvers.es.total_generations": 2,
                 "evolvers.es.rollout.children_per_operator": 1,

@@ -61,6 +61,24 @@ def test_settings_compare_only_the_seeds_both_methods_ran():
     assert BENCH.summarise(only, {"tsp_construct": "minimize"})[1] == []
 
 
+def test_noise_only_arm_is_the_es_config_with_alpha_0_and_is_compared_with_es():
+    """eoh_es_noise: configs/ahd/eoh_es/<problem>.yaml with evolvers.es.alpha=0 (no config file of its own), the same
+    budget and ES generations as eoh_es; the table compares eoh_es with it, outside the paper's win count."""
+    import argparse
+
+    args = argparse.Namespace(
+        model="tiny:micro", max_samples=16, set=[], ahd_set=[], seed_heuristic=False, population_size=2, sizes={}
+    )
+    path, sets = BENCH.run_settings("tsp_construct", "eoh_es_noise", 7, args)
+    es_path, es_sets = BENCH.run_settings("tsp_construct", "eoh_es", 7, args)
+    assert path == es_path and path.parent.name == "eoh_es"
+    assert sets == ["evolvers.es.alpha=0", *es_sets]
+    results = [_result("eoh_es", 1, 6.4), _result("eoh_es_noise", 1, 6.6), _result("eoh", 1, 6.9)]
+    settings = BENCH.summarise(results, {"tsp_construct": "minimize"})[1]
+    pairs = {(s["variant"], s["baseline"]): s["win"] for s in settings}
+    assert pairs == {("eoh_es", "eoh"): True, ("eoh_es", "eoh_es_noise"): True, ("eoh_es_noise", "eoh"): True}
+
+
 def test_plot_draws_every_run_against_the_seed_heuristic(tmp_path):
     # seeds 1-2 of eoh and eoh_es, one run without a valid heuristic and one cut by the wall-clock stop
     results = [

@@ -256,7 +256,10 @@ def test_scripted_eoh_run_end_to_end(tmp_path):
         assert len({i.objective for i in pop}) == len(pop) and len({i.code_hash for i in pop}) == len(pop)
         assert [i.reward for i in pop] == sorted((i.reward for i in pop), reverse=True)
         valid_objs = [t.meta["objective"] for t in init if t.valid]
-        assert len(valid_objs) > len(set(valid_objs))  # the script really produced duplicates
+        assert len(valid_objs) == len(set(valid_objs))
+        # the script's nearest neighbour written with min(): other code, the same objectives as the first sample
+        same = [t for t in init if t.failure == "behavioural_duplicate"]
+        assert same and all(t.meta["objective"] in valid_objs and t.reward is None for t in same)
         # best heuristic artifact and file
         best = pop[0]
         art = store.get_artifact("heuristic", "tsp_construct/eoh")
@@ -415,7 +418,9 @@ def test_copies_are_recorded_as_duplicates_without_running(tmp_path, monkeypatch
         ]
     )
     ctx = _ctx(tmp_path, policy=policy)
-    eoh = EoHEvolver("eoh", EoHConfig(**SMALL, population_size=2, include_seed_heuristic=True), ctx)
+    # code copies only: NN (a sample below) scores exactly as the seed heuristic, a behavioural duplicate
+    cfg = EoHConfig(**SMALL, population_size=2, include_seed_heuristic=True, reject_same_behaviour=False)
+    eoh = EoHEvolver("eoh", cfg, ctx)
     evaluated: list[str] = []
     real = eoh.sampler.evaluate
 
@@ -437,7 +442,9 @@ def test_copies_are_recorded_as_duplicates_without_running(tmp_path, monkeypatch
     policy.script, policy.calls = [reply("nearest once more", NN)], 0
     again = eoh.sampler.sample([eoh.sampler.job("i1", key="r/x/0", seed=1)], round_index=1, generation=1)
     assert again[0].failure == "duplicate" and again[0].meta["duplicate_of"] == "eoh/0/init0/i1/1"
-    off = EoHEvolver("eoh2", EoHConfig(**SMALL, population_size=2, reject_duplicates=False), ctx)
+    off = EoHEvolver(
+        "eoh2", EoHConfig(**SMALL, population_size=2, reject_duplicates=False, reject_same_behaviour=False), ctx
+    )
     assert off.sampler.sample([off.sampler.job("i1", key="r/y/0", seed=1)], round_index=1, generation=1)[0].valid
 
 
@@ -666,6 +673,7 @@ def test_operator_temperature_decodes_each_temperature_in_its_own_batch(tmp_path
         operators={"e1": 1.0, "m1": 1.0, "m2": 1.0},
         offspring_per_operator=1,
         operator_temperature={"m1": 0.5, "m2": 0.5},
+        reject_same_behaviour=False,  # the replies' small weights give nearest neighbour's tours on TSP8
     )
     eoh = EoHEvolver("eoh", cfg, ctx)
     eoh.step(0)  # 4 i1 calls: one batch at the run's temperature

@@ -39,6 +39,8 @@ def run(tmp_path_factory, tiny_model_dir) -> Path:
     tmp = tmp_path_factory.mktemp("report_edges")
     policy = ScriptedTinyQwen(tiny_model_dir, [GARBAGE] * 8 + [reply(TWIN, "the nearest node, written again")])
     over = {"budget.max_samples": 40, "evolvers.eoh.reject_duplicates": "false", "evolvers.eoh.parse_retries": 0}
+    # the twin is a behavioural duplicate of the seed: kept valid here so that it can take the seed's place
+    over["evolvers.eoh.reject_same_behaviour"] = "false"
     over["evolvers.eoh.seed_heuristics"] = "[]"  # this run's story: nearest neighbour is the only seed and stays best
     sets = shipped("eoh", str(tiny_model_dir), **over)
     sets = [s for s in sets if s != "report.plots=false"]  # the metric plots are under test too

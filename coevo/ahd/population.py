@@ -1,9 +1,10 @@
 """Heuristics as population members, and EoH's population management.
 
 An :class:`Individual` is EoH's (thought, code, objective) plus its score and provenance. Two heuristics
-hold "the same code" when their code is equal up to formatting, comments and docstrings (:func:`code_key`:
-``ast.parse`` -> docstrings removed -> ``ast.unparse``); survivor selection and the sampler's duplicate
-check (:mod:`coevo.ahd.sampler`) both use that one definition.
+hold "the same code" when their code is equal up to formatting, comments, docstrings and the names of local
+variables (:func:`code_key`: ``ast.parse`` -> docstrings removed -> locals renamed in order of appearance ->
+``ast.unparse``); survivor selection, the sampler's duplicate check (:mod:`coevo.ahd.sampler`), tune's
+"each code once" and the validation cache all use that one definition.
 
 Parent selection and survivors follow Liu et al., "Evolution of Heuristics: Towards Efficient Automatic
 Algorithm Design Using Large Language Model", ICML 2024, Section 3.2 (population management) and the EoH
@@ -13,6 +14,7 @@ heuristics, deduplicate by objective and by code, and keep the N best.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import math
 import random
@@ -20,18 +22,85 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from coevo.sandbox.extract import strip_docstrings
+from coevo.sandbox.extract import CandidateParseError, parse_bounded, strip_docstrings
 from coevo.types import Trajectory
 
 
-def code_key(code: str) -> str:
-    """A 16-hex-digit sha256 key of ``code`` that ignores formatting, comments and docstrings.
+class _LocalNames(ast.NodeTransformer):
+    """Rename the local variables of every function to ``_l0, _l1, ...`` in order of first appearance.
 
-    Code that parses is normalised with ``ast.unparse`` after removing every docstring (the leading string
-    constant of the module, of each function and of each class); code that does not parse falls back to its
-    lines with surrounding white space removed.
+    Locals: names a function body binds (assignment, loop, ``with ... as``, ``except ... as``, comprehension
+    and walrus targets), in the function and the scopes nested in it, except its parameters and names declared
+    ``global`` / ``nonlocal``. Parameters, module names, attributes and keyword names stay: the signature and
+    every call keep their meaning. The renaming is one bijection per top-level function, so two functions that
+    differ only in the names of their locals map to the same code.
     """
-    norm = strip_docstrings(code)
+
+    def __init__(self, taken: set[str]):
+        self.taken = taken
+
+    def visit_FunctionDef(self, node):  # a top-level (or class-level) function: one renaming for its body
+        params = {a.arg for a in ast.walk(node.args) if isinstance(a, ast.arg)}
+        fixed = set(params)
+        for sub in ast.walk(node):
+            if isinstance(sub, (ast.Global, ast.Nonlocal)):
+                fixed.update(sub.names)
+        bound = [
+            n.id
+            for sub in node.body
+            for n in ast.walk(sub)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)) and n.id not in fixed
+        ]
+        order: dict[str, str] = {}
+        locals_ = set(bound)
+        for sub in node.body:  # first appearance, in the tree's deterministic (source-field) order
+            for n in _names_in_order(sub):
+                if n.id in locals_ and n.id not in order:
+                    new = f"_l{len(order)}"
+                    while new in self.taken:
+                        new = "_" + new
+                    order[n.id] = new
+        for sub in node.body:
+            for n in ast.walk(sub):
+                if isinstance(n, ast.Name) and n.id in order:
+                    n.id = order[n.id]
+        return node
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+
+def _names_in_order(node: ast.AST):
+    """The ``ast.Name`` nodes under ``node``, depth first in field order (deterministic for equal trees)."""
+    stack = [node]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, ast.Name):
+            yield cur
+        stack.extend(reversed(list(ast.iter_child_nodes(cur))))
+
+
+def normalised_code(code: str) -> str | None:
+    """``code`` without formatting, comments and docstrings, its functions' locals renamed in order of
+    appearance (:class:`_LocalNames`), as ``ast.unparse`` writes it; None when ``code`` does not parse (under
+    :func:`coevo.sandbox.extract.parse_bounded`'s bound)."""
+    stripped = strip_docstrings(code)
+    if stripped is None:
+        return None
+    try:
+        tree = parse_bounded(stripped)
+    except CandidateParseError:
+        return None
+    taken = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    return ast.unparse(_LocalNames(taken).visit(tree))
+
+
+def code_key(code: str) -> str:
+    """A 16-hex-digit sha256 key of ``code`` that ignores formatting, comments, docstrings and the names of
+    local variables (:func:`normalised_code`: the fingerprint a duplicate is caught by before evaluation).
+
+    Code that does not parse falls back to its lines with surrounding white space removed.
+    """
+    norm = normalised_code(code)
     if norm is None:
         norm = "\n".join(line.strip() for line in code.strip().splitlines())
     return hashlib.sha256(norm.encode()).hexdigest()[:16]
@@ -67,7 +136,7 @@ class Individual:
 
     @property
     def code_hash(self) -> str:
-        """:func:`code_key` of the code (the same code up to formatting, comments and docstrings)."""
+        """:func:`code_key` of the code (the same code up to formatting, comments, docstrings and local names)."""
         return code_key(self.code)
 
     def to_dict(self) -> dict[str, Any]:

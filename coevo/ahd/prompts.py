@@ -203,3 +203,35 @@ def build_messages(
             blocks.append(reflection_block(reflection))
     blocks += [_instruction(operator, len(parents)), answer_format(spec)]
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(blocks)}]
+
+
+#: the operator name of a repair call (not one of EoH's :data:`OPERATORS`: it takes a failed answer, not parents)
+REPAIR = "repair"
+
+
+def repair_messages(messages: Sequence[Message], answer: str, error: str, spec: dict[str, Any]) -> list[Message]:
+    """The chat messages of one repair call: the failed call's own conversation, its answer as the assistant
+    turn, then one user turn with the one-line error and the answer format again.
+
+    Error feedback in the conversation, as ReEvo's and OpenEvolve's samplers give it (OpenEvolve PR #443 puts
+    the previous attempt's error into the next prompt; ReEvo, Ye et al. NeurIPS 2024, re-asks with the
+    failure); this project's wording. One repair per failed sample (:mod:`coevo.ahd.sampler`).
+
+    Args:
+        messages: the failed call's messages (system + user). answer: the model's answer that failed (str).
+        error: the failure in one line (e.g. ``ZeroDivisionError: division by zero (line 2 in f)``).
+        spec: the problem's :meth:`~coevo.ahd.problem.HeuristicProblem.prompt_spec`.
+
+    Raises:
+        ValueError: empty ``messages`` or a spec without ``function_name`` / ``inputs``.
+    """
+    if not messages:
+        raise ValueError("messages: the failed call's conversation is empty")
+    for key in ("function_name", "inputs"):
+        if key not in spec:
+            raise ValueError(f"spec: missing field {key!r} (use HeuristicProblem.prompt_spec())")
+    ask = (
+        f"Your code failed when it was run: {error.strip()}\n"
+        "Fix this error and write the whole corrected heuristic, keeping its idea.\n\n" + answer_format(spec)
+    )
+    return [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": ask}]

@@ -24,11 +24,27 @@ which writes children of an evolver's population under perturbed weights with th
   its calls, and ``meta["retried_outputs"]`` the answers it replaced;
 * evaluate: :func:`coevo.ahd.evaluate.evaluate_many` on the training instances, ``workers`` sandboxed
   processes at a time;
-* duplicates: with ``reject_duplicates``, a sample whose code is the same (up to formatting, comments and
-  docstrings, :func:`coevo.ahd.population.code_key`) as an existing individual's is not evaluated but
-  recorded as invalid with failure kind ``duplicate``. Existing individuals: every valid heuristic already
-  recorded in the run for this problem and training set, the caller's population (e.g. the seed heuristic)
-  and the earlier samples of the same batch;
+* duplicates: with ``reject_duplicates``, a sample whose code is the same (up to formatting, comments,
+  docstrings and local variable names, :func:`coevo.ahd.population.code_key`) as an existing individual's is
+  not evaluated but recorded as invalid with failure kind ``duplicate``. Existing individuals: every valid
+  heuristic already recorded in the run for this problem and training set, the caller's population (e.g. the
+  seed heuristic) and the earlier samples of the same batch;
+* behavioural duplicates: with ``reject_same_behaviour``, a sample that is valid but scores exactly the same
+  objective on every training instance as an existing individual (the same list of per-instance objectives,
+  ``metrics["objectives"]``) is recorded as invalid with failure kind ``behavioural_duplicate``, its objective
+  and metrics kept in ``meta`` and ``meta["same_behaviour_as"]`` naming the individual it matches. A code
+  fingerprint cannot catch these: on the 0.5B model, 8 of 11 valid answers scored exactly nearest
+  neighbour's objective with different code (docs/field-notes §8). EoH's survivors already keep one
+  heuristic per mean objective (:func:`coevo.ahd.population.survivors`); this check makes such samples count
+  as what they are (no new heuristic) in the budget's tally, the ES rewards and the reports;
+* repair: with ``repair``, a sample that failed with a syntax, runtime or return-type error goes back to the
+  model once, in one batched call after its batch, with its own conversation, its answer and the one-line error
+  (:func:`coevo.ahd.prompts.repair_messages`; ReEvo / OpenEvolve PR #443 style error feedback). The repair is an
+  operator of its own (``repair``): a trajectory of its own keyed ``<failed key>/repair``, counted in the sample
+  budget, with the failed sample's parents, ``meta["repair_of"]`` (the failed sample's id),
+  ``meta["repaired_failure"]`` / ``meta["repaired_error"]`` and ``meta["repeats_failure"]`` (its own failure
+  has the failed sample's kind). It is evaluated and recorded like any sample (a repair that fails again is a
+  recorded invalid sample; repairs are not repaired) and returned after the sample it repairs;
 * record: one trajectory per call, valid or not (failure kinds ``llm_error``, ``parse``, ``duplicate`` or
   the evaluator's), counted against the budget. Reward is the evaluator's score (``-objective`` for minimisation
   problems, higher is better); the raw objective, code, thought and parents go to ``Trajectory.meta``, with
@@ -41,6 +57,8 @@ its population and the calls its ES members make.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import random
 import re
@@ -51,7 +69,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from coevo.ahd.evaluate import evaluate_many
 from coevo.ahd.population import Individual, code_key, select_parents
-from coevo.ahd.prompts import build_messages, parents_needed, reflection_messages
+from coevo.ahd.prompts import REPAIR, build_messages, parents_needed, reflection_messages, repair_messages
 from coevo.backends.base import request_seed
 from coevo.errors import DeadlineReached
 from coevo.sandbox import pool
@@ -66,6 +84,30 @@ if TYPE_CHECKING:
     from coevo.budget import Budget
     from coevo.es.replica import Population
     from coevo.store import TrajectoryStore
+
+
+#: failure kinds a repair call is made for (``repair``): the model wrote the function but it does not run
+REPAIRABLE = ("syntax", "runtime", "return_type")
+#: ``request_seed`` index of the repair calls (the parse and duplicate retries use -1, -2, ...)
+REPAIR_SEED_INDEX = -(1 << 20)
+
+
+def repair_key(key: str) -> str:
+    """The trajectory key of the repair of the sample keyed ``key``."""
+    return f"{key}/{REPAIR}"
+
+
+def one_line(text: str | None, limit: int = 300) -> str:
+    """``text`` on one line (white space folded), cut to ``limit`` characters."""
+    return " ".join((text or "").split())[:limit]
+
+
+def behaviour_key(objectives: Sequence[float] | None) -> str | None:
+    """A 16-hex-digit key of a heuristic's per-instance objectives on the training set (exact floats, in
+    instance order), or None without them: equal keys mean the same behaviour on every training instance."""
+    if not objectives:
+        return None
+    return hashlib.sha256(json.dumps([float(o) for o in objectives]).encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -126,6 +168,10 @@ class HeuristicSampler:
         operator_temperature: operator -> sampling temperature of its calls (others: ``sampling.temperature``).
             Calls of different temperatures are generated in separate batches (one per temperature, each seeded
             with the batch's seed), so a generation with two temperatures costs two decode passes.
+        repair: ask once more, with the one-line error, for each sample that failed with a syntax, runtime or
+            return-type error (module docstring); the repair calls count against the sample budget.
+        reject_same_behaviour: record valid samples whose per-instance training objectives equal an existing
+            individual's as ``behavioural_duplicate`` (module docstring).
 
     Raises:
         ValueError: a negative retry count or an operator temperature that is not a finite number >= 0.
@@ -150,6 +196,8 @@ class HeuristicSampler:
         parse_retries: int = 0,
         duplicate_retries: int = 0,
         operator_temperature: dict[str, float] | None = None,
+        repair: bool = False,
+        reject_same_behaviour: bool = True,
     ) -> None:
         self.problem = problem
         self.owner = owner
@@ -178,6 +226,11 @@ class HeuristicSampler:
         self._train: InstanceSet | None = None
         self._known: dict[str, str] = {}  # code_key -> id of a valid recorded heuristic
         self._known_cursor = 0  # largest trajectory id folded into _known
+        self.repair = repair
+        self.reject_same_behaviour = reject_same_behaviour
+        self._behaviours: dict[str, str] = {}  # behaviour_key -> id of a valid recorded heuristic
+        self._behaviour_cursor = 0  # largest trajectory id folded into _behaviours
+        self._seed_behaviours: dict[str, str | None] = {}  # code_key of a seed individual -> its behaviour_key
 
     # ------------------------------------------------------------------ instances and evaluation
     @property
@@ -227,6 +280,7 @@ class HeuristicSampler:
         res = self.evaluate([code])[0]
         if not res.valid:
             raise RuntimeError(f"{self.problem.name}: the {thought} is invalid ({res.error_kind}: {res.error})")
+        self._seed_behaviours[code_key(code)] = behaviour_key(res.metrics.get("objectives"))
         return Individual(
             id=ident,
             thought=thought,
@@ -336,7 +390,8 @@ class HeuristicSampler:
         policy: Policy | None = None,
         existing: Sequence[Individual] = (),
     ) -> list[Trajectory]:
-        """Run ``jobs`` as LLM calls and return their trajectories (in job order).
+        """Run ``jobs`` as LLM calls and return their trajectories (in job order, each followed by its repair
+        when ``repair`` made one).
 
         Jobs whose key is stored are reused without a call. The rest are cut to ``budget.allow(n)`` (so the
         returned list may be shorter than ``jobs``), generated in one ``policy.generate`` call (one per
@@ -361,7 +416,7 @@ class HeuristicSampler:
 
         entries = [(job, member, k) for k, job in enumerate(jobs)]
         made = self._sample_entries(entries, generate, None, round_index, generation, evolver, existing)
-        return [made[job.key] for job in jobs if job.key in made]
+        return self._in_job_order(jobs, made)
 
     def sample_population(
         self,
@@ -383,7 +438,8 @@ class HeuristicSampler:
         missing jobs as the full call did. The budget cut keeps the jobs in member order.
 
         Returns:
-            one trajectory list per group, in job order (shorter where the budget cut it).
+            one trajectory list per group, in job order (shorter where the budget cut it), each followed by its
+            repair when ``repair`` made one (under the same member).
 
         Raises:
             PolicyError: the backend cannot serve the request at all (not a bad sample).
@@ -395,7 +451,7 @@ class HeuristicSampler:
             return population.generate(rows, params, seed_indices=[k for _, _, k in pending])
 
         made = self._sample_entries(entries, generate, seed, round_index, generation, evolver, existing)
-        return [[made[job.key] for job in jobs if job.key in made] for _, jobs in groups]
+        return [self._in_job_order(jobs, made) for _, jobs in groups]
 
     def _default(self) -> Policy:
         if self.default_policy is None:
@@ -414,8 +470,9 @@ class HeuristicSampler:
     ) -> dict[str, Trajectory]:
         """Stored or freshly sampled trajectories of ``entries`` ``(job, member, seed index)``: the pending ones
         cut to the budget, generated in one ``generate(pending, params)`` call (``params.seed``: ``seed``, or
-        the first pending job's seed), parsed, checked for copies, evaluated together and recorded. Returns
-        job key -> trajectory for every entry that has one (entries the budget cut have none)."""
+        the first pending job's seed), parsed, checked for copies, evaluated together, checked for behavioural
+        copies and recorded; then the failed ones are repaired (:meth:`_repairs`). Returns job key -> trajectory
+        for every entry that has one (entries the budget cut have none) and for their repairs."""
         found = [(entry, self.store.get_by_key(entry[0].key)) for entry in entries]
         pending = [entry for entry, t in found if t is None]
         pending = pending[: self.budget.allow(len(pending))]
@@ -431,6 +488,7 @@ class HeuristicSampler:
             copies = self._duplicates(jobs, [extractions[i].code for i in coded], coded, existing)
             to_eval = [i for i in coded if i not in copies]
             results = dict(zip(to_eval, self.evaluate([extractions[i].code for i in to_eval])))
+            same = self._same_behaviour(jobs, results, existing)
             for i, (job, member, _) in enumerate(pending):
                 t = self._trajectory(
                     job,
@@ -445,8 +503,117 @@ class HeuristicSampler:
                     params.seed,
                     copies.get(i),
                 )
+                t = self._checked(t, job, same.get(i))
                 made[job.key] = self.store.add_trajectory(t)[0]
+        made.update(self._repairs(entries, made, generate, seed, round_index, generation, evolver, existing))
         return made
+
+    # ------------------------------------------------------------------ behavioural duplicates and repair
+    def _in_job_order(self, jobs: Sequence[SampleJob], made: dict[str, Trajectory]) -> list[Trajectory]:
+        """The trajectories of ``jobs`` in job order, each followed by its repair when one was made."""
+        return [made[k] for job in jobs for k in (job.key, repair_key(job.key)) if k in made]
+
+    def _same_behaviour(
+        self, jobs: Sequence[SampleJob], results: dict[int, EvalResult], existing: Sequence[Individual]
+    ) -> dict[int, str]:
+        """Batch position -> id of the individual whose per-instance training objectives the valid sample at
+        that position repeats exactly (``reject_same_behaviour``). Existing: the valid recorded heuristics of
+        this problem and training set, the seed individuals in ``existing`` (evaluated once when this sampler
+        has not seen them: a resumed run) and the earlier valid samples of the batch."""
+        if not self.reject_same_behaviour or not any(r.valid for r in results.values()):
+            return {}
+        for t in self.recorded(since_id=self._behaviour_cursor):
+            k = behaviour_key((t.meta.get("metrics") or {}).get("objectives"))
+            if k is not None:
+                self._behaviours.setdefault(k, t.key.split("/", 1)[-1])
+            self._behaviour_cursor = max(self._behaviour_cursor, t.id)
+        known = dict(self._behaviours)
+        for ind in existing:
+            if ind.operator != "seed":
+                continue  # a sampled or tuned individual is a recorded trajectory (folded above)
+            ck = ind.code_hash
+            if ck not in self._seed_behaviours:
+                res = self.evaluate([ind.code])[0]
+                self._seed_behaviours[ck] = behaviour_key(res.metrics.get("objectives")) if res.valid else None
+            if self._seed_behaviours[ck] is not None:
+                known.setdefault(self._seed_behaviours[ck], ind.id)
+        same: dict[int, str] = {}
+        for i in sorted(results):
+            k = behaviour_key(results[i].metrics.get("objectives")) if results[i].valid else None
+            if k is None:
+                continue
+            if k in known:
+                same[i] = known[k]
+            else:
+                known[k] = jobs[i].key.split("/", 1)[-1]
+        return same
+
+    def _checked(self, t: Trajectory, job: SampleJob, same_as: str | None) -> Trajectory:
+        """``t`` as it is recorded: a behavioural duplicate of ``same_as`` (when set) as such, and a repair with
+        ``meta["repeats_failure"]``."""
+        if same_as is not None:
+            t = self._as_behavioural_duplicate(t, same_as)
+        if job.operator == REPAIR:
+            t.meta["repeats_failure"] = t.failure == job.extra_meta.get("repaired_failure")
+        return t
+
+    def _as_behavioural_duplicate(self, t: Trajectory, same_as: str) -> Trajectory:
+        """``t`` (a valid sample) recorded as failure ``behavioural_duplicate`` of ``same_as``: no reward, its
+        objective and metrics kept in ``meta``."""
+        detail = (
+            f"the same objective on every training instance as {same_as} "
+            f"({t.meta.get('objective'):.6g} on average) with other code"
+        )
+        t.meta["same_behaviour_as"] = same_as
+        t.steps[0].reward = None
+        return replace(t, valid=False, reward=None, failure="behavioural_duplicate", failure_detail=detail)
+
+    def _repairs(
+        self,
+        entries: list[tuple[SampleJob, ESMember | None, int]],
+        made: dict[str, Trajectory],
+        generate: Callable[[list[tuple[SampleJob, ESMember | None, int]], SamplingParams], list[Any]],
+        seed: int | None,
+        round_index: int,
+        generation: int,
+        evolver: str | None,
+        existing: Sequence[Individual],
+    ) -> dict[str, Trajectory]:
+        """With ``repair``: one repair call (:func:`coevo.ahd.prompts.repair_messages`) per entry whose recorded
+        sample failed with a :data:`REPAIRABLE` kind, under the same ES member, all in one batched call (seeded
+        ``request_seed(seed, REPAIR_SEED_INDEX)``, or from the first repair's seed) cut to the sample budget;
+        stored repairs are reused (resume). Repairs are not repaired. Returns repair key -> trajectory."""
+        if not self.repair:
+            return {}
+        todo = []
+        for job, member, k in entries:
+            t = made.get(job.key)
+            if t is None or job.operator == REPAIR or t.failure not in REPAIRABLE:
+                continue
+            todo.append((self._repair_job(job, t), member, k))
+        if not todo:
+            return {}
+        batch_seed = None if seed is None else request_seed(seed, REPAIR_SEED_INDEX)
+        return self._sample_entries(todo, generate, batch_seed, round_index, generation, evolver, existing)
+
+    def _repair_job(self, job: SampleJob, failed: Trajectory) -> SampleJob:
+        """The repair call of ``job``, whose recorded trajectory ``failed`` failed (parents and meta kept)."""
+        error = one_line(f"{failed.failure_detail or failed.failure}")
+        answer = failed.steps[0].model_output if failed.steps else ""
+        return SampleJob(
+            key=repair_key(job.key),
+            operator=REPAIR,
+            messages=repair_messages(job.messages, answer, error, self.problem.prompt_spec()),
+            seed=request_seed(job.seed, REPAIR_SEED_INDEX),
+            parents=list(job.parents),
+            extra_meta={
+                **job.extra_meta,
+                "repair_of": failed.key.split("/", 1)[-1],
+                "repaired_operator": job.operator,
+                "repaired_failure": failed.failure,
+                "repaired_error": error,
+            },
+        )
 
     def _retry_unparsed(
         self,

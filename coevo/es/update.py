@@ -24,6 +24,11 @@ the reward: the reference code still applied it (a random walk, docs/references.
 applied and ``UpdateStats.skipped`` is True: at a zero-sigma (test-time) generation ES only evaluates, and
 the caller keeps the centre or the best member.
 
+alpha == 0 (the noise-only control). The members are still perturbed and rolled out, but no step is taken:
+nothing is applied and ``UpdateStats.skipped`` is True. It separates what the perturbation noise alone does
+from what the updates add (the seed paper's ablation, docs/field-notes §8: TSP50 6.545 -> 6.484 with noise
+alone, 6.463 with updates); with ``alpha * weight_decay`` = 0 the decay is nothing either.
+
 Precision. A bf16 working tensor without master cannot represent steps below half an ulp (7.8e-3 near
 1.0): those steps are lost (``UpdateStats.changed_fraction`` shows how many entries moved). Use
 ``ESParams(master_dtype=torch.float32)`` so small steps accumulate in the master.
@@ -129,6 +134,10 @@ def plan_update(
     if sigma == 0.0:
         stats.skipped = True
         stats.reason = "sigma == 0: the population equals the centre, an update would be pure noise"
+        return stats, None, 1.0
+    if alpha == 0.0:
+        stats.skipped = True
+        stats.reason = "alpha == 0: the noise-only control (members perturbed, no update)"
         return stats, None, 1.0
     return stats, members, 1.0 - alpha * weight_decay
 

@@ -130,8 +130,20 @@ class AHDConfig(EvolverConfig):
     )
     reject_duplicates: bool = Field(
         True,
-        description="record a sample whose code copies an existing heuristic (up to formatting, comments "
-        "and docstrings) as failure kind `duplicate` without evaluating it",
+        description="record a sample whose code copies an existing heuristic (up to formatting, comments, "
+        "docstrings and local variable names) as failure kind `duplicate` without evaluating it",
+    )
+    reject_same_behaviour: bool = Field(
+        True,
+        description="record a valid sample whose objective on every training instance equals an existing "
+        "heuristic's as failure kind `behavioural_duplicate` (objective kept in its meta): other code, no new "
+        "heuristic (coevo.ahd.sampler)",
+    )
+    repair: bool = Field(
+        False,
+        description="send a sample that failed with a syntax, runtime or return-type error back to the model once "
+        "with the one-line error (operator `repair`, ReEvo / OpenEvolve style; the failed sample's ES member, if "
+        "any, writes the repair too); every repair call counts against budget.max_samples",
     )
     duplicate_retries: int = Field(
         0,
@@ -267,6 +279,8 @@ class AHDEvolver(Evolver):
             parse_retries=c.parse_retries,
             duplicate_retries=c.duplicate_retries,
             operator_temperature=c.operator_temperature,
+            repair=c.repair,
+            reject_same_behaviour=c.reject_same_behaviour,
         )
         self.train_tag = self.sampler.train_tag
         self._population: list[Individual] = []

@@ -19,6 +19,8 @@ Per generation t (Agentic-ESOpt, arXiv 2608.17310, docs/references.md §1; Salim
    one fixed-order product per matrix, stochastic rounding of bf16 weights without masters). At ``sigma_t == 0`` (the last
    generation of a test-time schedule decaying to 0) nothing is applied: every member equals the centre, so
    the update would be noise; ES then only evaluates and the centre is kept (unlike the reference code).
+   With ``alpha: 0`` no generation updates (the noise-only control: the children still come from perturbed
+   weights; the seed paper's ablation attributes most of its TSP50 gain to that noise, docs/field-notes §8).
 5. A history row (``store.add_es_history``): ``GenerationRecord`` fields (seeds, signs, raw rewards,
    coefficients, sigma, alpha, scope, options, weight hash after) plus model id, dtype and metrics: enough to
    replay the weights without rollouts (``coevo es replay``).
@@ -89,7 +91,12 @@ class ESConfig(EvolverConfig):
     schedule: Literal["constant", "linear", "cosine"] = Field("cosine", description="sigma schedule")
     warmup: int = Field(0, ge=0, description="generations of linear sigma warm-up")
     total_generations: int = Field(25, ge=1, description="T: generations of the sigma schedule; ES stops after")
-    alpha: float = Field(5e-4, ge=0, description="learning rate (1/sigma folded in unless divide_by_sigma)")
+    alpha: float = Field(
+        5e-4,
+        ge=0,
+        description="learning rate (1/sigma folded in unless divide_by_sigma); 0: the noise-only control, members "
+        "perturbed and rolled out as usual but no update (history rows recorded as skipped, replay exact)",
+    )
     normalization: Literal["zscore", "centered_rank", "none"] = Field("zscore", description="fitness shaping")
     divide_by_sigma: bool = Field(False, description="step alpha/(N sigma) sum c_i eps_i instead of alpha/N")
     weight_decay: float = Field(0.0, ge=0, description="L2 coefficient (Salimans et al. 2017)")
@@ -466,7 +473,7 @@ class ESEvolver(Evolver):
             scope=cfg.scope_spec().to_dict(),
             divide_by_sigma=cfg.divide_by_sigma,
             weight_decay=cfg.weight_decay,
-            skipped=sigma == 0.0,
+            skipped=sigma == 0.0 or cfg.alpha == 0.0,
             master_dtype="float32" if cfg.master_weights else None,
             perturbation=cfg.perturbation,
             rank=cfg.rank if cfg.perturbation == "lowrank" else None,
@@ -632,7 +639,9 @@ class ESEvolver(Evolver):
                 max(r["rewards"]),
                 r.get("update", {}).get("update_norm"),
                 r.get("test_reward_before"),
-                "skipped (sigma 0)" if r["skipped"] else "applied",
+                ("skipped (alpha 0: noise only)" if r.get("alpha") == 0 else "skipped (sigma 0)")
+                if r["skipped"]
+                else "applied",
             ]
             for r in rows
         ]

@@ -64,6 +64,7 @@ _STAGE = {
     "return_type": 3,
     "infeasible": 3,
     "duplicate": 4,
+    "behavioural_duplicate": 4,
 }
 
 
