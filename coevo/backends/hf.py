@@ -2,7 +2,9 @@
 
 The policy owns the ``torch.nn.Module`` (``policy.model``) so that ES (``coevo.es``) can perturb its
 parameters in place; :meth:`HFPolicy.named_parameters` yields them under their canonical HF names.
-Generation is batched with the model's chat template and left padding; a given ``SamplingParams.seed``
+Generation is batched with the model's chat template and left padding (a conversation ending with an assistant
+message is continued: :func:`coevo.backends.base.render_chat`; stop strings end a row as soon as its new text holds
+one, :class:`StopTextCriteria`); a given ``SamplingParams.seed``
 makes sampling reproducible without disturbing the global torch RNG: row i of a call seeded ``s`` samples
 from its own generator seeded ``request_seed(s, i)`` (as the vLLM backend seeds its requests), so a row's
 completion does not depend on the other rows of its batch nor on ``batch_size``.
