@@ -24,7 +24,8 @@ which writes children of an evolver's population under perturbed weights with th
   (:func:`coevo.ahd.answer.read_answer`; failure kinds ``parse``, ``syntax``, ``truncated``, ``no_code``,
   ``empty_body``); with ``parse_retries`` > 0, a call whose answer defines no such function (failure kind
   ``parse``, ``no_code`` or ``empty_body``, e.g. the thought alone) is asked again with the same prompt and a
-  new seed, at most that many times, as EoH's ``_get_alg`` re-queries an answer without code (Liu et al., ICML 2024; its code retries up to 4 times).
+  new seed, at most that many times, as EoH's ``_get_alg`` re-queries an answer without code (Liu et al., ICML
+  2024; its code retries up to 4 times).
   Every call counts against the sample budget (the budget counts LLM calls; LLM4AD's samplers do not retry,
   so the default is 0). With ``duplicate_retries`` > 0, an answer whose code copies an existing heuristic
   (below) is asked again the same way before anything is evaluated, so the slot yields a new sample; the

@@ -69,7 +69,8 @@ def check_sampling_params(params: Any) -> SamplingParams:
     Raises:
         TypeError: ``params`` is not a :class:`SamplingParams`.
         ValueError: naming the field (``max_new_tokens`` >= 1, ``temperature`` >= 0 and finite,
-            0 < ``top_p`` <= 1, ``top_k`` >= 0, ``seed`` an int >= 0 or None, ``stop`` non-empty strings, ``regex`` None or a non-empty str).
+            0 < ``top_p`` <= 1, ``top_k`` >= 0, ``seed`` an int >= 0 or None, ``stop`` non-empty strings,
+            ``regex`` None or a non-empty str).
     """
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")

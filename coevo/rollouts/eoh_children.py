@@ -25,9 +25,9 @@ reward is the mean over its children.
 gives every member the same reward (all children invalid: every ``R`` is 0, the z-scores vanish and ES
 applies no update). Each child of the generation gets a key ``(stage, value)``: the stage says how far it
 got, ``0`` no code (``llm_error``, ``parse``, ``no_code``, ``empty_body``, ``sandbox``, ``other``), ``1``
-code that does not compile (``syntax``, ``truncated``), ``2`` code that fails while loading or running (``import``, ``runtime``, ``timeout``,
-``memory``), ``3`` code that runs but returns a wrong or infeasible answer (``return_type``,
-``infeasible``), ``4`` a copy of an existing heuristic (``duplicate``), ``5`` a new valid heuristic, whose
+code that does not compile (``syntax``, ``truncated``), ``2`` code that fails while loading or running
+(``import``, ``runtime``, ``timeout``, ``memory``), ``3`` code that runs but returns a wrong or infeasible
+answer (``return_type``, ``infeasible``), ``4`` a copy of an existing heuristic (``duplicate``), ``5`` a new valid heuristic, whose
 value is the paper's reward above (``s_child - s_parent``, or ``s_child`` for i1). So an invalid child always
 ranks below every valid one, and a better child above a worse one. The child's reward is its rank among the
 generation's children (ties share their mean rank), scaled to ``[-0.5, 0.5]``; a member's reward is the
