@@ -20,6 +20,9 @@ Space = Literal["parameter", "context"]
 FAILURE_KINDS = (
     "parse",  # no code / no JSON / no action could be extracted from the model output
     "syntax",  # extracted code does not compile
+    "truncated",  # the answer reached the token cap before its code ended, and what was written does not compile
+    "no_code",  # a thought (EoH's idea sentence) but no code: no function, or a body without a statement
+    "empty_body",  # neither a thought nor a statement: an empty answer or function body
     "import",  # import of a forbidden or missing module, or import-time failure
     "timeout",  # wall-clock or CPU limit reached
     "memory",  # address-space limit reached

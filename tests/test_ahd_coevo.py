@@ -58,8 +58,11 @@ class ScriptedTinyQwen(HFPolicy):
 
     ``generate`` answers each conversation with the next reply of ``script`` (the last one repeats) and
     records, per call, the batch size and a sha256 of one in-scope weight tensor, so a test can tell
-    perturbed from centre weights.
+    perturbed from centre weights. Its replies are in EoH's free answer format, so it continues no prefilled
+    answer (the sampler sends it the free format's prompts).
     """
+
+    can_continue_final_message = False
 
     def __init__(self, model_dir: Path, script: list[str]):
         super().__init__(model_dir, dtype="float32", batch_size=8)

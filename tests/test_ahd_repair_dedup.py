@@ -219,3 +219,21 @@ def test_out_of_range_settings_name_the_field():
         parse_config({"evolvers": [{"name": "eoh", "type": "eoh", "problem": "tsp_construct", "repair": "often"}]})
     with pytest.raises(ConfigError, match=r"evolvers\.es\.alpha"):
         parse_config({"evolvers": [{"name": "es", "type": "es", "alpha": -1.0}]})
+
+
+def test_a_prefilled_call_gets_a_prefilled_repair():
+    """A failed prefilled answer (the prefix included) replaces the opened assistant turn, and the repair's messages
+    end with the same opening, so the repair is code-first too; a free-format call's repair stays free."""
+    from coevo.ahd.answer import answer_prefix
+    from coevo.ahd.problem import load_problem
+    from coevo.ahd.prompts import build_messages, repair_messages
+
+    spec = load_problem("tsp_construct").prompt_spec()
+    prefix = answer_prefix(spec)
+    failed = prefix + " nearest.\n    return 1 / 0\n```"
+    msgs = repair_messages(build_messages("i1", spec, answer="prefill"), failed, "ZeroDivisionError", spec)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant"]
+    assert msgs[2]["content"] == failed and msgs[-1]["content"] == prefix
+    assert "ZeroDivisionError" in msgs[3]["content"] and "already started" in msgs[3]["content"]
+    free = repair_messages(build_messages("i1", spec), failed, "ZeroDivisionError", spec)
+    assert [m["role"] for m in free] == ["system", "user", "assistant", "user"]

@@ -245,3 +245,26 @@ def test_requests_are_bounded_by_the_decode_deadline(server):
     with decode_deadline(time.monotonic() + 60):  # with time left, requests run as before
         assert policy.generate(_convs("four"), SamplingParams(max_new_tokens=5))[0].text.startswith("FOUR")
     policy.close()
+
+
+def test_vllm_server_continues_a_prefilled_answer_with_its_request_fields(server):
+    prefilled = [*_convs("write f")[0], {"role": "assistant", "content": "```python\ndef f():\n    # idea:"}]
+    stops = tuple(f"\n{c}" for c in "abcdef")  # more than the OpenAI API's 4
+    policy = OpenAIPolicy("tiny-chat", server.base_url, vllm_server=True)
+    assert policy.can_continue_final_message and policy.can_constrain
+    policy.generate([prefilled], SamplingParams(max_new_tokens=20, stop=stops, regex="[a-z]+"))
+    sent = server.requests[-1]
+    assert sent["continue_final_message"] is True and sent["add_generation_prompt"] is False
+    assert sent["messages"][-1] == prefilled[-1] and sent["stop"] == list(stops)
+    assert sent["structured_outputs"] == {"regex": "[a-z]+"}
+    policy.generate(_convs("plain"), SamplingParams(max_new_tokens=20))  # a plain chat: no continuation fields
+    assert "continue_final_message" not in server.requests[-1]
+
+
+def test_other_endpoints_cannot_continue_or_constrain(server):
+    policy = OpenAIPolicy("tiny-chat", server.base_url)
+    assert not policy.can_continue_final_message and not policy.can_constrain
+    policy.generate(_convs("x"), SamplingParams(max_new_tokens=20, stop=tuple(f"\n{c}" for c in "abcdef")))
+    assert len(server.requests[-1]["stop"]) == 4 and "continue_final_message" not in server.requests[-1]
+    with pytest.raises(PolicyError, match="answer_grammar"):
+        policy.generate(_convs("x"), SamplingParams(max_new_tokens=20, regex="[a-z]+"))

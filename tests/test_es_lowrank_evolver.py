@@ -238,6 +238,8 @@ def test_eoh_children_under_lowrank_members(tmp_path, tiny_model_dir):
     population view (no weight pass), recorded with the member, and the history rows are low-rank."""
     from test_ahd_coevo import es_first_eoh_loop
 
+    from coevo.ahd.answer import answer_prefix
+
     loop = es_first_eoh_loop(tmp_path, tiny_model_dir, **{"evolvers.es.perturbation": "lowrank"})
     start = loop.ctx.policy.es_replica(ScopeSpec("all_linear")).weights_hash()
     summary = loop.run()
@@ -245,6 +247,13 @@ def test_eoh_children_under_lowrank_members(tmp_path, tiny_model_dir):
     with TrajectoryStore(tmp_path / "run" / "store.sqlite") as store:
         es = [t for t in store.query(run_id="run") if t.evolver == "es"]
         assert len(es) == 16 and all(t.member is not None and t.space == "parameter" for t in es)
+        # the members' children continue the prefilled answer (coevo.ahd.answer) on the population path too
+        prefix = answer_prefix(loop.evolvers["eoh"].problem.prompt_spec())
+        es_steps = [store.get_by_key(t.key) for t in es]
+        assert all(t.meta["answer_format"] == "prefill" for t in es)
+        assert all(
+            t.steps[0].observation.endswith(prefix) and t.steps[0].model_output.startswith(prefix) for t in es_steps
+        )
         hist = store.es_history("run", "es")
         assert [h["perturbation"] for h in hist] == ["lowrank"] * 2 and hist[0]["weight_hash_before"] == start
 

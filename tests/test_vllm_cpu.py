@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -106,6 +107,25 @@ def test_engine_generates_as_hf(engine, hf):
     torch.testing.assert_close(engine.logprob(CONVS, TARGETS), hf.logprob(CONVS, TARGETS), atol=1e-4, rtol=0)
     (c,) = engine.generate(CONVS[:1], GREEDY)
     assert c.prompt_tokens == len(engine._prompt_ids(CONVS[:1])[0]) and c.completion_tokens == 12
+
+
+#: a prefilled answer (coevo.ahd.answer): the model continues the assistant turn
+PREFILLED = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "write the function"},
+    {"role": "assistant", "content": "```python\ndef select_next_node(current, unvisited):\n    # idea:"},
+]
+
+
+def test_engine_continues_a_prefilled_answer_as_hf_and_constrains_it(engine, hf):
+    """The engine's token path renders a conversation ending with an assistant turn as LLM.chat(...,
+    add_generation_prompt=False, continue_final_message=True) does: the prompt ends with that turn's text, and the
+    completion (the continuation) is HF's. A regex (vLLM's structured outputs) holds on this CPU build."""
+    (ids,) = engine._prompt_ids([PREFILLED])
+    assert engine.tokenizer.decode(ids).endswith(PREFILLED[-1]["content"])
+    assert texts(engine, [PREFILLED]) == texts(hf, [PREFILLED])
+    (c,) = engine.generate([PREFILLED], SamplingParams(max_new_tokens=16, temperature=1.0, seed=1, regex=" [a-z]{3}\n"))
+    assert re.fullmatch(r" [a-z]{3}\n", c.text), c.text
 
 
 def test_full_rank_es_in_the_worker_matches_hf(engine, hf):
@@ -362,6 +382,25 @@ def test_openai_backend_against_a_real_vllm_server(server, model_dir):
         assert too_long.finish_reason == "error" and "400" in too_long.error and too_long.meta["attempts"] == 1
         with pytest.raises(PolicyError, match="404"):
             OpenAIPolicy("no-such-model", url, max_retries=2, api_key_env="COEVO_NO_KEY").generate(CONVS[:1], GREEDY)
+    finally:
+        policy.close()
+
+
+def test_vllm_server_continues_a_prefilled_answer(server, model_dir):
+    """vLLM's server with its request fields continue_final_message / add_generation_prompt (model.vllm_server):
+    the reply is the continuation of the prefilled turn, the same as HF's on the same weights."""
+    from coevo.backends.hf import HFPolicy
+    from coevo.backends.openai_api import OpenAIPolicy
+
+    url, _ = server
+    hf = HFPolicy(model_dir, dtype="float32")
+    policy = OpenAIPolicy("tiny", url, max_retries=1, api_key_env="COEVO_NO_KEY", vllm_server=True)
+    try:
+        assert texts(policy, [PREFILLED]) == texts(hf, [PREFILLED])
+        (c,) = policy.generate(
+            [PREFILLED], SamplingParams(max_new_tokens=16, temperature=1.0, seed=1, regex="[a-z]{4}")
+        )
+        assert re.fullmatch("[a-z]{4}", c.text), c.text
     finally:
         policy.close()
 

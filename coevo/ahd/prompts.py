@@ -19,8 +19,13 @@ Hyper-Heuristics with Reflective Evolution", NeurIPS 2024, Section 3.2: the LLM 
 parent and its verbal hint guides the next crossover or mutation). coevo asks one reflection per EoH generation,
 on the population's best and worst heuristic, and gives it to every parent operator of that generation.
 
-Every prompt asks for the answer in one fixed shape: the thought in braces on one line, then a fenced Python
-block defining the problem's function with exactly its signature (see :func:`answer_format`).
+Every prompt asks for the answer in one fixed shape (:mod:`coevo.ahd.answer`). In the ``free`` format (EoH's): the
+thought in braces on one line, then a fenced Python block defining the problem's function with exactly its
+signature (:func:`answer_format`). In the ``prefill`` format the messages end with an assistant turn that already
+holds the code fence, the template's imports, the exact ``def`` line and the body's first line ``# idea:``
+(:func:`coevo.ahd.answer.answer_prefix`); the model continues it, and the user message asks for that continuation
+(:func:`prefill_format`). :func:`free_format_messages` turns such messages back into the free format, for a backend
+that cannot continue an assistant message.
 The wording is this project's own. As in EoH, the function's inputs and output are described in prose: the
 template is shown without its docstring, and parents' code without docstrings and comments
 (:func:`coevo.sandbox.extract.strip_docstrings`), and the reply is asked to carry none. Measured on the
@@ -33,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from coevo.ahd.answer import ANSWER_FORMATS, IDEA_MARK, answer_prefix
 from coevo.sandbox.extract import function_docstring, strip_docstrings
 
 Message = dict[str, str]
@@ -116,6 +122,33 @@ def answer_format(spec: dict[str, Any]) -> str:
     )
 
 
+def prefill_format(spec: dict[str, Any]) -> str:
+    """The reply format of the ``prefill`` answer: continue the opened code (:func:`coevo.ahd.answer.answer_prefix`),
+    the thought as the ``# idea:`` comment, then the body, then the closing fence."""
+    return (
+        f"Your reply is already started for you: a ```python code block with the imports and the exact line "
+        f"`def {_signature(spec)}:`, then the comment `{IDEA_MARK}`. Continue it: finish that comment with one "
+        "sentence describing the idea of your heuristic, then write the function's body (indented; numpy is "
+        "allowed; no file access), then close the code block with ``` right after the function. Write no "
+        "docstring, no other comments and no explanation."
+    )
+
+
+def free_format_messages(messages: list[Message], spec: dict[str, Any]) -> list[Message]:
+    """``messages`` of the ``prefill`` format (:func:`build_messages`) as the ``free`` format's: the assistant turn
+    dropped and the user message's reply format replaced by :func:`answer_format`. Messages already in the free
+    format are returned unchanged (a copy)."""
+    out = [dict(m) for m in messages]
+    if not out or out[-1]["role"] != "assistant":
+        return out
+    out.pop()
+    ask = prefill_format(spec)
+    user = out[-1]
+    if user["content"].endswith(ask):
+        user["content"] = user["content"][: -len(ask)] + answer_format(spec)
+    return out
+
+
 def _describe(parents: Sequence[ParentHeuristic]) -> str:
     parts = []
     for i, p in enumerate(parents, 1):
@@ -171,22 +204,31 @@ def reflection_messages(spec: dict[str, Any], better: ParentHeuristic, worse: Pa
 
 
 def build_messages(
-    operator: str, spec: dict[str, Any], parents: Sequence[ParentHeuristic] = (), reflection: str | None = None
+    operator: str,
+    spec: dict[str, Any],
+    parents: Sequence[ParentHeuristic] = (),
+    reflection: str | None = None,
+    answer: str = "free",
 ) -> list[Message]:
-    """The chat messages (system + user) of one EoH operator call.
+    """The chat messages of one EoH operator call.
 
     Args:
         operator: one of :data:`OPERATORS`.
         spec: the problem's :meth:`~coevo.ahd.problem.HeuristicProblem.prompt_spec`.
         parents: the parent heuristics (none for i1; one for m1-m3; one or more for e1/e2).
         reflection: a reflection to pass on (:func:`reflection_block`, after the parents); ignored for i1.
+        answer: the answer format, one of :data:`coevo.ahd.answer.ANSWER_FORMATS` (module docstring).
 
     Returns:
-        ``[{"role": "system", ...}, {"role": "user", ...}]``.
+        ``[{"role": "system", ...}, {"role": "user", ...}]``, and for ``answer="prefill"`` a third message
+        ``{"role": "assistant", "content": answer_prefix(spec)}`` for the model to continue.
 
     Raises:
-        ValueError: unknown operator, a spec field missing, or a parent count the operator cannot take.
+        ValueError: unknown operator or answer format, a spec field missing, or a parent count the operator
+            cannot take.
     """
+    if answer not in ANSWER_FORMATS:
+        raise ValueError(f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {answer!r}")
     if operator not in OPERATORS:
         raise ValueError(f"operator: unknown EoH operator {operator!r}; known: {', '.join(OPERATORS)}")
     for key in ("task", "function_name", "inputs", "template"):
@@ -201,8 +243,14 @@ def build_messages(
         blocks.append(_describe(parents))
         if reflection and reflection.strip():
             blocks.append(reflection_block(reflection))
-    blocks += [_instruction(operator, len(parents)), answer_format(spec)]
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(blocks)}]
+    blocks += [
+        _instruction(operator, len(parents)),
+        prefill_format(spec) if answer == "prefill" else answer_format(spec),
+    ]
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(blocks)}]
+    if answer == "prefill":
+        messages.append({"role": "assistant", "content": answer_prefix(spec)})
+    return messages
 
 
 #: the operator name of a repair call (not one of EoH's :data:`OPERATORS`: it takes a failed answer, not parents)
@@ -211,7 +259,9 @@ REPAIR = "repair"
 
 def repair_messages(messages: Sequence[Message], answer: str, error: str, spec: dict[str, Any]) -> list[Message]:
     """The chat messages of one repair call: the failed call's own conversation, its answer as the assistant
-    turn, then one user turn with the one-line error and the answer format again.
+    turn, then one user turn with the one-line error and the answer format again. A prefilled call (its messages
+    end with the assistant turn :func:`coevo.ahd.answer.answer_prefix` opened) gets a prefilled repair: the failed
+    answer (``answer``, the prefix included) replaces that turn and the same opening ends the repair's messages.
 
     Error feedback in the conversation, as ReEvo's and OpenEvolve's samplers give it (OpenEvolve PR #443 puts
     the previous attempt's error into the next prompt; ReEvo, Ye et al. NeurIPS 2024, re-asks with the
@@ -230,8 +280,14 @@ def repair_messages(messages: Sequence[Message], answer: str, error: str, spec: 
     for key in ("function_name", "inputs"):
         if key not in spec:
             raise ValueError(f"spec: missing field {key!r} (use HeuristicProblem.prompt_spec())")
+    prefilled = messages[-1]["role"] == "assistant"  # the prefill format: the failed call continued this turn
+    base = list(messages[:-1]) if prefilled else list(messages)
     ask = (
         f"Your code failed when it was run: {error.strip()}\n"
-        "Fix this error and write the whole corrected heuristic, keeping its idea.\n\n" + answer_format(spec)
+        "Fix this error and write the whole corrected heuristic, keeping its idea.\n\n"
+        + (prefill_format(spec) if prefilled else answer_format(spec))
     )
-    return [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": ask}]
+    out = [*base, {"role": "assistant", "content": answer}, {"role": "user", "content": ask}]
+    if prefilled:  # the repair is prefilled too: it continues the same opening (fence, imports, def line)
+        out.append({"role": "assistant", "content": messages[-1]["content"]})
+    return out

@@ -13,10 +13,19 @@ which writes children of an evolver's population under perturbed weights with th
   when ``operator_temperature`` sets different ones);
   :meth:`HeuristicSampler.sample_population` does the same for the jobs of every member of a low-rank ES
   population in one ``population.generate`` call;
-* extract: the braced thought and the code of the problem's function (:func:`coevo.sandbox.extract.extract_code`);
-  with ``parse_retries`` > 0, a call whose answer defines no such function (failure kind ``parse``, e.g. the
-  thought alone) is asked again with the same prompt and a new seed, at most that many times, as EoH's
-  ``_get_alg`` re-queries an answer without code (Liu et al., ICML 2024; its code retries up to 4 times).
+* answer format (:mod:`coevo.ahd.answer`, ``answer_format``): ``prefill`` (default) ends every prompt with an
+  assistant turn that already holds the code fence, the template's imports, the function's ``def`` line and
+  ``# idea:``; the policy continues it (``Policy.can_continue_final_message``: the HF and vLLM backends, vLLM's
+  server), decoding stops at the first line at column 0 after the body (stop strings), and the prefix is glued
+  back before extraction. A policy that cannot continue a message gets today's ``free`` prompt instead (one
+  logged line, once per sampler). ``answer_grammar`` also constrains the continuation to
+  :data:`coevo.ahd.answer.BODY_REGEX` (vLLM's structured outputs);
+* extract: the thought and the code of the problem's function, stripped of docstrings and comments
+  (:func:`coevo.ahd.answer.read_answer`; failure kinds ``parse``, ``syntax``, ``truncated``, ``no_code``,
+  ``empty_body``); with ``parse_retries`` > 0, a call whose answer defines no such function (failure kind
+  ``parse``, ``no_code`` or ``empty_body``, e.g. the thought alone) is asked again with the same prompt and a
+  new seed, at most that many times, as EoH's ``_get_alg`` re-queries an answer without code (Liu et al., ICML
+  2024; its code retries up to 4 times).
   Every call counts against the sample budget (the budget counts LLM calls; LLM4AD's samplers do not retry,
   so the default is 0). With ``duplicate_retries`` > 0, an answer whose code copies an existing heuristic
   (below) is asked again the same way before anything is evaluated, so the slot yields a new sample; the
@@ -59,6 +68,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import random
 import re
@@ -67,13 +77,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from coevo.ahd.answer import ANSWER_FORMATS, BODY_REGEX, FUNCTION_END_STOPS, NO_FUNCTION_KINDS, read_answer
 from coevo.ahd.evaluate import evaluate_many
 from coevo.ahd.population import Individual, code_key, select_parents
-from coevo.ahd.prompts import REPAIR, build_messages, parents_needed, reflection_messages, repair_messages
-from coevo.backends.base import request_seed
+from coevo.ahd.prompts import (
+    REPAIR,
+    build_messages,
+    free_format_messages,
+    parents_needed,
+    reflection_messages,
+    repair_messages,
+)
+from coevo.backends.base import continues_final_message, request_seed
 from coevo.errors import DeadlineReached
 from coevo.sandbox import pool
-from coevo.sandbox.extract import extract_code
 from coevo.sandbox.runner import Sandbox, SandboxLimits
 from coevo.types import ContextRef, ESMember, EvalResult, Step, Trajectory
 
@@ -84,6 +101,8 @@ if TYPE_CHECKING:
     from coevo.budget import Budget
     from coevo.es.replica import Population
     from coevo.store import TrajectoryStore
+
+log = logging.getLogger(__name__)
 
 
 #: failure kinds a repair call is made for (``repair``): the model wrote the function but it does not run
@@ -172,9 +191,13 @@ class HeuristicSampler:
             return-type error (module docstring); the repair calls count against the sample budget.
         reject_same_behaviour: record valid samples whose per-instance training objectives equal an existing
             individual's as ``behavioural_duplicate`` (module docstring).
+        answer_format: ``"prefill"`` or ``"free"`` (module docstring, :mod:`coevo.ahd.answer`).
+        answer_grammar: constrain prefilled answers to :data:`coevo.ahd.answer.BODY_REGEX` (needs a policy with
+            ``can_constrain``: the vLLM engine or vLLM's server).
 
     Raises:
-        ValueError: a negative retry count or an operator temperature that is not a finite number >= 0.
+        ValueError: a negative retry count, an operator temperature that is not a finite number >= 0, an unknown
+            answer format, or ``answer_grammar`` with the free format.
     """
 
     def __init__(
@@ -198,6 +221,8 @@ class HeuristicSampler:
         operator_temperature: dict[str, float] | None = None,
         repair: bool = False,
         reject_same_behaviour: bool = True,
+        answer_format: str = "prefill",
+        answer_grammar: bool = False,
     ) -> None:
         self.problem = problem
         self.owner = owner
@@ -220,6 +245,13 @@ class HeuristicSampler:
         for op, temp in self.operator_temperature.items():
             if not (isinstance(temp, (int, float)) and math.isfinite(temp) and temp >= 0):
                 raise ValueError(f"operator_temperature.{op}: must be a finite number >= 0, got {temp!r}")
+        if answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}")
+        if answer_grammar and answer_format != "prefill":
+            raise ValueError("answer_grammar constrains prefilled answers only: set answer_format to prefill")
+        self.answer_format = answer_format
+        self.answer_grammar = bool(answer_grammar)
+        self._told_free = False  # the line saying a policy cannot continue a message was logged
         sign = "-" if problem.direction == "minimize" else "+"
         #: what a trajectory's reward is (recorded as ``meta["reward_unit"]``)
         self.reward_unit = f"heuristic score = {sign}{problem.objective_name or 'objective'} (higher is better)"
@@ -312,7 +344,9 @@ class HeuristicSampler:
         Raises:
             ValueError: unknown operator or a parent count it cannot take.
         """
-        messages = build_messages(operator, self.problem.prompt_spec(), list(parents), reflection=reflection)
+        messages = build_messages(
+            operator, self.problem.prompt_spec(), list(parents), reflection=reflection, answer=self.answer_format
+        )
         return SampleJob(
             key=key,
             operator=operator,
@@ -412,7 +446,9 @@ class HeuristicSampler:
 
         def generate(pending: list[tuple[SampleJob, ESMember | None, int]], params: SamplingParams):
             target = policy if policy is not None else self._default()
-            return target.generate([job.messages for job, _, _ in pending], params)
+            jobs = [job for job, _, _ in pending]
+            params = self._answer_params(jobs, target, params)
+            return self._glue_prefix(jobs, target.generate([job.messages for job in jobs], params))
 
         entries = [(job, member, k) for k, job in enumerate(jobs)]
         made = self._sample_entries(entries, generate, None, round_index, generation, evolver, existing)
@@ -447,8 +483,10 @@ class HeuristicSampler:
         entries = [(job, member, k) for member, jobs in groups for k, job in enumerate(jobs)]
 
         def generate(pending: list[tuple[SampleJob, ESMember | None, int]], params: SamplingParams):
+            jobs = [job for job, _, _ in pending]
+            params = self._answer_params(jobs, population, params)
             rows = [(member, job.messages) for job, member, _ in pending]
-            return population.generate(rows, params, seed_indices=[k for _, _, k in pending])
+            return self._glue_prefix(jobs, population.generate(rows, params, seed_indices=[k for _, _, k in pending]))
 
         made = self._sample_entries(entries, generate, seed, round_index, generation, evolver, existing)
         return [self._in_job_order(jobs, made) for _, jobs in groups]
@@ -641,7 +679,7 @@ class HeuristicSampler:
                 redo = [
                     i
                     for i, (c, e) in enumerate(zip(completions, extractions))
-                    if c.error is None and e is not None and e.code is None and e.error == "parse"
+                    if c.error is None and e is not None and e.code is None and e.error in NO_FUNCTION_KINDS
                 ]
             if attempt <= self.duplicate_retries and self.reject_duplicates:
                 coded = [i for i, e in enumerate(extractions) if e is not None and e.code is not None]
@@ -744,8 +782,65 @@ class HeuristicSampler:
         return stored.meta.get("reflection") or None
 
     def _extract(self, comp: Any) -> Any:
-        """The :class:`~coevo.sandbox.extract.Extraction` of a completion, None for a failed LLM call."""
-        return extract_code(comp.text, self.problem.function_name) if comp.error is None else None
+        """The :class:`~coevo.sandbox.extract.Extraction` of a completion (:func:`coevo.ahd.answer.read_answer`;
+        ``comp.meta["prefill"]``: the prefix its text starts with), None for a failed LLM call."""
+        if comp.error is not None:
+            return None
+        prefix = comp.meta.get("prefill") or ""
+        return read_answer(
+            comp.text[len(prefix) :], self.problem.function_name, prefix=prefix, finish_reason=comp.finish_reason
+        )
+
+    # ------------------------------------------------------------------ answer format (coevo.ahd.answer)
+    def _answer_params(self, jobs: Sequence[SampleJob], target: Any, params: SamplingParams) -> SamplingParams:
+        """Fit ``jobs`` to the policy (or population) ``target`` and return the decoding settings of their call.
+
+        A prefilled job (its messages end with an assistant turn) goes to a target that cannot continue a
+        message (``can_continue_final_message`` False) as the free format's messages instead (the job's
+        ``messages`` are replaced, so the record shows what was sent; one logged line per sampler). For
+        prefilled jobs the stop strings get :data:`~coevo.ahd.answer.FUNCTION_END_STOPS` and, with
+        ``answer_grammar``, the regex :data:`~coevo.ahd.answer.BODY_REGEX`.
+
+        Raises:
+            ConfigError: ``answer_grammar`` on a target that cannot constrain decoding.
+        """
+        from coevo.errors import ConfigError
+
+        prefilled = [job for job in jobs if continues_final_message(job.messages)]
+        if prefilled and not getattr(target, "can_continue_final_message", False):
+            if not self._told_free:
+                log.warning(
+                    "%s: answer_format prefill needs a backend that continues an assistant message; %s cannot, "
+                    "so its prompts use the free answer format",
+                    self.owner,
+                    type(target).__name__,
+                )
+                self._told_free = True
+            spec = self.problem.prompt_spec()
+            for job in prefilled:
+                job.messages = free_format_messages(job.messages, spec)
+            return params
+        if not prefilled:
+            return params
+        if self.answer_grammar and not getattr(target, "can_constrain", False):
+            raise ConfigError(
+                f"evolvers.{self.owner}.answer_grammar: {type(target).__name__} cannot constrain decoding "
+                "(the vllm backend or model.vllm_server can)"
+            )
+        stop = tuple(dict.fromkeys((*params.stop, *FUNCTION_END_STOPS)))
+        return replace(params, stop=stop, regex=BODY_REGEX if self.answer_grammar else params.regex)
+
+    @staticmethod
+    def _glue_prefix(jobs: Sequence[SampleJob], completions: list[Any]) -> list[Any]:
+        """Completions of prefilled jobs with the prefix put back in front of the text (``meta["prefill"]``
+        holds it; the token counts stay those of the continuation)."""
+        out = []
+        for job, comp in zip(jobs, completions, strict=True):
+            if comp is not None and comp.error is None and continues_final_message(job.messages):
+                prefix = job.messages[-1]["content"]
+                comp = replace(comp, text=prefix + comp.text, meta={**comp.meta, "prefill": prefix})
+            out.append(comp)
+        return out
 
     def _duplicates(
         self, jobs: Sequence[SampleJob], codes: list[str], index: list[int], existing: Sequence[Individual]
@@ -784,6 +879,7 @@ class HeuristicSampler:
             "seed": job.seed,
             "batch_seed": seed,
             "finish_reason": comp.finish_reason,
+            "answer_format": "prefill" if comp.meta.get("prefill") else "free",
             "code": None,
             "thought": None,
             "objective": None,

@@ -69,7 +69,8 @@ def check_sampling_params(params: Any) -> SamplingParams:
     Raises:
         TypeError: ``params`` is not a :class:`SamplingParams`.
         ValueError: naming the field (``max_new_tokens`` >= 1, ``temperature`` >= 0 and finite,
-            0 < ``top_p`` <= 1, ``top_k`` >= 0, ``seed`` an int >= 0 or None, ``stop`` non-empty strings).
+            0 < ``top_p`` <= 1, ``top_k`` >= 0, ``seed`` an int >= 0 or None, ``stop`` non-empty strings,
+            ``regex`` None or a non-empty str).
     """
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -89,6 +90,8 @@ def check_sampling_params(params: Any) -> SamplingParams:
         raise ValueError(f"seed must be None or an int >= 0, got {params.seed!r}")
     if isinstance(params.stop, str) or not all(isinstance(s, str) and s for s in params.stop):
         raise ValueError(f"stop must be a tuple of non-empty strings, got {params.stop!r}")
+    if params.regex is not None and (not isinstance(params.regex, str) or not params.regex):
+        raise ValueError(f"regex must be None or a non-empty string, got {params.regex!r}")
     return params
 
 

@@ -117,6 +117,27 @@ def terminal_token_ids(tokenizer: Any, eos_token_id: int | Iterable[int] | None)
     return sorted(ids)
 
 
+def continues_final_message(conversation: list[Message]) -> bool:
+    """Whether a backend continues the conversation's last message instead of opening a new assistant turn: the
+    last message is an assistant turn (a *prefilled* answer, e.g. code already opened by
+    :func:`coevo.ahd.answer.answer_prefix`). Backends that can (``Policy.can_continue_final_message``) render
+    such a conversation without a generation prompt, ending with that message's text, and return only what
+    follows it."""
+    return bool(conversation) and conversation[-1].get("role") == "assistant"
+
+
+def render_chat(tokenizer: Any, conversation: list[Message]) -> str:
+    """The prompt text of one conversation, as the HF and vLLM backends both tokenise it: the tokenizer's chat
+    template with the assistant's generation prompt, or, when the conversation ends with an assistant message
+    (:func:`continues_final_message`), rendered to continue that message (``add_generation_prompt=False,
+    continue_final_message=True``, as vLLM's ``LLM.chat`` does): the text ends with that message's content."""
+    if continues_final_message(conversation):
+        return tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=False, continue_final_message=True
+        )
+    return tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Decoding settings.
@@ -128,6 +149,9 @@ class SamplingParams:
         seed: seed of the sampling RNG; the same seed, prompts and weights give the same completions on
             the same backend and device. ``None`` draws from the backend's global RNG.
         stop: strings at which a completion is cut (the stop string itself is removed).
+        regex: constrain decoding so that the completion matches this regular expression (structured outputs);
+            None: unconstrained. Only backends with ``Policy.can_constrain`` honour it; the others raise
+            :class:`PolicyError`.
     """
 
     max_new_tokens: int = 512
@@ -136,6 +160,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    regex: str | None = None
 
     def with_seed(self, seed: int | None) -> SamplingParams:
         return replace(self, seed=seed)
@@ -177,6 +202,11 @@ class Policy(ABC):
     has_parameters: bool = False
     #: identifier of the loaded model (path or name), recorded in histories and reports
     model_id: str = ""
+    #: whether a conversation ending with an assistant message is continued (:func:`continues_final_message`);
+    #: callers give such a conversation only to a policy that can
+    can_continue_final_message: bool = False
+    #: whether ``SamplingParams.regex`` is honoured (constrained decoding)
+    can_constrain: bool = False
 
     @abstractmethod
     def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:

@@ -160,7 +160,11 @@ def make_policy(cfg: ModelConfig, *, lora: tuple[int, int] | None = None) -> Pol
         from coevo.backends.openai_api import OpenAIPolicy
 
         return OpenAIPolicy(
-            base_url=cfg.base_url, model=cfg.name, api_key_env=cfg.api_key_env, max_retries=cfg.max_retries
+            base_url=cfg.base_url,
+            model=cfg.name,
+            api_key_env=cfg.api_key_env,
+            max_retries=cfg.max_retries,
+            vllm_server=cfg.vllm_server,
         )
     if cfg.backend == "vllm":
         from coevo.backends.models import resolve_model

@@ -2,7 +2,9 @@
 
 The policy owns the ``torch.nn.Module`` (``policy.model``) so that ES (``coevo.es``) can perturb its
 parameters in place; :meth:`HFPolicy.named_parameters` yields them under their canonical HF names.
-Generation is batched with the model's chat template and left padding; a given ``SamplingParams.seed``
+Generation is batched with the model's chat template and left padding (a conversation ending with an assistant
+message is continued: :func:`coevo.backends.base.render_chat`; stop strings end a row as soon as its new text holds
+one, :class:`StopTextCriteria`); a given ``SamplingParams.seed``
 makes sampling reproducible without disturbing the global torch RNG: row i of a call seeded ``s`` samples
 from its own generator seeded ``request_seed(s, i)`` (as the vLLM backend seeds its requests), so a row's
 completion does not depend on the other rows of its batch nor on ``batch_size``.
@@ -38,6 +40,7 @@ from coevo.backends.base import (
     current_deadline,
     deadline_passed,
     deadline_reached,
+    render_chat,
     request_seed,
     terminal_token_ids,
     torch_dtype,
@@ -114,6 +117,32 @@ class DeadlineCriteria:
         return torch.full((input_ids.shape[0],), self.fired, device=input_ids.device, dtype=torch.bool)
 
 
+class StopTextCriteria:
+    """A ``transformers`` stopping criterion that ends a row once its new text contains one of ``stops`` (the
+    backend then cuts the text there, :func:`coevo.backends.cut_at_stop`). What transformers' ``stop_strings``
+    does, without its per-vocabulary tables: building those for the 94 stop strings of a prefilled heuristic
+    answer (:data:`coevo.ahd.answer.FUNCTION_END_STOPS`) on Qwen2.5's 151k-token vocabulary took 65 s here, on
+    every call. Each step decodes the last few new tokens of every row (a stop string of ``k`` characters spans
+    at most ``k`` tokens that decode to text, plus a few that decode to nothing).
+
+    Args:
+        tokenizer: the policy's tokenizer. stops: the stop strings (non-empty). prompt_width: columns of the
+            batch's prompt (new tokens start there).
+    """
+
+    def __init__(self, tokenizer, stops: Sequence[str], prompt_width: int) -> None:
+        self.tokenizer = tokenizer
+        self.stops = tuple(stops)
+        self.start = int(prompt_width)
+        self.window = max(len(s) for s in self.stops) + 4
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs) -> torch.Tensor:
+        """(B, T) ids -> (B,) bool: whether the row's last new tokens contain a stop string."""
+        tail = input_ids[:, self.start :][:, -self.window :].tolist()
+        texts = self.tokenizer.batch_decode(tail, skip_special_tokens=True)
+        return torch.tensor([any(s in t for s in self.stops) for t in texts], device=input_ids.device)
+
+
 def shared_prefix_len(rows: Sequence[Sequence[int]]) -> int:
     """Length of the longest token prefix common to every row (0 for no rows)."""
     if not rows:
@@ -151,6 +180,7 @@ class HFPolicy(Policy):
     """
 
     has_parameters = True
+    can_continue_final_message = True
     #: ``progress(kind, n)`` while a batch decodes (set by the run context, :meth:`RunContext.observe`): "batch"
     #: (rows), "tokens" (rows still decoding, per step), "rows" (rows finished); see :mod:`coevo.backends.streaming`
     progress: Callable[[str, int], None] | None = None
@@ -230,10 +260,9 @@ class HFPolicy(Policy):
         return HFReplica(self, scope, master_weights, restore_mode)
 
     def _prompts(self, conversations: list[list[Message]]) -> list[str]:
-        return [
-            self.tokenizer.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
-            for conv in conversations
-        ]
+        """The rendered chat prompts (:func:`coevo.backends.base.render_chat`: a conversation ending with an
+        assistant message is continued)."""
+        return [render_chat(self.tokenizer, conv) for conv in conversations]
 
     def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:
         """Generate one completion per conversation (see :meth:`Policy.generate`).
@@ -278,11 +307,15 @@ class HFPolicy(Policy):
 
         Raises:
             ValueError, TypeError: malformed input, or ``row_seeds`` of the wrong length.
-            PolicyError: out of memory.
+            PolicyError: out of memory, or ``params.regex`` set (no constrained decoding here).
             DeadlineReached: the decode deadline passed before or during a model batch (module docstring).
         """
         check_conversations(conversations)
         check_sampling_params(params)
+        if params.regex is not None:
+            raise PolicyError(
+                "the hf backend cannot constrain decoding to a regex (answer_grammar); use the vllm backend"
+            )
         if row_seeds is not None and len(row_seeds) != len(conversations):
             raise ValueError(f"row_seeds has {len(row_seeds)} seeds for {len(conversations)} conversations")
         if row_groups is not None and len(row_groups) != len(conversations):
@@ -325,7 +358,6 @@ class HFPolicy(Policy):
             eos_token_id=self._stop_ids,
             pad_token_id=self.tokenizer.pad_token_id,
             bos_token_id=self.model.generation_config.bos_token_id,
-            stop_strings=list(params.stop) or None,
         )
 
     def _encode(self, prompts: list[str], share_prefix: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -392,9 +424,14 @@ class HFPolicy(Policy):
         row_sampling = seeds is not None and params.temperature > 0
         processors = LogitsProcessorList([RowSampler(params, seeds, self.device)] if row_sampling else [])
         extra = {"past_key_values": self._prefix_cache(input_ids, prefix, groups, narrow)} if prefix else {}
+        criteria = StoppingCriteriaList()
         if deadline is not None:
             deadline.reset()
-            extra["stopping_criteria"] = StoppingCriteriaList([deadline])
+            criteria.append(deadline)
+        if params.stop:
+            criteria.append(StopTextCriteria(self.tokenizer, params.stop, input_ids.shape[1]))
+        if criteria:
+            extra["stopping_criteria"] = criteria
         if self.progress is not None:  # tokens decoded, rows finished: the run's progress line moves in a long batch
             finish = {*self._stop_ids, self.tokenizer.pad_token_id}
             extra["streamer"] = DecodeCounter(self.progress, len(prompts), finish)
@@ -403,7 +440,6 @@ class HFPolicy(Policy):
             attention_mask=attention_mask,
             generation_config=self._generation_config(params, row_sampling),
             logits_processor=processors,
-            tokenizer=self.tokenizer if params.stop else None,
             **extra,
         )
         duration = time.perf_counter() - t0

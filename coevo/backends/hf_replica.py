@@ -159,6 +159,16 @@ class HFPopulation:
         self.tokenizer = policy.tokenizer
         self._tables: tuple[torch.Tensor, torch.Tensor] | None = None  # (slots, scales) of the running batch
 
+    @property
+    def can_continue_final_message(self) -> bool:
+        """The policy's (``Policy.can_continue_final_message``): rows ending with an assistant message are continued."""
+        return bool(getattr(self.policy, "can_continue_final_message", False))
+
+    @property
+    def can_constrain(self) -> bool:
+        """The policy's (``Policy.can_constrain``): ``SamplingParams.regex`` is honoured."""
+        return bool(getattr(self.policy, "can_constrain", False))
+
     def hook(self, name: str):
         """The forward hook of the linear layer whose weight is ``name``: adds the rows' low-rank terms."""
 
@@ -240,6 +250,14 @@ class MemberPolicy(Policy):
         self.member = member
         self.tokenizer = population.tokenizer
         self.model_id = population.policy.model_id
+
+    @property
+    def can_continue_final_message(self) -> bool:
+        return self.population.can_continue_final_message
+
+    @property
+    def can_constrain(self) -> bool:
+        return self.population.can_constrain
 
     def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:
         return self.population.generate([(self.member, c) for c in conversations], params)

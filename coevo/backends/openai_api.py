@@ -11,6 +11,13 @@ Deadline (:func:`coevo.backends.base.decode_deadline`, the run's wall-clock budg
 ``min(timeout_s, time left to the deadline)``, and no request or backoff starts past it; a call whose deadline
 passes raises :class:`~coevo.errors.DeadlineReached` and returns nothing (the server may still finish the
 requests in flight, their answers are dropped).
+
+vLLM's server (``vllm_server=True``, config ``model.vllm_server``): its extension fields of the chat request are
+used: a conversation ending with an assistant message (a prefilled answer) is sent with
+``continue_final_message: true, add_generation_prompt: false`` so the model continues that message and the
+reply holds only the continuation; every stop string is sent (the OpenAI API takes at most 4); a
+``SamplingParams.regex`` is sent as ``structured_outputs: {regex}``. Other endpoints cannot continue a message:
+callers send them no such conversation (``Policy.can_continue_final_message`` is False) and a regex raises.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from coevo.backends.base import (
     Policy,
     PolicyError,
     SamplingParams,
+    continues_final_message,
     current_deadline,
     deadline_passed,
     deadline_reached,
@@ -53,6 +61,7 @@ class OpenAIPolicy(Policy):
         backoff_max_s: cap of one backoff (s).
         timeout_s: per-request timeout (s).
         concurrency: requests in flight at once (threads, >= 1).
+        vllm_server: the endpoint is vLLM's OpenAI-compatible server (module docstring).
 
     Raises:
         ValueError: a bad argument (named).
@@ -72,6 +81,7 @@ class OpenAIPolicy(Policy):
         backoff_max_s: float = 8.0,
         timeout_s: float = 120.0,
         concurrency: int = 4,
+        vllm_server: bool = False,
     ) -> None:
         if not isinstance(model, str) or not model:
             raise ValueError("model must be a non-empty string")
@@ -91,6 +101,9 @@ class OpenAIPolicy(Policy):
         self.backoff_max_s = float(backoff_max_s)
         self.concurrency = concurrency
         self.timeout_s = float(timeout_s)
+        self.vllm_server = bool(vllm_server)
+        self.can_continue_final_message = self.vllm_server
+        self.can_constrain = self.vllm_server
         key = api_key if api_key is not None else os.environ.get(api_key_env) or "EMPTY"
         # retries are ours (bounded, counted); the client makes exactly one attempt per call
         self.client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=timeout_s)
@@ -112,6 +125,11 @@ class OpenAIPolicy(Policy):
         """
         check_conversations(conversations)
         check_sampling_params(params)
+        if params.regex is not None and not self.vllm_server:
+            raise PolicyError(
+                f"endpoint {self.base_url} cannot constrain decoding to a regex (answer_grammar): only vLLM's "
+                "server can (model.vllm_server)"
+            )
         if not conversations:
             return []
         began, deadline = time.monotonic(), current_deadline()
@@ -138,9 +156,16 @@ class OpenAIPolicy(Policy):
         if seed is not None:
             req["seed"] = seed
         if params.stop:
-            req["stop"] = list(params.stop[:_MAX_API_STOP])
+            req["stop"] = list(params.stop if self.vllm_server else params.stop[:_MAX_API_STOP])
+        extra: dict[str, Any] = {}
         if params.top_k > 0:
-            req["extra_body"] = {"top_k": params.top_k}
+            extra["top_k"] = params.top_k
+        if self.vllm_server and continues_final_message(conversation):
+            extra.update(continue_final_message=True, add_generation_prompt=False)
+        if params.regex is not None:
+            extra["structured_outputs"] = {"regex": params.regex}
+        if extra:
+            req["extra_body"] = extra
         return req
 
     def _timeout(self, deadline: float | None) -> float:

@@ -39,6 +39,12 @@ class ModelConfig(BaseModel):
     base_url: str | None = Field(None, description="openai backend: server URL, e.g. http://127.0.0.1:8000/v1")
     api_key_env: str = Field("OPENAI_API_KEY", description="openai backend: env var holding the API key")
     max_retries: int = Field(3, ge=0, description="openai backend: retries on connection errors and 5xx")
+    vllm_server: bool = Field(
+        False,
+        description="openai backend: the endpoint is vLLM's server (vllm serve): prefilled answers are continued "
+        "(its request fields continue_final_message / add_generation_prompt), all stop strings are sent and "
+        "answer_grammar works; other endpoints get today's free answer format",
+    )
     tensor_parallel_size: int = Field(1, ge=1, description="vllm backend: GPUs per engine")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm backend (GPU; unused on the CPU)")
     kv_cache_gib: float | None = Field(

@@ -63,6 +63,7 @@ from coevo.backends.base import (
     current_deadline,
     deadline_passed,
     deadline_reached,
+    render_chat,
     request_seed,
     terminal_token_ids,
     torch_dtype,
@@ -248,13 +249,20 @@ def vllm_sampling_kwargs(params: SamplingParams, index: int, stop_token_ids: lis
     Mapping: ``max_new_tokens -> max_tokens``; ``temperature`` (0 = greedy), ``top_p`` as is; ``top_k`` 0 (off)
     -> -1 (vLLM's "off", accepted by every version); ``seed`` -> :func:`request_seed` (None stays None);
     ``stop`` -> list (vLLM removes the stop string from the text, as coevo does); ``stop_token_ids`` the
-    terminal ids also used by the HF backend; one completion per request, special tokens skipped.
+    terminal ids also used by the HF backend; one completion per request, special tokens skipped; ``regex`` ->
+    ``structured_outputs=StructuredOutputsParams(regex=...)`` (vLLM's structured outputs, its default backend).
 
     Raises:
         ValueError / TypeError: invalid ``params`` (``coevo.backends.check_sampling_params``).
     """
     check_sampling_params(params)
+    extra: dict[str, Any] = {}
+    if params.regex is not None:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        extra["structured_outputs"] = StructuredOutputsParams(regex=params.regex)
     return {
+        **extra,
         "n": 1,
         "max_tokens": params.max_new_tokens,
         "temperature": float(params.temperature),
@@ -306,6 +314,8 @@ class VLLMPolicy(Policy):
     """
 
     has_parameters = True
+    can_continue_final_message = True
+    can_constrain = True
 
     def __init__(
         self,
@@ -458,10 +468,11 @@ class VLLMPolicy(Policy):
 
     # ------------------------------------------------------------------ generation
     def _prompt_ids(self, conversations: list[list[Message]]) -> list[list[int]]:
-        """Chat-templated prompts as token ids, tokenised exactly as ``HFPolicy`` does (no added specials)."""
-        texts = [
-            self.tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in conversations
-        ]
+        """Chat-templated prompts as token ids, tokenised exactly as ``HFPolicy`` does (no added specials). A
+        conversation ending with an assistant message is continued (:func:`coevo.backends.base.render_chat`: the
+        template rendered with ``add_generation_prompt=False, continue_final_message=True``, what
+        ``LLM.chat(..., continue_final_message=True)`` renders), so the completion is what follows that message."""
+        texts = [render_chat(self.tokenizer, c) for c in conversations]
         return [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
 
     def generate(self, conversations: list[list[Message]], params: SamplingParams) -> list[Completion]:

@@ -220,6 +220,16 @@ class VLLMPopulation:
         self.matrices = matrices  # (HF name, shape) of the weights in scope
         self.centre_request: Any = None  # the zero adapter of centre rows on the CPU platform (module docstring)
 
+    @property
+    def can_continue_final_message(self) -> bool:
+        """The policy's (``Policy.can_continue_final_message``): rows ending with an assistant message are continued."""
+        return bool(getattr(self.policy, "can_continue_final_message", False))
+
+    @property
+    def can_constrain(self) -> bool:
+        """The policy's (``Policy.can_constrain``): ``SamplingParams.regex`` is honoured."""
+        return bool(getattr(self.policy, "can_constrain", False))
+
     @classmethod
     @contextmanager
     def open(cls, policy: Any, members: Sequence[ESMember], rank: int) -> Iterator[VLLMPopulation]:

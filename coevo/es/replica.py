@@ -110,10 +110,14 @@ class Population(Protocol):
 
     Attributes:
         members: the members served, in the order given. tokenizer: the policy's tokenizer.
+        can_continue_final_message, can_constrain: the policy's (``coevo.backends.base.Policy``): whether a row
+            ending with an assistant message is continued, whether ``SamplingParams.regex`` is honoured.
     """
 
     members: Sequence[ESMember]
     tokenizer: Any
+    can_continue_final_message: bool
+    can_constrain: bool
 
     def generate(
         self,

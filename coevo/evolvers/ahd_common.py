@@ -37,9 +37,9 @@ import math
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from coevo.ahd.population import Individual, survivors
 from coevo.ahd.problem import HeuristicProblem, load_problem
@@ -151,6 +151,18 @@ class AHDConfig(EvolverConfig):
         description="ask again (same prompt, new seed) a call whose code copies an existing heuristic, before "
         "evaluating it, at most this many times; every call counts against budget.max_samples",
     )
+    answer_format: Literal["prefill", "free"] = Field(
+        "prefill",
+        description="prefill: the model continues an answer that already holds the code fence, the template's "
+        "imports, the function's def line and '# idea:' (its thought), and stops at the function's end; free: "
+        "EoH's braced thought then a code block. A backend that cannot continue a message (an OpenAI endpoint "
+        "that is not vLLM's server) gets free, with one line saying so (coevo.ahd.answer; docs/ahd.md)",
+    )
+    answer_grammar: bool = Field(
+        False,
+        description="constrain prefilled answers to a function body's layout (coevo.ahd.answer.BODY_REGEX) with "
+        "vLLM's structured outputs; needs the vllm backend (or model.vllm_server)",
+    )
     parse_retries: int = Field(
         0,
         ge=0,
@@ -180,6 +192,12 @@ class AHDConfig(EvolverConfig):
             if not (math.isfinite(temp) and temp >= 0):
                 raise ValueError(f"{op}: temperature {temp} must be a finite number >= 0")
         return v
+
+    @model_validator(mode="after")
+    def _grammar_needs_prefill(self) -> AHDConfig:
+        if self.answer_grammar and self.answer_format != "prefill":
+            raise ValueError("answer_grammar constrains prefilled answers only: set answer_format to prefill")
+        return self
 
     @field_validator("test_sizes")
     @classmethod
@@ -281,6 +299,8 @@ class AHDEvolver(Evolver):
             operator_temperature=c.operator_temperature,
             repair=c.repair,
             reject_same_behaviour=c.reject_same_behaviour,
+            answer_format=c.answer_format,
+            answer_grammar=c.answer_grammar,
         )
         self.train_tag = self.sampler.train_tag
         self._population: list[Individual] = []

@@ -28,10 +28,10 @@ reward is the mean over its children.
 ``reward: rank`` (not in the paper) separates members even when children are invalid, where the paper's rule
 gives every member the same reward (all children invalid: every ``R`` is 0, the z-scores vanish and ES
 applies no update). Each child of the generation gets a key ``(stage, value)``: the stage says how far it
-got, ``0`` no code (``llm_error``, ``parse``, ``sandbox``, ``other``), ``1`` code that does not compile
-(``syntax``), ``2`` code that fails while loading or running (``import``, ``runtime``, ``timeout``,
-``memory``), ``3`` code that runs but returns a wrong or infeasible answer (``return_type``,
-``infeasible``), ``4`` a copy of an existing heuristic (``duplicate``), ``5`` a new valid heuristic, whose
+got, ``0`` no code (``llm_error``, ``parse``, ``no_code``, ``empty_body``, ``sandbox``, ``other``), ``1``
+code that does not compile (``syntax``, ``truncated``), ``2`` code that fails while loading or running
+(``import``, ``runtime``, ``timeout``, ``memory``), ``3`` code that runs but returns a wrong or infeasible
+answer (``return_type``, ``infeasible``), ``4`` a copy of an existing heuristic (``duplicate``), ``5`` a new valid heuristic, whose
 value is the paper's reward above (``s_child - s_parent``, or ``s_child`` for i1). So an invalid child always
 ranks below every valid one, and a better child above a worse one. The child's reward is its rank among the
 generation's children (ties share their mean rank), scaled to ``[-0.5, 0.5]``; a member's reward is the
@@ -54,6 +54,9 @@ from coevo.types import Trajectory
 _STAGE = {
     "llm_error": 0,
     "parse": 0,
+    "no_code": 0,
+    "empty_body": 0,
+    "truncated": 1,
     "sandbox": 0,
     "other": 0,
     "syntax": 1,
