@@ -76,7 +76,13 @@ def test_the_docs_block_is_the_shipped_module_under_80_lines():
 
 
 def _config(rounds: int) -> dict:
-    hc = {"name": "hc", "type": "hillclimb", **SMALL, "batch": 2}
+    hc = {
+        "name": "hc",
+        "type": "hillclimb",
+        **SMALL,
+        "batch": 2,
+        "reject_same_behaviour": False,
+    }  # the tie is the point: a twin is kept valid
     return {
         "run": {"name": "hc", "seed": 5},
         "budget": {"max_rounds": rounds},
@@ -131,7 +137,9 @@ def test_a_stopped_and_resumed_docs_hillclimb_ends_where_an_uninterrupted_one_do
 
 def test_a_tie_keeps_the_earliest_heuristic_and_the_report_says_tie(tmp_path):
     policy = ScriptedPolicy([SCRIPT[0], SCRIPT[1]])  # a twin of the seed and a worse one
-    hc = HillClimbEvolver("hc", HillClimbConfig(**SMALL, batch=2), _ctx(tmp_path, policy=policy))
+    hc = HillClimbEvolver(
+        "hc", HillClimbConfig(**SMALL, batch=2, reject_same_behaviour=False), _ctx(tmp_path, policy=policy)
+    )
     hc.step(0)
     twin = hc.ctx.store.query(run_id="r", order_by="id")[0]
     assert twin.valid and twin.reward == hc.incumbent.reward
