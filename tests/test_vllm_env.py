@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +115,25 @@ def test_routed_output_of_spawned_processes_becomes_coevo_vllm_records(capfd):
     out, err = capfd.readouterr()
     assert "NUMA" not in out + err and "Enforce eager" not in out + err  # nothing reached this process's terminal
     assert "VLLM_LOGGING_STREAM" not in os.environ
+
+
+def _failing_engine_child() -> None:
+    print("(Worker pid=3) ERROR [multiproc_executor.py:1063] Traceback (most recent call last):", flush=True)
+    print("(Worker pid=3) ERROR [multiproc_executor.py:1063] ValueError: Available memory on node 0 (0.6/23.54 GiB)")
+    print("(EngineCore pid=4) ERROR RuntimeError: Engine core initialization failed. See root cause above.")
+
+
+def test_the_engines_last_error_line_is_the_cause_of_a_failed_start():
+    """vLLM's driver reports a failed engine start as "Engine core initialization failed. See root cause above";
+    the cause is the last error line the engine's processes printed, which the one-line error then names."""
+    from coevo.backends.vllm_engine import _start_failure
+    from coevo.backends.vllm_env import EngineOutput
+
+    with engine_environment(cpu=False, route_output=True):
+        proc = multiprocessing.get_context("spawn").Process(target=_failing_engine_child)
+        proc.start()
+    proc.join(60)
+    assert EngineOutput.get().last_error() == "ValueError: Available memory on node 0 (0.6/23.54 GiB)"
+    err = RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+    line = _start_failure(err, Path("/models/m"), routed=True)
+    assert "(engine: ValueError: Available memory on node 0" in line and "lower model.kv_cache_gib" in line

