@@ -39,6 +39,7 @@ def test_preloads_found_go_first_in_ld_preload_and_missing_ones_are_one_line(tmp
     assert "\n" not in lines[0]
     assert "LD_PRELOAD" not in cpu_engine_env({"COEVO_VLLM_PRELOAD": "0"})  # turned off
     assert cpu_engine_env({"LD_PRELOAD": f"{tmp_path / 'libiomp5.so'}"}).get("LD_PRELOAD") is None  # already there
+    assert cpu_engine_env({"LD_PRELOAD": "/usr/lib/libgomp.so.1"}).get("LD_PRELOAD") is None  # the user's OpenMP
 
 
 def test_this_machine_has_the_preloads_install_sh_installs():

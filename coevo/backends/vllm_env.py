@@ -101,7 +101,10 @@ def cpu_engine_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
         out["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     if environ.get(PRELOAD_SWITCH, "1") != "0":
         found, missing = find_preloads()
-        new = [p for p in found if Path(p).name not in environ.get("LD_PRELOAD", "")]
+        current = environ.get("LD_PRELOAD", "")
+        new = [p for p in found if Path(p).name not in current]
+        if "libgomp" in current or "libomp" in current:  # the user's OpenMP runtime: vLLM refuses two of them
+            new = [p for p in new if "libiomp" not in p]
         if missing and tuple(missing) not in _WARNED:
             _WARNED.add(tuple(missing))
             log.warning(
