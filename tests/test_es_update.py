@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from coevo.es import (
     replay,
     select_params,
 )
+from coevo.es.update import pairwise_sum_
 
 TOKENS = torch.randint(0, 256, (4, 16), generator=torch.Generator().manual_seed(5))
 
@@ -38,7 +40,33 @@ def test_update_equals_the_documented_float32_arithmetic():
     expected = orig + acc.view(300, 70)
     assert torch.equal(w, expected)
     assert not stats.skipped and stats.n_noise_streams == 3 and stats.changed_fraction > 0.99
-    assert stats.update_norm == pytest.approx(float((expected - orig).double().norm()), rel=1e-5)
+    delta = (expected - orig).double().reshape(-1).tolist()
+    assert stats.update_norm == pytest.approx(math.sqrt(math.fsum(d * d for d in delta)), rel=1e-12)
+
+
+def test_pairwise_sum_is_the_fixed_tree_and_close_to_the_exact_sum():
+    values = torch.randn(1001, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert pairwise_sum_(values.clone()) == pytest.approx(math.fsum(values.tolist()), rel=1e-14)
+    tree = [1.0, 2.0, 4.0, 8.0, 16.0]  # n 5 -> h 3: [1+8, 2+16, 4] -> h 2: [9+4, 18] -> 31
+    assert pairwise_sum_(torch.tensor(tree, dtype=torch.float64)) == 31.0
+    assert pairwise_sum_(torch.empty(0, dtype=torch.float64)) == 0.0
+
+
+def test_update_does_not_depend_on_the_thread_count():
+    """weights and statistics are bit-equal on 1 and 2 torch threads (a float32 torch.dot norm differed: vLLM's
+    worker on two OpenMP threads against HF on one, docs/vllm.md); a tensor of more than one noise chunk."""
+    old = torch.get_num_threads()
+    out = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            w = torch.zeros(2**22 + 4099, dtype=torch.bfloat16)
+            p = ESParams([("w", w)], master_dtype=torch.float32)
+            stats = es_update(p, [1, 2, 3], [1, -1, 1], [0.5, -1.25, 2.0], alpha=1e-2, sigma=1e-2)
+            out.append((p.weights_hash(), stats.update_norm, stats.max_abs_update, stats.changed_fraction))
+    finally:
+        torch.set_num_threads(old)
+    assert out[0] == out[1] and out[0][1] > 0
 
 
 def test_no_update_at_sigma_zero():

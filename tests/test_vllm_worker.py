@@ -194,7 +194,7 @@ def test_tensor_parallel_refused_and_setup_needed():
         worker.es_setup("all_linear")
     with pytest.raises(RuntimeError, match="call es_setup first"):
         worker.es_perturb(1, 1e-3, 1)
-    assert worker.es_state() == {"ready": False}
+    assert worker.es_state() == {"ready": False, "threads": torch.get_num_threads()}
 
 
 # ---------------------------------------------------------------------------------------- engine side

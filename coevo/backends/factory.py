@@ -177,6 +177,7 @@ def make_policy(cfg: ModelConfig, *, lora: tuple[int, int] | None = None) -> Pol
             tensor_parallel_size=cfg.tensor_parallel_size,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             kv_cache_gib=cfg.kv_cache_gib,
+            route_output=True,  # vLLM's lines go to the run log (coevo.vllm), the terminal only with -v
             **lora_kwargs,
         )
     raise ValueError(f"model.backend: unknown backend {cfg.backend!r}; allowed: auto, hf, openai, vllm")

