@@ -21,7 +21,10 @@ any site (``benchmark: openended``: a start URL, a goal and a reward rule, :mod:
   configured initial skill folders (version 0) when nothing is published. ``skill_mode: preload``
   puts the current skill's body into the system prompt (a small model rarely chooses to load a skill);
   ``catalog`` only lists names and descriptions and lets the agent call ``load_skill`` (progressive
-  disclosure). Each trajectory records ``context=ContextRef(skill_name, skill_version)``. ``skill_dirs`` entries
+  disclosure). Each trajectory records ``context=ContextRef(skill_name, skill_version)`` (the evolving skill;
+  in catalog mode the agent sees the whole library, whose names are in ``meta["skills_listed"]``, and the
+  report labels such episodes by the library) and the agent's ``skill_load_calls`` / ``skills_loaded``.
+  ``skill_dirs`` entries
   are skill folders or folders of skill folders, checked with the validator of ``coevo skills validate`` when
   the config is validated; skill settings without ``use_skills: true`` are errors.
 * Validation (when the run config is read, before any model loads): WebArena-Lite's ``WA_*`` site variables
@@ -434,7 +437,7 @@ class WebRollout(Rollout):
         text = library.catalog_prompt()
         if cfg.skill_mode == "preload":
             text += f"\n\n## Skill {name} (already loaded)\n{library.activate(name).strip()}"
-        meta = {"skill_path": str(dirs[name]), "skill_mode": cfg.skill_mode}
+        meta = {"skill_path": str(dirs[name]), "skill_mode": cfg.skill_mode, "skills_listed": library.names()}
         if published and published["name"] == name and published.get("source"):
             meta["skill_source"] = str(published["source"])
         return library, text, context.ref(skill_name=name, skill_version=version), meta
