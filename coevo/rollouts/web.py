@@ -31,6 +31,8 @@ any site (``benchmark: openended``: a start URL, a goal and a reward rule, :mod:
   for the selected tasks, NLTK's ``punkt_tab`` (``NLTK_DATA``) and, for tasks with an LLM-judged evaluator,
   ``OPENAI_API_KEY`` (``judge_tasks: require``) or the tasks are left out with a warning
   (``judge_tasks: skip``).
+* Before a run loads its model (``coevo run``, ``coevo run --check``): Chromium, playwright and BrowserGym are
+  checked (:meth:`WebRollout.check_ready`); a missing one is one line naming the command that fixes it, exit 2.
 * Browser environments are created lazily, once per rollout object, reused across generations and closed by
   :meth:`WebRollout.close`. All calls must come from one thread (Playwright's sync API).
 """
@@ -302,6 +304,18 @@ class WebRollout(Rollout):
         "skill_dirs",
         "skill_name",
     )
+
+    @classmethod
+    def check_ready(cls, config: WebRolloutConfig) -> None:
+        """Chromium, playwright and BrowserGym (with the benchmark's packages) are installed
+        (:func:`coevo.envs.browser.check_browser_ready`), before the model loads.
+
+        Raises:
+            coevo.envs.browser.BrowserSetupError: one line naming what is missing and the command that fixes it.
+        """
+        from coevo.envs.browser import check_browser_ready
+
+        check_browser_ready(config.benchmark)
 
     def __init__(self, config: WebRolloutConfig, ctx: RunContext | None):
         super().__init__(config, ctx)
