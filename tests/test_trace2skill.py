@@ -489,9 +489,10 @@ def test_nothing_to_analyse_is_a_quiet_step(tmp_path, skills_dir):
     assert policy.calls == [] and _published_version(loop) == 0
     with TrajectoryStore(tmp_path / "run" / "store.sqlite") as store:
         assert _t2s_metrics(store, "run")["analysed"] == 0
-    assert "no new version: no new trajectories of the watched evolvers to analyse" in (
-        tmp_path / "run" / "report.md"
-    ).read_text()
+    assert (
+        "no new version: no new trajectories of the watched evolvers to analyse"
+        in (tmp_path / "run" / "report.md").read_text()
+    )
 
 
 def test_tiny_qwen2_analyst_model_garbage_is_rejected_without_a_new_version(tmp_path, skills_dir, tiny_model_dir):
