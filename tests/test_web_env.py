@@ -177,6 +177,22 @@ def test_setup_script_builds_shim_and_prints_exports(tmp_path, fake_exe):
     assert _expected_chrome(root).resolve() == fake_exe.resolve()
 
 
+def test_setup_script_checks_the_python_packages_before_apt(tmp_path):
+    """After the main-job install (no web extra) the script stops at once naming the pip command, before it
+    would install Chromium with apt-get. ``sitecustomize`` makes playwright absent in the script's Python."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nsys.modules['playwright'] = None\n")
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}
+    env.pop("COEVO_CHROMIUM", None)
+    proc = subprocess.run(
+        [str(REPO / "scripts" / "setup_browser.sh")], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "error: the `playwright` package is not installed; fix: " in proc.stderr and "pip install" in proc.stderr
+    assert "apt-get" not in proc.stderr and "installing chromium" not in proc.stderr
+
+
 # -- MiniWoB++ task sets ---------------------------------------------------------------------------------
 def test_tasksets_are_registered_tasks_with_disjoint_seeds():
     known = set(miniwob_task_names())
