@@ -40,7 +40,7 @@ task, seed, success, failure, steps, action names, model outputs, tokens, wall s
 ``OUT/settings.json`` the settings. Resuming: the same command with the same ``--out`` runs only the episodes
 missing from ``results.jsonl`` (more ``--seeds`` or other ``--conditions`` add episodes; other settings are an
 error: use a new ``--out``; a recorded failed episode counts as run). Without a missing episode no model is
-loaded and no browser started.
+loaded and no browser started; ``--report-only`` reports the episodes recorded so far and runs none.
 
 Usage (the 0.5B model on CPU; smoke run on a tiny random model)::
 
@@ -356,6 +356,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--skill-dirs", default=",".join(DEFAULT_SKILL_DIRS), help="skill folders of catalog and preload (comma-sep.)"
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--report-only", action="store_true", help="run nothing: the table and metrics of the episodes in --out"
+    )
     p.add_argument("--out", default="runs/web_skills", help="folder of results.jsonl, settings.json, table.md")
     args = p.parse_args(argv)
     raw_libraries, args.libraries = args.libraries, {}
@@ -422,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     results_path = out / "results.jsonl"
     done = {(r["condition"], r["task"], r["seed"]) for r in read_results(results_path)}
     todo = [(w, c) for w in waves for c in args.conditions if any((c, t, s) not in done for t, s in w)]
+    if args.report_only:
+        todo = []  # the table of what results.jsonl holds (e.g. of a measurement stopped before its end)
     new_episodes, started = 0, time.time()
     policy = None
     try:
