@@ -94,6 +94,9 @@ def test_several_actions_run_the_first_valid_one_and_name_the_others():
     skipped = parse_action("```\nload_skill()\nclick('5')\n```")  # a malformed call is passed over, and named
     assert skipped.text == "click('5')" and skipped.ignored == ("load_skill(...) (malformed)",)
     assert parse_action("click('9')").ignored == () and parse_action("click('9')").ignored_note() == ""
+    # a call outside the code block did not run either, and is named (an output of the 0.5B model)
+    echoed = parse_action("load_skill('click-target')\n```\nclick('13')\n```")
+    assert echoed.text == "click('13')" and echoed.ignored == ("load_skill('click-target')",)
 
 
 def test_prompt_examples_come_from_the_page_and_the_library():

@@ -2,8 +2,10 @@
 
 Rule: the recognised action calls of the output's fenced code blocks (```...```), in order; when no block
 holds one, the recognised calls of the whole output, in order. The *first valid* one runs (valid: a known
-name with well-formed arguments); the others are kept in :attr:`ParsedAction.ignored` so that the agent says
-in its feedback which one ran and which did not (a small model often writes ``load_skill(...)`` and its next
+name with well-formed arguments). Code blocks come first because a small model often echoes the prompt's
+action descriptions (with their example calls) before its answer. Every other recognised call of the output
+(in the blocks, then outside them) is kept in :attr:`ParsedAction.ignored` so that the agent says in its
+feedback which one ran and which did not (a small model often writes ``load_skill(...)`` and its next
 step in one output; running the last one, as this module did before issue 48, silently dropped the load).
 Calls are parsed with BrowserGym's own high-level action grammar
 (``browsergym.core.action.parsers.highlevel_action_parser``: Python-like calls with literal arguments), so
@@ -107,6 +109,14 @@ def _build(name: str, raw_args: list[Any]) -> ParsedAction:
     return ParsedAction(name=name, args=tuple(args), kwargs=kwargs)
 
 
+def _text(name: str, args: list[Any]) -> str:
+    """Canonical text of a recognised call, or ``name(...) (malformed)`` when its arguments are not valid."""
+    try:
+        return _build(name, args).text
+    except ActionParseError:
+        return f"{name}(...) (malformed)"
+
+
 def example_action(actions: Sequence[str] | None = None, bid: str | None = None) -> str:
     """An example call for prompts and feedback, taken from ``actions``: ``click('<bid>')`` when click is offered,
     with ``bid`` an element id of the current page (without one: a placeholder naming where ids come from, never
@@ -161,6 +171,9 @@ def parse_action(
         else:
             ignored.append(built.text)
     if chosen is not None:
+        if fenced:  # calls outside the code blocks did not run either: name them too
+            outside = _FENCE.sub("\n", output)
+            ignored += [_text(n, a) for line in outside.splitlines() for n, a in _calls(line) if n in known]
         return dataclasses.replace(chosen, ignored=tuple(ignored))
     if first_error is not None:
         raise first_error
