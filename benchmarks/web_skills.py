@@ -58,6 +58,7 @@ import argparse
 import json
 import statistics
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -649,7 +650,7 @@ def plot(per_cond: dict[str, dict[str, Any]], path: Path, title: str) -> Path:
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel("episodes solved (%)")
     ax.set_ylim(0, 110)
-    ax.set_title("\n".join([title[:110], title[110:220]]).strip(), fontsize=7)
+    ax.set_title("\n".join(textwrap.wrap(title, 100)[:3]), fontsize=7)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
