@@ -8,7 +8,10 @@ One process, one model, the same held-out episodes and the same seeded decoding 
   ``skills/web-navigation`` and ``skills/miniwob-forms``): the system prompt lists their names and
   descriptions and the agent may call ``load_skill`` / ``read_skill_file`` (progressive disclosure);
 * ``preload``: ``use_skills: true, skill_mode: preload, skill_name: miniwob-forms``: the same catalog plus the
-  body of ``miniwob-forms`` in the system prompt.
+  body of ``miniwob-forms`` in the system prompt;
+* one more catalog condition per ``--libraries NAME=DIR[+DIR...]`` (issue 48): the agent sees that library
+  instead of the shipped one, e.g. ``user=benchmarks/web_user_skills`` (a user's own two skills) or a library
+  Trace2Skill distilled (``coevo skills export``-ed folders).
 
 The rollout settings (task set, tasks, ``max_obs_chars``, ``history_len``, ``actions``, ``seed``) come from the
 web rollout of ``--config`` (default ``configs/web/miniwob_skills_only.yaml``); ``--tasks``, ``--max-steps``,
@@ -30,13 +33,14 @@ carries its share of its wave's wall time; a condition's first wave in a process
 prompt / completion tokens; per-seed success rate mean +- std over seeds; and paired against ``none`` (same
 episode, same sampling seed): episodes solved only with skills and only without.
 
-Output: a Markdown table (also ``OUT/table.md``), then one JSON line per metric
+Output: a Markdown table (also ``OUT/table.md``), a plot ``OUT/web_skills.png`` (success per condition, split
+by episodes with / without a loaded skill), then one JSON line per metric
 ``{"metric", "value", "goal", "met"}``. ``OUT/results.jsonl`` gets one line per finished episode (condition,
 task, seed, success, failure, steps, action names, model outputs, tokens, wall share) as each wave ends;
 ``OUT/settings.json`` the settings. Resuming: the same command with the same ``--out`` runs only the episodes
 missing from ``results.jsonl`` (more ``--seeds`` or other ``--conditions`` add episodes; other settings are an
 error: use a new ``--out``; a recorded failed episode counts as run). Without a missing episode no model is
-loaded and no browser started.
+loaded and no browser started; ``--report-only`` reports the episodes recorded so far and runs none.
 
 Usage (the 0.5B model on CPU; smoke run on a tiny random model)::
 
@@ -54,6 +58,7 @@ import argparse
 import json
 import statistics
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -86,6 +91,7 @@ RESUME_KEYS = (
     "top_k",
     "seed",
     "skill_dirs",
+    "libraries",
 )
 FAILURE_KINDS = {"runtime": "runtime", "evaluation": "evaluation", "llm_error": "model"}
 #: rollout fields that only apply with use_skills: true (dropped for the ``none`` condition)
@@ -131,10 +137,12 @@ def condition_spec(base: dict[str, Any], condition: str, args: argparse.Namespac
     )
     if condition == "catalog":
         spec.update(use_skills=True, skill_mode="catalog", skill_dirs=list(args.skill_dirs))
+    elif condition in args.libraries:
+        spec.update(use_skills=True, skill_mode="catalog", skill_dirs=list(args.libraries[condition]))
     elif condition == "preload":
         spec.update(use_skills=True, skill_mode="preload", skill_dirs=list(args.skill_dirs), skill_name=PRELOAD_SKILL)
     elif condition != "none":
-        raise ValueError(f"unknown condition {condition!r}; choose from {CONDITIONS}")
+        raise ValueError(f"unknown condition {condition!r}; choose from {CONDITIONS} or --libraries names")
     return spec
 
 
@@ -166,6 +174,10 @@ def episode_row(condition: str, index: int, traj: Any, wall_share: float) -> dic
         "load_skill_steps": names.count("load_skill"),
         "read_skill_file_steps": names.count("read_skill_file"),
         "skills_loaded": traj.meta.get("skills_loaded", 0),
+        "skills_loaded_names": traj.meta.get("skills_loaded_names", []),
+        "skill_load_calls": traj.meta.get("skill_load_calls", names.count("load_skill")),
+        "skills_listed": traj.meta.get("skills_listed", []),
+        "ignored_action_steps": sum(bool(s.meta.get("ignored_actions")) for s in traj.steps),
         "malformed_steps": sum(s.action is None and s.meta.get("kind") == "parse_error" for s in traj.steps),
         "llm_calls": traj.llm_calls,
         "prompt_tokens": traj.prompt_tokens,
@@ -203,6 +215,8 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     read = sum(r["read_skill_file_steps"] for r in rows)
     prompt = sum(r["prompt_tokens"] for r in rows)
     calls = sum(r["llm_calls"] for r in rows)
+    loaded = [r for r in rows if r.get("skills_loaded", 0) > 0]
+    unloaded = [r for r in rows if r.get("skills_loaded", 0) == 0]
     by_seed: dict[int, list[bool]] = {}
     for r in rows:
         by_seed.setdefault(r["seed"], []).append(r["success"])
@@ -219,6 +233,12 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "read_skill_file_steps": read,
         "read_skill_file_step_fraction": read / steps if steps else None,
         "episodes_with_load_skill": sum(r["load_skill_steps"] > 0 for r in rows),
+        "successful_loads": sum(r.get("skills_loaded", 0) for r in rows),
+        "episodes_with_loaded_skill": len(loaded),
+        "solved_with_loaded_skill": sum(r["success"] for r in loaded),
+        "episodes_without_loaded_skill": len(unloaded),
+        "solved_without_loaded_skill": sum(r["success"] for r in unloaded),
+        "tokens_per_episode": (prompt + sum(r["completion_tokens"] for r in rows)) / n if n else None,
         "malformed_steps": sum(r["malformed_steps"] for r in rows),
         "failures": fails,
         "seeds": len(seed_rates),
@@ -260,6 +280,9 @@ HEADER = [
     "load_skill steps",
     "read_skill_file steps",
     "eps with load_skill",
+    "successful loads",
+    "solved with loaded skill",
+    "solved without",
     "malformed",
     "fail runtime/eval/model",
     "wall s",
@@ -286,6 +309,9 @@ def _row(condition: str, task: str, s: dict[str, Any]) -> list[Any]:
         frac(s["load_skill_steps"], s["load_skill_step_fraction"]),
         frac(s["read_skill_file_steps"], s["read_skill_file_step_fraction"]),
         s["episodes_with_load_skill"],
+        s["successful_loads"],
+        f"{s['solved_with_loaded_skill']}/{s['episodes_with_loaded_skill']}",
+        f"{s['solved_without_loaded_skill']}/{s['episodes_without_loaded_skill']}",
         s["malformed_steps"],
         f"{f['runtime']}/{f['evaluation']}/{f['model']}",
         round(s["wall_s"], 1),
@@ -317,17 +343,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=None, help="default: the config's")
     p.add_argument("--top-k", type=int, default=None, help="default: the config's")
     p.add_argument("--seed", type=int, default=None, help="rollout seed: the sampling seed (default: the config's)")
-    p.add_argument("--conditions", default=",".join(CONDITIONS), help=f"comma-separated subset of {CONDITIONS}")
+    p.add_argument(
+        "--conditions",
+        default=None,
+        help=f"comma-separated subset of {CONDITIONS} and the --libraries names (default: all of them)",
+    )
+    p.add_argument(
+        "--libraries",
+        default="",
+        help="more catalog conditions: NAME=DIR[+DIR...] items, comma-separated (e.g. user=benchmarks/web_user_skills)",
+    )
     p.add_argument(
         "--skill-dirs", default=",".join(DEFAULT_SKILL_DIRS), help="skill folders of catalog and preload (comma-sep.)"
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--report-only", action="store_true", help="run nothing: the table and metrics of the episodes in --out"
+    )
     p.add_argument("--out", default="runs/web_skills", help="folder of results.jsonl, settings.json, table.md")
     args = p.parse_args(argv)
-    args.conditions = [c for c in args.conditions.split(",") if c]
-    unknown = sorted(set(args.conditions) - set(CONDITIONS))
+    raw_libraries, args.libraries = args.libraries, {}
+    for item in (i for i in raw_libraries.split(",") if i):
+        name, _, dirs = item.partition("=")
+        if not name or not dirs or name in CONDITIONS:
+            p.error(f"--libraries: {item!r} is not NAME=DIR[+DIR...] with a NAME other than {CONDITIONS}")
+        args.libraries[name] = [d for d in dirs.split("+") if d]
+    known = [*CONDITIONS, *args.libraries]
+    args.conditions = [c for c in (args.conditions or ",".join(known)).split(",") if c]
+    unknown = sorted(set(args.conditions) - set(known))
     if unknown or not args.conditions:
-        p.error(f"--conditions: unknown {unknown or 'empty list'}; choose from {CONDITIONS}")
+        p.error(f"--conditions: unknown {unknown or 'empty list'}; choose from {known}")
     args.skill_dirs = [d for d in args.skill_dirs.split(",") if d]
     if args.seeds < 1 or args.max_steps < 1 or (args.n_envs is not None and args.n_envs < 1):
         p.error("--seeds, --max-steps and --n-envs must be >= 1")
@@ -381,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     results_path = out / "results.jsonl"
     done = {(r["condition"], r["task"], r["seed"]) for r in read_results(results_path)}
     todo = [(w, c) for w in waves for c in args.conditions if any((c, t, s) not in done for t, s in w)]
+    if args.report_only:
+        todo = []  # the table of what results.jsonl holds (e.g. of a measurement stopped before its end)
     new_episodes, started = 0, time.time()
     policy = None
     try:
@@ -470,6 +517,16 @@ def report(
         if s["seed_success_mean"] is not None:
             std = "" if s["seed_success_std"] is None else f" +- {s['seed_success_std']:.3f}"
             lines.append(f"- {c}: success per seed {s['seed_success_mean']:.3f}{std} over {s['seeds']} seeds")
+    for c in args.conditions:
+        s = per_cond[c]
+        listed = sorted({n for r in rows if r["condition"] == c for n in r.get("skills_listed") or ()})
+        lines.append(
+            f"- {c}: skills listed {len(listed)} ({', '.join(listed) or 'none'}); load_skill calls "
+            f"{s['load_skill_steps']}, successful loads {s['successful_loads']}; solved with a loaded skill "
+            f"{s['solved_with_loaded_skill']}/{s['episodes_with_loaded_skill']}, without "
+            f"{s['solved_without_loaded_skill']}/{s['episodes_without_loaded_skill']}; "
+            f"tokens per episode {_r(s['tokens_per_episode'], 1)}"
+        )
     pairs = {c: paired(rows, c) for c in args.conditions if c != "none"}
     for c, pr in pairs.items():
         if pr is not None:
@@ -480,6 +537,7 @@ def report(
     text = "\n".join(lines)
     print(text)
     (out / "table.md").write_text(text + "\n")
+    plot(per_cond, out / "web_skills.png", title)
 
     metrics = []
     for c in args.conditions:
@@ -510,6 +568,24 @@ def report(
                 s["episodes_with_load_skill"],
                 f"informational: of {s['episodes']} episodes",
                 True,
+            ),
+            metric(
+                f"web_skills_successful_loads/{c}",
+                s["successful_loads"],
+                "> 0 in a catalog condition (issue 48: the 0.5B model loaded no skill in 16 episodes)"
+                if c not in ("none", "preload")
+                else "informational (no catalog condition)",
+                s["successful_loads"] > 0 or c in ("none", "preload"),
+            ),
+            metric(
+                f"web_skills_solved_with_loaded_skill/{c}",
+                f"{s['solved_with_loaded_skill']}/{s['episodes_with_loaded_skill']}",
+                f"informational: without a loaded skill {s['solved_without_loaded_skill']}/"
+                f"{s['episodes_without_loaded_skill']}",
+                True,
+            ),
+            metric(
+                f"web_skills_tokens_per_episode/{c}", _r(s["tokens_per_episode"], 1), "informational", s["episodes"] > 0
             ),
             metric(f"web_skills_mean_steps/{c}", _r(s["mean_steps"]), f"<= max_steps {args.max_steps}", True),
             metric(
@@ -545,6 +621,41 @@ def report(
     metrics.append(metric("web_skills_new_episodes", new_episodes, "informational: episodes run by this call", True))
     metrics.append(metric("web_skills_call_wall_s", round(call_wall_s, 1), "informational: this call", True))
     return metrics
+
+
+def plot(per_cond: dict[str, dict[str, Any]], path: Path, title: str) -> Path:
+    """Grouped bars per condition: success over all episodes, over those with a loaded skill and over those
+    without (count on each bar), saved to ``path`` (PNG, matplotlib Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = [
+        ("all episodes", "successes", "episodes"),
+        ("with a loaded skill", "solved_with_loaded_skill", "episodes_with_loaded_skill"),
+        ("without a loaded skill", "solved_without_loaded_skill", "episodes_without_loaded_skill"),
+    ]
+    names = list(per_cond)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(names)), 3.8))
+    width = 0.8 / len(groups)
+    for j, (label, k, n) in enumerate(groups):
+        xs = [i + width * (j - 1) for i in range(len(names))]
+        vals = [100 * per_cond[c][k] / per_cond[c][n] if per_cond[c][n] else 0 for c in names]
+        bars = ax.bar(xs, vals, width=width, label=label)
+        for bar, c in zip(bars, names):
+            ax.annotate(
+                f"{per_cond[c][k]}/{per_cond[c][n]}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center"
+            )
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("episodes solved (%)")
+    ax.set_ylim(0, 110)
+    ax.set_title("\n".join(textwrap.wrap(title, 100)[:3]), fontsize=7)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _r(x: float | None, digits: int = 4) -> float | None:

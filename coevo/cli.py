@@ -95,6 +95,7 @@ def _open_run(args: argparse.Namespace):
             )
         run_dir, raw = require_run_folder(args.resume, ("config.yaml",)), None
         cfg = load_run_config(run_dir)
+        check_runnable(cfg)
         from coevo.lock import RunLock
 
         RunLock(run_dir).acquire().release()  # a live owner: refuse before saying "run folder: ..."

@@ -78,6 +78,7 @@ from coevo.evolvers.base import (
 )
 from coevo.lock import RunLock
 from coevo.progress import RunProgress
+from coevo.rollouts.base import resolve_rollout
 from coevo.store import TrajectoryStore
 from coevo.tables import step_line
 from coevo.tracking import RunTracker
@@ -186,11 +187,14 @@ def plugin_problem(name: str, cls: type, method: str, problem: str) -> None:
 
 
 def check_runnable(config: RunConfig, policy_factory=None) -> None:
-    """What :func:`~coevo.config.parse_config` cannot check alone: a parameter-space evolver needs a policy,
-    from the config's ``model`` or passed in code.
+    """What :func:`~coevo.config.parse_config` cannot check alone, before any model loads: a parameter-space
+    evolver needs a policy, from the config's ``model`` or passed in code; every rollout of the config (an
+    evolver's ``rollout:``, a gate's) finds what it needs outside the config (:meth:`Rollout.check_ready`, e.g.
+    the web rollout's browser).
 
     Raises:
         ConfigError: a parameter-space evolver, no ``model`` section and no ``policy_factory``.
+        UserError: a rollout's check failed (e.g. :class:`~coevo.envs.browser.BrowserSetupError`: no Chromium).
     """
     if policy_factory is None and config.model is None:
         weightful = [s.name for s in config.evolvers if resolve_evolver(s.type).space == "parameter"]
@@ -199,6 +203,29 @@ def check_runnable(config: RunConfig, policy_factory=None) -> None:
                 f"evolvers.{weightful[0]}.type: a parameter-space evolver evolves the model's "
                 "weights, but the config has no `model` section; add one (backend hf or vllm)"
             )
+    seen: set[tuple[str, str]] = set()
+    for spec in config.evolvers:
+        for rollout in _rollout_specs(spec.params.model_dump()):
+            cls = resolve_rollout(rollout["type"])
+            key = (rollout["type"], repr(sorted(rollout.items())))
+            if key not in seen:
+                seen.add(key)
+                cls.check_ready(cls.Config.model_validate(rollout))
+
+
+def _rollout_specs(node: Any) -> list[dict[str, Any]]:
+    """Every ``rollout: {type: ...}`` mapping under an evolver's params (its own rollout, a gate's)."""
+    out: list[dict[str, Any]] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "rollout" and isinstance(value, dict) and isinstance(value.get("type"), str):
+                out.append(value)
+            else:
+                out.extend(_rollout_specs(value))
+    elif isinstance(node, list):
+        for value in node:
+            out.extend(_rollout_specs(value))
+    return out
 
 
 @contextmanager

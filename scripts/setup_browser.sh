@@ -15,6 +15,24 @@ if [[ -z "${PYTHON:-}" ]]; then
 fi
 
 cd "$repo"
+# the Python side first (playwright, BrowserGym, miniwob): without it the shim cannot be built, so installing
+# Chromium with apt-get would only postpone the error (coevo.envs.browser names the command that fixes it)
+if ! "$PYTHON" -c "import coevo" >/dev/null 2>&1; then
+  echo "error: $PYTHON cannot import coevo; run scripts/install.sh first (or set PYTHON to the venv's python)" >&2
+  exit 1
+fi
+if ! msg=$("$PYTHON" -c "
+import os
+os.environ['PLAYWRIGHT_BROWSERS_PATH'] = 'unused'  # Chromium is checked below, after the packages
+from coevo.envs.browser import BrowserSetupError, check_browser_ready
+try:
+    check_browser_ready('miniwob')
+except BrowserSetupError as exc:
+    raise SystemExit(str(exc))
+" 2>&1); then
+  echo "error: $msg" >&2
+  exit 1
+fi
 have_chromium() {  # same search as coevo.envs.browser.find_chromium ($COEVO_CHROMIUM, then PATH)
   "$PYTHON" -c "from coevo.envs.browser import find_chromium; find_chromium()" >/dev/null 2>&1
 }

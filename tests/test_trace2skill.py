@@ -304,6 +304,8 @@ def test_new_version_from_pooled_trajectories(tmp_path, skills_dir):
     assert m["version"] == 1 and m["merge_calls"] == 1 and m["merge_fallbacks"] == 0
     report = (run_dir / "report.md").read_text()
     assert "Skill `form-filling`: current version 1" in report and "```diff" in report
+    assert "| 0 | 3 | 3 | 2/3 | 2 | 2 | new version v1 |" in report
+    assert "| t2s | context | 7 | 7 | 85.7% |" in report  # 6 of its 7 calls valid, though none has a reward
 
 
 def test_second_step_reads_only_new_trajectories_and_builds_on_the_last_version(tmp_path, skills_dir):
@@ -393,6 +395,8 @@ def test_fix_rounds_repair_or_discard(tmp_path, skills_dir, fixed):
         assert validate_skill(loop.evolvers["t2s"].path) == []
     else:
         assert art is None and _published_version(loop) == 0
+        report = (tmp_path / "run" / "report.md").read_text()
+        assert "no new version: the patched skill violates the spec after 2 fix call(s) (" in report
 
 
 @pytest.mark.parametrize(("gate", "kept"), [({"bad": "L-C"}, False), ({"good": "L-A"}, True)])
@@ -411,7 +415,10 @@ def test_gate_keeps_only_versions_that_do_not_lower_the_held_out_score(tmp_path,
     assert [s.content["versions"] for s in scores] == [{"skill": 0}, {"skill": -1}]  # -1: a candidate
     assert _published_version(loop) == (1 if kept else 0)
     assert (art is not None) == kept
-    assert "| 0 | – | – | 0.5 |" in (tmp_path / "run" / "report.md").read_text()
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "| 0 | – | – | 0.5 |" in report
+    assert ("| new version v1 |" in report) == kept
+    assert ("no new version: the gate kept v0: candidate 0 < current 0.5 + min_delta 0 |" in report) == (not kept)
     if kept:
         assert art.meta["gate_candidate"] == 1.0 and art.meta["gate_current"] == 0.5
 
@@ -482,6 +489,10 @@ def test_nothing_to_analyse_is_a_quiet_step(tmp_path, skills_dir):
     assert policy.calls == [] and _published_version(loop) == 0
     with TrajectoryStore(tmp_path / "run" / "store.sqlite") as store:
         assert _t2s_metrics(store, "run")["analysed"] == 0
+    assert (
+        "no new version: no new trajectories of the watched evolvers to analyse"
+        in (tmp_path / "run" / "report.md").read_text()
+    )
 
 
 def test_tiny_qwen2_analyst_model_garbage_is_rejected_without_a_new_version(tmp_path, skills_dir, tiny_model_dir):
@@ -497,3 +508,6 @@ def test_tiny_qwen2_analyst_model_garbage_is_rejected_without_a_new_version(tmp_
         assert store.get_artifact("skill", "form-filling") is None
         assert _t2s_metrics(store, "run")["patches_valid"] == 0
     assert _published_version(loop) == 0 and loop.ctx._policy is None
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "| no new version: no usable analysis in 3 analyst call(s) (" in report
+    assert "| t2s | context | 3 | 3 | 0.0% |" in report  # none of its calls was valid

@@ -54,7 +54,8 @@ def click_button_solver(conversation: list[dict]) -> str:
     ("output", "action"),
     [
         ("I click it.\n```python\nclick('13')\n```\nDone.", "click('13')"),
-        ("```\nnoop()\n```\nthen\n```\nfill('19', 'Myron')\n```", "fill('19', 'Myron')"),
+        ("```\nnoop()\n```\nthen\n```\nfill('19', 'Myron')\n```", "noop()"),  # the first valid call runs
+        ("I would click('3').\n```\nclick('4')\n```", "click('4')"),  # a fenced call beats the prose
         ("Reasoning...\nclick(13)", "click('13')"),
         ('send_msg_to_user("It is 42.")', "send_msg_to_user('It is 42.')"),
         ('load_skill("web-forms")', "load_skill('web-forms')"),
@@ -71,7 +72,6 @@ def test_parse_action_picks_the_single_action(output, action):
     [
         ("", "empty output"),
         ("I think I should click the button", "no action found"),
-        ("```\nclick('1')\nclick('2')\n```", "exactly one action"),
         ("type('12', 'x')", "unknown action"),
         ("load_skill()", "load_skill takes 1"),
         ("read_skill_file('a')", 'read_skill_file\\("name", "path"\\)'),
@@ -80,6 +80,54 @@ def test_parse_action_picks_the_single_action(output, action):
 def test_parse_action_errors_are_feedback(output, message):
     with pytest.raises(ActionParseError, match=message):
         parse_action(output)
+
+
+def test_several_actions_run_the_first_valid_one_and_name_the_others():
+    issue_output = 'load_skill("click-target")\nread_skill_file("click-target", "references/details.md")'
+    action = parse_action(issue_output)
+    assert action.text == "load_skill('click-target')"
+    assert action.ignored == ("read_skill_file('click-target', 'references/details.md')",)
+    assert action.ignored_note() == (
+        "Your output held 2 actions; only load_skill('click-target') ran (one action per step). "
+        "Not run: read_skill_file('click-target', 'references/details.md')."
+    )
+    skipped = parse_action("```\nload_skill()\nclick('5')\n```")  # a malformed call is passed over, and named
+    assert skipped.text == "click('5')" and skipped.ignored == ("load_skill(...) (malformed)",)
+    assert parse_action("click('9')").ignored == () and parse_action("click('9')").ignored_note() == ""
+    # a call outside the code block did not run either, and is named (an output of the 0.5B model)
+    echoed = parse_action("load_skill('click-target')\n```\nclick('13')\n```")
+    assert echoed.text == "click('13')" and echoed.ignored == ("load_skill('click-target')",)
+
+
+def test_prompt_examples_come_from_the_page_and_the_library():
+    from coevo.agents.prompts import PageExample, describe_actions
+    from coevo.envs.web import web_action_set
+
+    actions = web_action_set(["click", "fill"])
+    tree = (
+        "RootWebArea 'Form'\n\t[9] generic\n\t\t[13] generic, clickable\n\t\t\tStaticText 'ornare'\n\t[21] textbox ''"
+    )
+    page = PageExample.from_tree(tree, ["13", "21"])
+    assert (page.line, page.bid, page.field) == ("[13] generic, clickable", "13", "21")
+    text = system_prompt(
+        describe_actions(actions, page),
+        "- click-target: Click the element the goal names.",
+        list(actions.action_set),
+        page=page,
+        skill_example=("click-target", "references/ids.md"),
+    )
+    assert "b534" not in text and "'a51'" not in text  # BrowserGym's example ids are not on this page
+    assert "e.g. `[13] generic, clickable`" in text and "Example: click('13')" in text
+    assert "Example: fill('21', " in text
+    assert 'load_skill("click-target")' in text and 'read_skill_file("click-target", "references/ids.md")' in text
+    # a library whose skills have no files: no read_skill_file example path at all
+    bare = system_prompt(
+        "click(bid)", "- click-target: Click.", ["click"], page=page, skill_example=("click-target", None)
+    )
+    assert "read_skill_file(" not in bare and "references/" not in bare
+    # a page without ids: no id is named anywhere
+    empty = system_prompt(describe_actions(actions, PageExample()), None, list(actions.action_set))
+    assert not re.search(r"click\('\w+'\)", empty) and "<id from the tree>" in empty
 
 
 def test_skill_actions_unknown_without_a_library_and_catalog_only_with_one():
@@ -131,12 +179,12 @@ def test_agent_solves_click_button_and_records_the_trajectory(env):
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM_MISSING is not None, reason=CHROMIUM_MISSING or "")
 def test_malformed_outputs_are_fed_back_and_counted(env):
-    policy = ScriptedPolicy(["I am not sure what to do.", "```\nclick('1')\nclick('2')\n```", click_button_solver])
+    policy = ScriptedPolicy(["I am not sure what to do.", "```\ntype('1', 'x')\n```", click_button_solver])
     traj = run_episode(policy, env, "click-button", 3, sampling=SAMPLING, max_steps=5)
     assert traj.valid and traj.reward == 1.0 and traj.llm_calls == 3
     assert [s.action is None for s in traj.steps] == [True, True, False]
     assert [s.meta["kind"] for s in traj.steps] == ["parse_error", "parse_error", "env"]
-    assert "no action found" in traj.steps[0].tool_result and "exactly one action" in traj.steps[1].tool_result
+    assert "no action found" in traj.steps[0].tool_result and "unknown action" in traj.steps[1].tool_result
     second_prompt = policy.conversations[1][1]["content"]
     assert "# Feedback on your last action\nMalformed output: no action found" in second_prompt
     assert "Step 2 of at most 5" in second_prompt and "1. (no valid action)" in second_prompt
@@ -170,6 +218,15 @@ class FolderSkills:
 
     def read_reference(self, name: str, path: str) -> str:
         return (self.root / name / path).read_text()
+
+    def names(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir())
+
+    def files(self, name: str) -> list[str]:
+        folder = self.root / name
+        if not folder.is_dir():
+            raise KeyError(f"no skill named {name!r}")
+        return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != "SKILL.md")
 
 
 @pytest.mark.browser

@@ -6,6 +6,7 @@ Browser tests run real headless Chromium through BrowserGym/Playwright on MiniWo
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -93,6 +94,50 @@ def test_missing_chromium_error_says_how_to_fix(monkeypatch, tmp_path):
         browser.find_chromium()
 
 
+def _coevo_run(tmp_path: Path, args: list[str], hide: tuple[str, ...] = (), path: str | None = None):
+    """``coevo run ARGS`` in a child interpreter where the modules ``hide`` are absent (``sys.modules[name] =
+    None``: what Python reports for a package that is not installed) and PATH is ``path`` (default unchanged)."""
+    code = (
+        "import sys\n"
+        f"for name in {list(hide)!r}:\n    sys.modules[name] = None\n"
+        "from coevo.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("PLAYWRIGHT_BROWSERS_PATH", None)
+    env.pop("COEVO_CHROMIUM", None)
+    if path is not None:
+        env["PATH"] = path
+    return subprocess.run(
+        [sys.executable, "-c", code, "run", *args], capture_output=True, text=True, env=env, timeout=240, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("hide", "no_chromium", "expected"),
+    [
+        ((), True, "no Chromium found on PATH .*; fix: sudo scripts/setup_browser.sh"),
+        (("playwright",), False, r"the `playwright` package is not installed; fix: .*pip install -e '\.\[web\]'"),
+        (
+            ("browsergym.miniwob", "miniwob"),
+            False,
+            r"needs the Python package\(s\) browsergym.miniwob, miniwob, .*; fix: .*pip install -e '\.\[web\]'",
+        ),
+    ],
+)
+def test_web_run_without_browser_pieces_is_one_line_before_the_model_loads(tmp_path, hide, no_chromium, expected):
+    """The main-job install has neither the web extra nor Chromium: ``coevo run --check`` and ``coevo run`` of a
+    web config say so in one line naming the fix, exit 2, and no run folder is made (nothing was loaded)."""
+    config = str(REPO / "configs" / "web" / "miniwob_skills_only.yaml")
+    path = str(tmp_path) if no_chromium else None  # an empty PATH folder: no chromium on it
+    runs = [["--check", config]] + ([[config, "--out", str(tmp_path / "run")]] if not hide else [])
+    for args in runs:  # the run itself once: it checks with the same code as --check
+        proc = _coevo_run(tmp_path, args, hide, path)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert re.search(expected, lines[0]), lines[0]
+        assert "run folder:" not in proc.stdout and not (tmp_path / "run").exists()
+
+
 def test_ensure_browser_env_sets_only_missing_variables(monkeypatch, tmp_path, fake_exe):
     monkeypatch.setenv("COEVO_CHROMIUM", str(fake_exe))
     _unset(monkeypatch, "PLAYWRIGHT_BROWSERS_PATH", "MINIWOB_URL")
@@ -130,6 +175,22 @@ def test_setup_script_builds_shim_and_prints_exports(tmp_path, fake_exe):
     assert f"export PLAYWRIGHT_BROWSERS_PATH={root}" in out
     assert "export MINIWOB_URL=file://" in out
     assert _expected_chrome(root).resolve() == fake_exe.resolve()
+
+
+def test_setup_script_checks_the_python_packages_before_apt(tmp_path):
+    """After the main-job install (no web extra) the script stops at once naming the pip command, before it
+    would install Chromium with apt-get. ``sitecustomize`` makes playwright absent in the script's Python."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nsys.modules['playwright'] = None\n")
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": f"{site}{os.pathsep}{REPO}"}
+    env.pop("COEVO_CHROMIUM", None)
+    proc = subprocess.run(
+        [str(REPO / "scripts" / "setup_browser.sh")], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert "error: the `playwright` package is not installed; fix: " in proc.stderr and "pip install" in proc.stderr
+    assert "apt-get" not in proc.stderr and "installing chromium" not in proc.stderr
 
 
 # -- MiniWoB++ task sets ---------------------------------------------------------------------------------

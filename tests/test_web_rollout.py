@@ -370,11 +370,42 @@ def test_web_report_rates_diffs_and_plots(ctx, tmp_path):
     assert "| es | 1 | 0 | v1 | 75% (3/4) | 2 | 1 | 0.5 |" in md
     assert "| click-test | 0% (0/2, 1 browser failures) | 100% (2/2) | +100 pts |" in md
     assert "Held-out before → after: 50% (1/2) (generation 0, skill v0) → 100% (2/2) (generation 2, skill v1)." in md
-    assert "| miniwob-forms | v1 | 75% (3/4) | 100% (2/2) | 100% (1/1) |" in md
+    assert "| miniwob-forms | v1 | preloaded | 75% (3/4) | 100% (2/2) | 100% (1/1) |" in md
     assert "| miniwob-forms | 1 | 0 | 0 | 1 | match whole button names |" in md
     assert f"+- {MARKER}" in md and "```diff" in md and "Diff of `miniwob-forms` v1 (from v0)" in md
     for name in PLOT_NAMES:
         assert (tmp_path / "plots" / name).stat().st_size > 1000 and f"(plots/{name})" in md
+
+
+def test_web_report_shows_skill_use_per_condition(ctx, tmp_path):
+    """Issue 48: per condition, the skills listed, load calls, successful loads and episodes solved with and
+    without a loaded skill; a catalog episode is labelled by its library, never by the evolving skill alone."""
+    from coevo.report.web import web_report
+
+    lib = {"skill_mode": "catalog", "skills_listed": ["click-target", "fill-and-submit"]}
+
+    ts = [
+        # no skills: 1 of 2 solved
+        _web_traj("n1", gen=0, task="click-link", seed=1, reward=1.0, split="test", evolver="none"),
+        _web_traj("n2", gen=0, task="click-link", seed=2, reward=0.0, split="test", evolver="none"),
+    ]
+    for t in ts:
+        t.context = ContextRef()
+    for key, reward, loads, calls in (("c1", 1.0, 1, 1), ("c2", 1.0, 1, 2), ("c3", 0.0, 0, 1), ("c4", 0.0, 0, 0)):
+        t = _web_traj(key, gen=0, task="click-link", seed=1, reward=reward, split="test", evolver="lib", meta=dict(lib))
+        t.meta.update(skills_loaded=loads, skill_load_calls=calls)
+        ts.append(t)
+    ctx.store.add_trajectories(ts)
+    md = web_report(tmp_path, ctx.store, "run1", plots=False)
+    label = "library (2 skills: click-target, fill-and-submit; miniwob-forms v0 evolving)"
+    assert "### Skill use per condition" in md
+    assert "| none | test | no skills | 50% (1/2) | 0 | 0 | 0 | – | 50% (1/2) |" in md
+    assert f"| lib | test | {label} | 50% (2/4) | 2 | 4 | 2 | 100% (2/2) | 0% (0/2) |" in md
+    assert (
+        f"- lib, test, {label}: a skill was loaded in 2 of 4 episodes (2 successful loads of 4 load_skill calls); "
+        "those episodes succeeded 100% (2/2), the others 0% (0/2)."
+    ) in md
+    assert "| miniwob-forms | v0 | in a library (catalog) |" in md
 
 
 # -- attaching a user's skill library (issue 14.1, 14.6, 14.7) --------------------------------------------------

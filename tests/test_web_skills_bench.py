@@ -147,6 +147,33 @@ def test_condition_specs_and_summaries(bench):
     assert bench.action_name("load_skill('miniwob-forms')") == "load_skill" and bench.action_name(None) is None
 
 
+def test_user_libraries_are_catalog_conditions_and_skill_use_is_summarised(bench, tmp_path):
+    """Issue 48: ``--libraries NAME=DIR`` adds a catalog condition; the summary counts successful loads and
+    the episodes solved with and without a loaded skill; the plot is written."""
+    args = bench.parse_args(
+        ["--tasks", "click-link", "--seeds", "1", "--libraries", "user=benchmarks/web_user_skills", "--out", "x"]
+    )
+    assert args.conditions == ["none", "catalog", "preload", "user"]
+    user = bench.condition_spec(args.base, "user", args)
+    assert (user["skill_mode"], user["skill_dirs"]) == ("catalog", ["benchmarks/web_user_skills"])
+    assert build_rollout(user, None).skill_context()[0].names() == ["click-target", "fill-and-submit"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--tasks", "click-link", "--libraries", "catalog=skills", "--out", "x"])
+
+    def row(success, loaded, calls):
+        return {"condition": "user", "task": "click-link", "seed": 1, "success": success, "failure": None}  | {
+            "steps": 2, "load_skill_steps": calls, "read_skill_file_steps": 0, "malformed_steps": 0, "llm_calls": 2,
+            "prompt_tokens": 300, "completion_tokens": 20, "wall_s": 1.0, "skills_loaded": loaded,
+        }  # fmt: skip
+
+    s = bench.summarise([row(True, 1, 1), row(True, 1, 2), row(False, 0, 1), row(True, 0, 0)])
+    assert (s["successful_loads"], s["episodes_with_loaded_skill"], s["solved_with_loaded_skill"]) == (2, 2, 2)
+    assert (s["episodes_without_loaded_skill"], s["solved_without_loaded_skill"]) == (2, 1)
+    assert s["tokens_per_episode"] == 320.0 and s["load_skill_steps"] == 4
+    png = bench.plot({"none": bench.summarise([row(False, 0, 0)]), "user": s}, tmp_path / "p.png", "title")
+    assert png.stat().st_size > 1000
+
+
 # -- in Chromium -------------------------------------------------------------------------------------------
 @pytest.mark.browser
 @needs_chromium
@@ -161,6 +188,8 @@ def test_run_subset_keeps_keys_and_counts_load_skill(bench):
     assert t.key == "k/test/3" and t.task_id == "click-button:101" and t.valid and t.reward == 1.0
     r = bench.episode_row("catalog", 3, t, 2.0)
     assert r["actions"] == ["load_skill", "click"] and r["load_skill_steps"] == 1 and r["skills_loaded"] == 1
+    assert r["skill_load_calls"] == 1 and r["skills_loaded_names"] == ["miniwob-forms"]
+    assert r["skills_listed"] == ["web-navigation", "miniwob-forms"]
     assert r["success"] and r["steps"] == 2 and r["skill_mode"] == "catalog" and r["failure"] is None
     s = bench.summarise([r])
     assert s["load_skill_step_fraction"] == 0.5 and s["episodes_with_load_skill"] == 1
@@ -217,6 +246,8 @@ def test_benchmark_three_conditions_on_tiny_model_and_resume(bench, tiny_qwen, t
     assert delta == float(by["preload"]["success"]) - float(by["none"]["success"])
     table = (out / "table.md").read_text()
     assert "| preload | click-button | 1 |" in table and "| none | all | 1 |" in table
+    assert "- catalog: skills listed 2 (miniwob-forms, web-navigation); load_skill calls" in table
+    assert (out / "web_skills.png").stat().st_size > 1000
 
     # resume: nothing missing, so nothing runs (and no model loads); other settings are refused
     assert bench.main(argv) == 0

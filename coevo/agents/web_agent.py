@@ -16,11 +16,20 @@ One action set per episode: the system prompt, the parser and the malformed-outp
 rejects (its ``last_action_error`` is set) is fed back and never ends the episode as a stop.
 
 Malformed output never raises: the step is recorded with ``action=None`` and the parse error as
-``tool_result``, counts against ``max_steps``, and the error is fed back to the model in the next prompt.
+``tool_result``, counts against ``max_steps``, and the error is fed back to the model in the next prompt. An
+output with several actions runs the first valid one; the feedback names it and the ones not run (also in
+the step's ``meta["ignored_actions"]``).
+
+Examples come from the episode, not from fixed text: the system prompt is built after the first observation,
+and its element line and ids are the page's (:class:`~coevo.agents.prompts.PageExample`); the skill actions'
+examples name a skill (and a file) of the attached library. A page without a clickable element gets a note
+under its tree.
 
 Skills: a loaded skill (``load_skill``) is shown once, under ``# Loaded skill`` in every later prompt of the
-episode, whole, or cut at ``max_skill_chars`` with a note naming ``read_skill_file``; the step's feedback
-only says it was loaded. Failures: ``failure="llm_error"`` (model), ``"runtime"`` (browser) and
+episode, whole (followed by the list of its files), or cut at ``max_skill_chars`` with a note naming
+``read_skill_file``; the step's feedback only says it was loaded. An unknown skill or file is a feedback
+message naming what exists. The trajectory's meta records ``skill_load_calls`` (load_skill actions run),
+``skills_loaded`` (skills loaded, a count) and ``skills_loaded_names``. Failures: ``failure="llm_error"`` (model), ``"runtime"`` (browser) and
 ``"evaluation"`` (the task's evaluator raised, e.g. an LLM judge without its key:
 :class:`~coevo.envs.web.TaskEvaluationError`); such trajectories are invalid and carry no reward.
 
@@ -42,18 +51,21 @@ from coevo.agents.actions import (
     ParsedAction,
     parse_action,
 )
-from coevo.agents.prompts import HistoryItem, system_prompt, user_message
+from coevo.agents.prompts import HistoryItem, PageExample, describe_actions, system_prompt, user_message
 from coevo.backends.base import Completion, Policy, PolicyError, SamplingParams
 from coevo.envs.web import TaskEvaluationError, WebEnv, WebEnvError
 from coevo.types import ContextRef, ESMember, Space, Step, Trajectory
 
 
 class SkillSource(Protocol):
-    """What the agent needs from a skill library (``coevo.skills.SkillLibrary`` provides it)."""
+    """What the agent needs from a skill library (``coevo.skills.SkillLibrary`` provides it): the catalog, a
+    skill's body, one of its files, and the names and file lists the prompt's examples are taken from."""
 
     def catalog_prompt(self) -> str: ...
     def activate(self, name: str) -> str: ...
     def read_reference(self, name: str, path: str) -> str: ...
+    def names(self) -> list[str]: ...
+    def files(self, name: str) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -90,6 +102,7 @@ class _Episode:
     steps: list[Step] = field(default_factory=list)
     history: list[HistoryItem] = field(default_factory=list)
     skill_texts: dict[str, str] = field(default_factory=dict)  # loaded skill name -> text shown
+    skill_load_calls: int = 0  # load_skill actions run, whatever their outcome
     reward: float = 0.0
     end: str | None = None
     failure: str | None = None
@@ -154,7 +167,7 @@ class WebAgent:
             raise ValueError(f"history_len must be >= 0, got {history_len}")
         if max_skill_chars is not None and max_skill_chars < 200:
             raise ValueError(f"max_skill_chars must be >= 200 or None, got {max_skill_chars}")
-        for method in ("catalog_prompt", "activate", "read_reference") if skills is not None else ():
+        for method in ("catalog_prompt", "activate", "read_reference", "names", "files") if skills is not None else ():
             if not callable(getattr(skills, method, None)):
                 raise TypeError(f"skills must provide {method}(); got {type(skills).__name__}")
         self.policy = policy
@@ -230,8 +243,9 @@ class WebAgent:
             return
         action: ParsedAction | None = None
         reward: float | None = None
+        bid = next(iter(e.obs.get("clickable") or ()), None)
         try:
-            action = parse_action(c.text, allow_skills=self.skills is not None, actions=e.actions)
+            action = parse_action(c.text, allow_skills=self.skills is not None, actions=e.actions, bid=bid)
         except ActionParseError as exc:
             feedback, meta["kind"] = f"Malformed output: {exc}", "parse_error"
         else:
@@ -261,6 +275,9 @@ class WebAgent:
                     e.end = "done"
                 elif action.name in STOP_ACTIONS and not feedback:
                     e.end = "stop"  # only an action the env accepted ends the episode
+            if action.ignored:
+                meta["ignored_actions"] = list(action.ignored)
+                feedback = "\n".join(p for p in (action.ignored_note(), feedback) if p)
         meta["url"] = e.obs.get("url", "")
         e.steps.append(
             Step(
@@ -281,9 +298,15 @@ class WebAgent:
     def _run_skill(self, e: _Episode, action: ParsedAction) -> str:
         """Route a skill action to the library; its errors (unknown skill, missing file) become feedback."""
         name = action.args[0]
+        e.skill_load_calls += action.name == "load_skill"
         try:
             if action.name == "load_skill":
                 text = str(self.skills.activate(name))
+                files = list(self.skills.files(name))
+                if files:
+                    text = text.rstrip() + (
+                        f"\n\nFiles of this skill (read one with read_skill_file({name!r}, PATH)): {', '.join(files)}"
+                    )
             else:
                 text = str(self.skills.read_reference(name, action.args[1]))
         except Exception as exc:  # noqa: BLE001 - any library error is shown to the model, never a crash
@@ -313,22 +336,37 @@ class WebAgent:
             skill_texts=e.skill_texts,
             max_obs_chars=self.max_obs_chars,
             history_len=self.history_len,
+            clickable=e.obs.get("clickable"),
         )
 
     # -- episodes --------------------------------------------------------------------------------------
     def _start(self, e: _Episode) -> None:
         e.actions = tuple(e.env.action_names)
-        e.system = system_prompt(
-            e.env.action_set.describe(with_long_description=False, with_examples=True),
-            self.skill_catalog if self.skills is not None else None,
-            actions=e.actions,
-        )
         try:
             e.obs = e.env.reset(e.task, e.seed)
         except WebEnvError as exc:
             e.end, e.failure, e.failure_detail = "env_error", "runtime", str(exc)
             return
+        page = PageExample.from_tree(e.obs["axtree"], e.obs.get("clickable") or ())
+        e.system = system_prompt(
+            describe_actions(e.env.action_set, page),
+            self.skill_catalog if self.skills is not None else None,
+            actions=e.actions,
+            page=page,
+            skill_example=self._skill_example(),
+        )
         e.prompt = self._prompt(e, e.obs["last_action_error"])
+
+    def _skill_example(self) -> tuple[str, str | None] | None:
+        """``(name, file)`` for the prompt's skill-action examples: the library's first skill, or the first one
+        with a file (with that file); ``None`` without a library or skills."""
+        if self.skills is None:
+            return None
+        names = list(self.skills.names())
+        if not names:
+            return None
+        with_file = next(((n, f[0]) for n in names if (f := list(self.skills.files(n)))), None)
+        return with_file or (names[0], None)
 
     def _trajectory(self, e: _Episode, prov: Provenance) -> Trajectory:
         valid = e.failure is None
@@ -360,6 +398,8 @@ class WebAgent:
                 "max_steps": self.max_steps,
                 "final_url": e.obs.get("url", ""),
                 "skills_loaded": len(e.skill_texts),
+                "skills_loaded_names": list(e.skill_texts),
+                "skill_load_calls": e.skill_load_calls,
             },
         )
 

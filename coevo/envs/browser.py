@@ -26,6 +26,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from coevo.errors import UserError
+
 #: binaries searched on PATH, in order, when ``COEVO_CHROMIUM`` is not set
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 
@@ -40,8 +42,18 @@ LINUX_LAYOUTS: dict[str, tuple[tuple[str, ...], ...]] = {
 }
 
 
-class BrowserSetupError(RuntimeError):
-    """The browser environment cannot be prepared (no Chromium, no playwright / miniwob package, ...)."""
+#: the command that installs the web extra into the repository's venv (the main-job install leaves it out)
+FIX_PACKAGES = ".venv/bin/python -m pip install -e '.[web]'  (or: bash scripts/install.sh --dev)"
+#: the command that installs Chromium and builds the Playwright shim
+FIX_CHROMIUM = "sudo scripts/setup_browser.sh  (or set COEVO_CHROMIUM to a Chromium binary)"
+
+
+class BrowserSetupError(UserError, RuntimeError):
+    """The browser environment cannot be prepared (no Chromium, no playwright / BrowserGym / miniwob package).
+
+    A :class:`~coevo.errors.UserError`: the ``coevo`` command prints its message, which names the command that
+    fixes it, as one line and exits with status 2.
+    """
 
 
 @dataclass(frozen=True)
@@ -91,8 +103,7 @@ def find_chromium() -> Path:
         if found:
             return Path(found).resolve()
     raise BrowserSetupError(
-        "no Chromium found on PATH (looked for " + ", ".join(CHROMIUM_NAMES) + "); install it with "
-        "`sudo scripts/setup_browser.sh` (apt-get install chromium) or set COEVO_CHROMIUM to a Chromium binary"
+        "no Chromium found on PATH (looked for " + ", ".join(CHROMIUM_NAMES) + f"); fix: {FIX_CHROMIUM}"
     )
 
 
@@ -104,7 +115,7 @@ def playwright_browsers_json() -> list[dict]:
     """
     spec = importlib.util.find_spec("playwright")
     if spec is None or not spec.submodule_search_locations:
-        raise BrowserSetupError("the `playwright` package is not installed (pip install 'coevo[web]')")
+        raise BrowserSetupError(f"the `playwright` package is not installed; fix: {FIX_PACKAGES}")
     path = Path(spec.submodule_search_locations[0]) / "driver" / "package" / "browsers.json"
     try:
         browsers = json.loads(path.read_text())["browsers"]
@@ -167,11 +178,48 @@ def miniwob_html_url() -> str:
     """
     spec = importlib.util.find_spec("miniwob")
     if spec is None or not spec.submodule_search_locations:
-        raise BrowserSetupError("the `miniwob` package is not installed (pip install 'coevo[web]')")
+        raise BrowserSetupError(f"the `miniwob` package is not installed; fix: {FIX_PACKAGES}")
     html = Path(spec.submodule_search_locations[0]).resolve() / "html" / "miniwob"
     if not (html / "click-test.html").is_file():
         raise BrowserSetupError(f"MiniWoB++ HTML not found at {html}")
     return html.as_uri() + "/"
+
+
+#: Python packages (import names) each BrowserGym benchmark needs besides playwright and browsergym.core
+BENCHMARK_PACKAGES: dict[str, tuple[str, ...]] = {
+    "miniwob": ("browsergym.miniwob", "miniwob"),
+    "webarena_lite": ("browsergym.webarenalite",),
+    "openended": (),
+}
+
+
+def check_browser_ready(benchmark: str = "miniwob") -> None:
+    """Check, without starting a browser or importing BrowserGym, that a web run of ``benchmark`` can start:
+    the ``playwright`` package (and its browser list), BrowserGym (``browsergym.core`` and the benchmark's
+    packages, :data:`BENCHMARK_PACKAGES`), and a Chromium (unless ``PLAYWRIGHT_BROWSERS_PATH`` is set: then
+    the user's own Playwright browsers are used, as :func:`ensure_browser_env` does). Python packages are
+    checked first, so the message names the first step to take.
+
+    Raises:
+        BrowserSetupError: the first missing piece, one line naming the command that fixes it.
+    """
+    playwright_browsers_json()
+    missing = [name for name in ("browsergym.core", *BENCHMARK_PACKAGES.get(benchmark, ())) if not _importable(name)]
+    if missing:
+        raise BrowserSetupError(
+            f"web benchmark {benchmark!r} needs the Python package(s) {', '.join(missing)}, which are not "
+            f"installed; fix: {FIX_PACKAGES}"
+        )
+    if not os.environ.get("PLAYWRIGHT_BROWSERS_PATH"):
+        find_chromium()
+
+
+def _importable(module: str) -> bool:
+    """Whether ``module`` can be found (its parent packages are imported, the module itself is not)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def ensure_browser_env(shim_root: str | Path | None = None) -> BrowserEnvInfo:
@@ -198,7 +246,8 @@ def ensure_browser_env(shim_root: str | Path | None = None) -> BrowserEnvInfo:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: build the shim under ``--root`` and print the export lines; exit 1 with the reason on failure."""
+    """CLI: build the shim under ``--root`` and print the export lines; exit 1 with the reason (and the command
+    that fixes it) on failure."""
     parser = argparse.ArgumentParser(prog="python -m coevo.envs.browser", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--root", default=None, help="shim folder (default: $COEVO_CACHE/ms-playwright or ~/.cache/coevo/ms-playwright)"

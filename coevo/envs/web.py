@@ -8,9 +8,20 @@ gymnasium env ``browsergym/<benchmark>.<task>`` whose observation holds the page
 :class:`WebEnv` reduces this to what a text agent needs:
 
 * ``reset(task, seed) -> obs``, ``step(action) -> (obs, reward, done, info)``, ``close()``;
-* ``obs`` is a dict ``{"task_id", "goal", "axtree", "url", "last_action_error", "open_pages_urls"}`` of str
-  (``open_pages_urls`` a list of str), the tree flattened by ``browsergym.utils.obs.flatten_axtree_to_str``
-  (lines like ``[13] button 'no'``; the number in brackets is the element id ``bid`` actions refer to).
+* ``obs`` is a dict ``{"task_id", "goal", "axtree", "url", "last_action_error", "open_pages_urls",
+  "clickable"}``: str values, ``open_pages_urls`` a list of str, ``clickable`` the list of element ids (str)
+  shown in the tree that BrowserGym marks clickable; the tree is flattened by
+  ``browsergym.utils.obs.flatten_axtree_to_str`` (lines like ``[13] button 'no'``; the number in brackets is
+  the element id ``bid`` actions refer to) with :data:`AXTREE_OPTIONS`.
+
+Every element an action can target is in the text: BrowserGym's defaults (``skip_generic=True``, no
+clickable tag) drop ``generic`` nodes without properties, which is how MiniWoB++'s click-link and any page
+of clickable ``<span>`` / ``<div>`` elements lose their targets (only their ``StaticText`` children, without
+an id, remain). We keep generic nodes and tag clickable ones (``[13] generic, clickable`` over
+``StaticText 'ornare'``), the clickable tag coming from BrowserGym's ``extra_element_properties``, as
+AgentLab's GenericAgent does with ``extract_clickable_tag`` (``make_obs_preprocessor`` in
+``agentlab/agents/dynamic_prompting.py``; BrowserGym's ``demo_agent`` keeps the defaults and so cannot click
+such links). The cost on MiniWoB++ pages is measured by ``benchmarks/web_obs_tokens.py``.
 
 Benchmarks subclass it (:mod:`coevo.envs.miniwob`, :mod:`coevo.envs.webarena_lite`). One gym env (one
 headless Chromium) is kept per task and relaunched by BrowserGym at every reset; all calls must come from the
@@ -19,6 +30,7 @@ thread that created the env (Playwright's sync API).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +54,10 @@ WEB_ACTION_NAMES = (
 #: accessibility-tree roles left out of the text: BrowserGym's defaults plus ``InlineTextBox`` (each repeats
 #: its parent's text; dropping them shortens MiniWoB++ trees by about a third)
 IGNORED_ROLES = ("LineBreak", "InlineTextBox")
+
+#: keyword arguments of ``flatten_axtree_to_str`` besides the tree, the element properties and the ignored
+#: roles: keep ``generic`` nodes (clickable spans and divs have that role) and tag clickable elements
+AXTREE_OPTIONS: dict[str, Any] = {"skip_generic": False, "with_clickable": True}
 
 
 class WebEnvError(RuntimeError):
@@ -89,6 +105,31 @@ def goal_text(raw_obs: dict[str, Any]) -> str:
     return "\n".join(p for p in parts if p) or str(raw_obs.get("goal") or "")
 
 
+_BID_LINE = re.compile(r"^\s*\[([^\]]+)\] ")
+
+
+def flatten_observation(
+    raw: dict[str, Any], ignored_roles: Sequence[str] = IGNORED_ROLES, options: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """``{"axtree": str, "clickable": [bid, ...]}`` of a raw BrowserGym observation.
+
+    ``axtree`` is ``flatten_axtree_to_str(raw["axtree_object"], extra_properties=raw["extra_element_properties"],
+    ignored_roles=..., **options)`` (default :data:`AXTREE_OPTIONS`); ``clickable`` lists, in tree order, the
+    ids shown in that text whose element BrowserGym marks clickable (empty for a page without one).
+    """
+    from browsergym.utils.obs import flatten_axtree_to_str
+
+    props = raw.get("extra_element_properties") or {}
+    text = flatten_axtree_to_str(
+        raw["axtree_object"],
+        extra_properties=props,
+        ignored_roles=list(ignored_roles),
+        **(AXTREE_OPTIONS if options is None else options),
+    )
+    shown = [m.group(1) for m in map(_BID_LINE.match, text.splitlines()) if m]
+    return {"axtree": text, "clickable": [b for b in shown if (props.get(b) or {}).get("clickable")]}
+
+
 class WebEnv:
     """A BrowserGym benchmark as a text environment.
 
@@ -127,6 +168,8 @@ class WebEnv:
         self._env: Any = None
         self._env_task: str | None = None
         self.task_id: str | None = None
+        #: BrowserGym's raw observation after the last reset / step (``None`` before the first)
+        self.raw_obs: dict[str, Any] | None = None
 
     @property
     def action_names(self) -> tuple[str, ...]:
@@ -157,12 +200,11 @@ class WebEnv:
         return gym.make(self.gym_id(task), **kwargs)
 
     def _observation(self, raw: dict[str, Any]) -> dict[str, Any]:
-        from browsergym.utils.obs import flatten_axtree_to_str
-
+        self.raw_obs = raw
         return {
             "task_id": self.task_id,
             "goal": goal_text(raw),
-            "axtree": flatten_axtree_to_str(raw["axtree_object"], ignored_roles=self.ignored_roles),
+            **flatten_observation(raw, self.ignored_roles),
             "url": str(raw.get("url") or ""),
             "last_action_error": str(raw.get("last_action_error") or ""),
             "open_pages_urls": [str(u) for u in raw.get("open_pages_urls") or ()],

@@ -40,7 +40,7 @@ import itertools
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -264,6 +264,16 @@ class Outcome:
     rejected: list[str] = field(default_factory=list)
 
 
+def _reasons(outcomes: Iterable[Outcome], limit: int = 2, chars: int = 160) -> str:
+    """The first ``limit`` distinct failure details of ``outcomes`` (each cut to ``chars``), ``; ``-joined."""
+    seen: list[str] = []
+    for o in outcomes:
+        detail = " ".join(str(o.detail or o.failure or "").split())[:chars]
+        if o.failure is not None and detail and detail not in seen:
+            seen.append(detail)
+    return "; ".join(seen[:limit]) or "no details"
+
+
 @dataclass
 class _Call:
     key: str
@@ -310,6 +320,9 @@ class Trace2SkillEvolver(Evolver):
             shutil.copytree(source, self.path)
         self.cursor = 0
         self.steps_done = 0
+        #: one record per step: what it analysed and made, and ``result``: the new version or why there is none
+        self.step_log: list[dict[str, Any]] = []
+        self._why = ""
         self._analyst: Policy | None = None
         self._tmp: Path | None = None
         self._made: list[Trajectory] = []
@@ -512,9 +525,10 @@ class Trace2SkillEvolver(Evolver):
         )
         selected, cursor = self._select(round_index)
         best = None
+        self._why = "no new trajectories of the watched evolvers to analyse" if not selected else ""
         with tempfile.TemporaryDirectory(prefix="coevo-t2s-") as tmp:
             self._tmp = Path(tmp)
-            candidate, sources, changelog = self._evolve(selected, round_index, m)
+            candidate, sources, changelog = self._evolve(selected, round_index, m) if selected else (None, [], "")
             if candidate is not None:
                 scores = self._gate(candidate, round_index) if self.config.gate else None
                 keep = scores is None  # no gate configured
@@ -522,10 +536,27 @@ class Trace2SkillEvolver(Evolver):
                     m.update({k: s for k, s in zip(("gate_current", "gate_candidate"), scores) if s is not None})
                     best = scores[1]
                     keep = None not in scores and scores[1] - scores[0] >= self.config.gate.min_delta
+                    if None in scores:
+                        self._why = "the sample budget could not pay for the gate"
+                    elif not keep:
+                        self._why = (
+                            f"the gate kept v{self.version}: candidate {scores[1]:.3g} < current {scores[0]:.3g} "
+                            f"+ min_delta {self.config.gate.min_delta:g}"
+                        )
                 if keep:
                     self._store_version(candidate, sources, changelog, round_index, m, scores)
             self._tmp = None
         self.cursor = cursor
+        self.step_log.append(
+            {
+                "round": round_index,
+                "step": self.steps_done,
+                "selected": len(selected),
+                **{k: int(m[k]) for k in ("analysed", "patches_valid", "patches_invalid", "edits_applied")},
+                "edits_rejected": int(m["edits_rejected"]),
+                "result": f"new version v{self.version}" if m["new_version"] else f"no new version: {self._why}",
+            }
+        )
         self.steps_done += 1
         m["version"] = float(self.version)
         made = self._made + self._gate_made
@@ -556,8 +587,11 @@ class Trace2SkillEvolver(Evolver):
                     {"source_id": t.id, "source_key": t.key, "outcome": outcome},
                 )
             )
-        analyses = [(call.meta, o.value) for call, o in self._run_calls(calls, round_index) if o.failure is None]
+        analysed = self._run_calls(calls, round_index)
+        analyses = [(call.meta, o.value) for call, o in analysed if o.failure is None]
         m["analysed"] = float(len(analyses))
+        if not analyses:
+            self._why = f"no usable analysis in {len(analysed)} analyst call(s) ({_reasons(o for _, o in analysed)})"
         m["lessons"] = float(sum(len(a.lessons) for _, a in analyses))
         m["lessons_dropped"] = float(sum(len(a.dropped) for _, a in analyses))
         calls = []
@@ -579,6 +613,9 @@ class Trace2SkillEvolver(Evolver):
         m["patches_valid"], m["patches_invalid"] = float(len(valid)), float(len(proposals) - len(valid))
         m["edits_rejected"] = float(sum(len(o.rejected) for _, o in proposals))
         if not valid:
+            self._why = self._why or (
+                f"no valid patch in {len(proposals)} patch call(s) ({_reasons(o for _, o in proposals)})"
+            )
             return None, [], ""
         sources = sorted({i for call, _ in valid for i in call.meta["source_ids"]})
         merged = merge_patches(
@@ -616,6 +653,10 @@ class Trace2SkillEvolver(Evolver):
         m["edits_applied"] = float(len(res.applied))
         m["edits_rejected"] += len(res.rejected)
         if not res.applied:
+            rejected = "; ".join(str(r.reason) for r in res.rejected[:2])
+            self._why = (
+                f"the merged patch applied no edit ({len(res.rejected)} rejected{': ' if rejected else ''}{rejected})"
+            )
             return None
         for r in range(self.config.fix_rounds):
             if not violations:
@@ -636,7 +677,11 @@ class Trace2SkillEvolver(Evolver):
             if done[0][1].failure is None:
                 new_dir, res, violations = apply_and_validate(new_dir, done[0][1].value, dest=self._dest("fix"))
                 m["edits_applied"] += len(res.applied)
-        return None if violations else new_dir
+        if violations:
+            listed = "; ".join(f"{v.field}: {v.message}" for v in violations[:2])
+            self._why = f"the patched skill violates the spec after {int(m['fix_calls'])} fix call(s) ({listed})"
+            return None
+        return new_dir
 
     # ------------------------------------------------------------------ gate and versions
     def _gate(self, candidate: Path, round_index: int) -> tuple[float | None, float | None]:
@@ -730,13 +775,20 @@ class Trace2SkillEvolver(Evolver):
 
     # ------------------------------------------------------------------ state and report
     def state_dict(self) -> dict[str, Any]:
-        return {"cursor": self.cursor, "version": self.version, "path": str(self.path), "steps_done": self.steps_done}
+        return {
+            "cursor": self.cursor,
+            "version": self.version,
+            "path": str(self.path),
+            "steps_done": self.steps_done,
+            "step_log": self.step_log,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.cursor = state.get("cursor", 0)
         self.version = state.get("version", 0)
         self.path = self.root / f"v{self.version}" / self.config.skill
         self.steps_done = state.get("steps_done", 0)
+        self.step_log = list(state.get("step_log") or [])
 
     def report_markdown(self) -> str:
         """Skill versions (edits, rejected, gate score, causing trajectories) and the latest diff (cut)."""
@@ -766,6 +818,36 @@ class Trace2SkillEvolver(Evolver):
             "",
             md_table(["version", "edits", "rejected", "gate score", "caused by N trajectories", "changelog"], rows),
         ]
+        if self.step_log:
+            steps = [
+                [
+                    r["round"],
+                    r["selected"],
+                    r["analysed"],
+                    f"{r['patches_valid']}/{r['patches_valid'] + r['patches_invalid']}",
+                    r["edits_applied"],
+                    r["edits_rejected"],
+                    r["result"],
+                ]
+                for r in self.step_log
+            ]
+            lines += [
+                "",
+                "Steps (a step without a new version says why):",
+                "",
+                md_table(
+                    [
+                        "round",
+                        "trajectories selected",
+                        "analysed",
+                        "valid patches",
+                        "edits applied",
+                        "edits rejected",
+                        "result",
+                    ],
+                    steps,
+                ),
+            ]
         if arts:
             diff = arts[-1].content.get("diff", "").splitlines()
             cut = f"\n... ({len(diff) - 60} more lines)" if len(diff) > 60 else ""

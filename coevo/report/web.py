@@ -9,7 +9,12 @@ when it is valid with reward 1.0 (> 0); rates leave out episodes whose *browser*
 * train: episodes of ES members (``split == "train"``), grouped by (evolver, generation);
 * held-out: the centre's episodes on the fixed held-out seeds (``split == "test"``), grouped by (evolver,
   generation = number of ES updates applied before the evaluation);
-* gate: Trace2Skill's held-out gate episodes (``meta["t2s_role"] == "gate"``), per skill version only.
+* gate: Trace2Skill's held-out gate episodes (``meta["t2s_role"] == "gate"``), per skill version only;
+* skill use: per condition (evolver, episode kind and the skills attached: none, one preloaded skill, or a
+  library the agent loads from, labelled by :func:`skills_label`): skills listed, ``load_skill`` calls,
+  successful loads (the agent's ``meta["skill_load_calls"]`` / ``meta["skills_loaded"]``) and episodes solved
+  with and without a loaded skill, so the report answers "were the skills used, and did the episodes that
+  used them succeed more often?".
 
 The run report (:mod:`coevo.report.writer`) adds this section to every run that has web trajectories.
 """
@@ -179,18 +184,119 @@ def _task_table(title: str, first: list[Trajectory], last: list[Trajectory], lab
     return [f"### {title}", "", md_table(["task", labels[0], labels[1], "change"], rows)]
 
 
+def skills_label(t: Trajectory) -> str:
+    """What skills an episode ran with: ``"no skills"``; ``"NAME vK (preloaded)"``; or, in catalog mode, where the
+    agent sees every attached skill and loads what it chooses, ``"library (N skills: a, b; NAME vK evolving)"``
+    (``NAME`` is the skill a skill evolver evolves, recorded in the trajectory's context)."""
+    name, version = t.context.skill_name, t.context.skill_version
+    if name is None and not t.meta.get("skill_mode"):
+        return "no skills"
+    listed = [str(n) for n in t.meta.get("skills_listed") or ()]
+    if t.meta.get("skill_mode") == "catalog":
+        names = f"{len(listed)} skills: {', '.join(listed)}; " if listed else ""
+        return f"library ({names}{name} v{version or 0} evolving)"
+    return f"{name} v{version or 0} (preloaded)"
+
+
+@dataclass(frozen=True)
+class SkillUse:
+    """Skill use of a group of web episodes (episodes whose browser failed are left out, as in :class:`Rate`).
+
+    Attributes:
+        listed: names of the skills the agent was shown (catalog) or given (preload), sorted.
+        load_calls: ``load_skill`` actions the agent ran. loads: skills it loaded (successful calls, a skill
+            counted once per episode).
+        with_loaded: :class:`Rate` of the episodes with at least one loaded skill. without: of the others.
+    """
+
+    listed: tuple[str, ...]
+    load_calls: int
+    loads: int
+    with_loaded: Rate
+    without: Rate
+
+    @classmethod
+    def of(cls, trajectories: Iterable[Trajectory]) -> SkillUse:
+        ran = [t for t in trajectories if t.failure != "runtime"]
+        loaded = [t for t in ran if int(t.meta.get("skills_loaded") or 0) > 0]
+        loaded_ids = {id(t) for t in loaded}
+        return cls(
+            listed=tuple(sorted({str(n) for t in ran for n in t.meta.get("skills_listed") or ()})),
+            load_calls=sum(int(t.meta.get("skill_load_calls") or 0) for t in ran),
+            loads=sum(int(t.meta.get("skills_loaded") or 0) for t in ran),
+            with_loaded=success_rate(loaded),
+            without=success_rate(t for t in ran if id(t) not in loaded_ids),
+        )
+
+
+def _skill_use_table(web: list[Trajectory]) -> list[str]:
+    """The skill-use table per condition and one sentence per condition with skills answering the question."""
+    groups = _by(web, lambda t: (t.evolver, _kind(t), skills_label(t)))
+    rows, answers = [], []
+    for (ev, kind, label), ts in groups.items():
+        use = SkillUse.of(ts)
+        rows.append(
+            [
+                ev,
+                kind,
+                label,
+                str(success_rate(ts)),
+                len(use.listed),
+                use.load_calls,
+                use.loads,
+                str(use.with_loaded),
+                str(use.without),
+            ]
+        )
+        if label != "no skills":
+            n = use.with_loaded.episodes + use.without.episodes
+            answers.append(
+                f"- {ev}, {kind}, {label}: a skill was loaded in {use.with_loaded.episodes} of {n} episodes "
+                f"({use.loads} successful loads of {use.load_calls} load_skill calls); those episodes succeeded "
+                f"{use.with_loaded}, the others {use.without}."
+            )
+    return [
+        "### Skill use per condition",
+        "",
+        md_table(
+            [
+                "evolver",
+                "episodes",
+                "skills",
+                "success",
+                "skills listed",
+                "load_skill calls",
+                "successful loads",
+                "solved with a loaded skill",
+                "solved without",
+            ],
+            rows,
+        ),
+        *([""] + answers if answers else []),
+    ]
+
+
 def _skill_version_table(web: list[Trajectory]) -> list[str]:
     with_skill = [t for t in web if t.context.skill_name is not None]
     if not with_skill:
         return []
     rows = []
-    for (name, version), ts in _by(with_skill, lambda t: (t.context.skill_name, t.context.skill_version)).items():
+    groups = _by(with_skill, lambda t: (t.context.skill_name, t.context.skill_version, t.meta.get("skill_mode")))
+    for (name, version, mode), ts in groups.items():
         kinds = {k: [t for t in ts if _kind(t) == k] for k in ("train", "test", "gate")}
-        rows.append([name, f"v{version}"] + [str(success_rate(kinds[k])) for k in ("train", "test", "gate")])
+        attached = "in a library (catalog)" if mode == "catalog" else "preloaded"
+        rows.append([name, f"v{version}", attached] + [str(success_rate(kinds[k])) for k in ("train", "test", "gate")])
     return [
         "### Success per skill version",
         "",
-        md_table(["skill", "version", "train (ES members)", "held-out (centre)", "gate (Trace2Skill)"], rows),
+        (
+            "In catalog mode an episode ran with the whole library: its success is the library's with this "
+            "version of the evolving skill in it, not this skill's (see the skill-use table for what was loaded)."
+        ),
+        "",
+        md_table(
+            ["skill", "version", "attached", "train (ES members)", "held-out (centre)", "gate (Trace2Skill)"], rows
+        ),
     ]
 
 
@@ -393,6 +499,7 @@ def web_report(
                 ),
                 "",
             ]
+    lines += [*_skill_use_table(web), ""]
     lines += _skill_version_table(web)
     diff = skill_diff_markdown(store, run_id, max_diff_lines)
     if diff:

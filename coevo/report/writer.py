@@ -196,8 +196,8 @@ def write_report(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool
         per[t.evolver].append(t)
     rows = []
     for name, ts in sorted(per.items()):
-        valid = [t for t in ts if t.valid and t.reward is not None]
-        rewards = [t.reward for t in valid]
+        valid = [t for t in ts if t.valid]  # a usable sample, rewarded or not (a skill patch has no reward)
+        rewards = [t.reward for t in valid if t.reward is not None]
         rows.append(
             [
                 name,
@@ -214,7 +214,8 @@ def write_report(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool
     lines += [
         (
             "Rewards of the evolver's trajectories (one per LLM sample or episode; higher is better), in the "
-            "unit named in the last column."
+            "unit named in the last column; `valid`: the share of its trajectories that were usable (a skill "
+            "evolver's analyses and patches have no reward, they count when valid)."
         ),
         "",
     ]

@@ -102,6 +102,16 @@ class Rollout(ABC):
         self.ctx = ctx
         self._pinned: dict[str, ContextValue] | None = None
 
+    @classmethod
+    def check_ready(cls, config: RolloutConfig) -> None:
+        """Check what this rollout needs outside the config (system packages, a browser, ...) before any
+        model loads; called by ``coevo run`` and ``coevo run --check`` (:func:`coevo.loop.check_runnable`).
+        Default: nothing to check.
+
+        Raises:
+            coevo.errors.UserError: a missing piece, one line naming the command that fixes it.
+        """
+
     # ------------------------------------------------------------------ context
     def context_defaults(self) -> dict[str, Any]:
         """Slot -> the value used while nothing is published (version 0); default: None for every slot."""

@@ -21,13 +21,18 @@ any site (``benchmark: openended``: a start URL, a goal and a reward rule, :mod:
   configured initial skill folders (version 0) when nothing is published. ``skill_mode: preload``
   puts the current skill's body into the system prompt (a small model rarely chooses to load a skill);
   ``catalog`` only lists names and descriptions and lets the agent call ``load_skill`` (progressive
-  disclosure). Each trajectory records ``context=ContextRef(skill_name, skill_version)``. ``skill_dirs`` entries
+  disclosure). Each trajectory records ``context=ContextRef(skill_name, skill_version)`` (the evolving skill;
+  in catalog mode the agent sees the whole library, whose names are in ``meta["skills_listed"]``, and the
+  report labels such episodes by the library) and the agent's ``skill_load_calls`` / ``skills_loaded``.
+  ``skill_dirs`` entries
   are skill folders or folders of skill folders, checked with the validator of ``coevo skills validate`` when
   the config is validated; skill settings without ``use_skills: true`` are errors.
 * Validation (when the run config is read, before any model loads): WebArena-Lite's ``WA_*`` site variables
   for the selected tasks, NLTK's ``punkt_tab`` (``NLTK_DATA``) and, for tasks with an LLM-judged evaluator,
   ``OPENAI_API_KEY`` (``judge_tasks: require``) or the tasks are left out with a warning
   (``judge_tasks: skip``).
+* Before a run loads its model (``coevo run``, ``coevo run --check``): Chromium, playwright and BrowserGym are
+  checked (:meth:`WebRollout.check_ready`); a missing one is one line naming the command that fixes it, exit 2.
 * Browser environments are created lazily, once per rollout object, reused across generations and closed by
   :meth:`WebRollout.close`. All calls must come from one thread (Playwright's sync API).
 """
@@ -300,6 +305,18 @@ class WebRollout(Rollout):
         "skill_name",
     )
 
+    @classmethod
+    def check_ready(cls, config: WebRolloutConfig) -> None:
+        """Chromium, playwright and BrowserGym (with the benchmark's packages) are installed
+        (:func:`coevo.envs.browser.check_browser_ready`), before the model loads.
+
+        Raises:
+            coevo.envs.browser.BrowserSetupError: one line naming what is missing and the command that fixes it.
+        """
+        from coevo.envs.browser import check_browser_ready
+
+        check_browser_ready(config.benchmark)
+
     def __init__(self, config: WebRolloutConfig, ctx: RunContext | None):
         super().__init__(config, ctx)
         self._envs: list[WebEnv] = []
@@ -434,7 +451,7 @@ class WebRollout(Rollout):
         text = library.catalog_prompt()
         if cfg.skill_mode == "preload":
             text += f"\n\n## Skill {name} (already loaded)\n{library.activate(name).strip()}"
-        meta = {"skill_path": str(dirs[name]), "skill_mode": cfg.skill_mode}
+        meta = {"skill_path": str(dirs[name]), "skill_mode": cfg.skill_mode, "skills_listed": library.names()}
         if published and published["name"] == name and published.get("source"):
             meta["skill_source"] = str(published["source"])
         return library, text, context.ref(skill_name=name, skill_version=version), meta
