@@ -79,7 +79,10 @@ def test_user_errors_print_no_traceback(tmp_path):
         assert "Traceback" not in proc.stderr and proc.stderr.strip()
 
 
-def test_a_bug_is_a_traceback_and_exit_1_not_a_user_error(tmp_path):
+def test_a_plugins_exception_is_one_line_naming_it_and_v_shows_the_traceback(tmp_path):
+    """An exception raised in a plug-in evolver's step is the plug-in's bug, not coevo's: one line naming the
+    evolver, the class, its file and the method, exit 2; ``-v`` adds the traceback. The run folder stays consistent
+    (the step before is checkpointed, the lock is free, a second run of the same folder says the same)."""
     data = {
         "run": {"name": "b"},
         "budget": {"max_rounds": 3},
@@ -88,16 +91,23 @@ def test_a_bug_is_a_traceback_and_exit_1_not_a_user_error(tmp_path):
     cfg = tmp_path / "bug.yaml"
     cfg.write_text(yaml.safe_dump(data))
     env = {**os.environ, "PYTHONPATH": str(TESTS)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "coevo.cli", "run", str(cfg), "--out", str(tmp_path / "r"), "--quiet"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=300,
-    )
-    assert proc.returncode == 1, proc.stderr
-    assert "Traceback" in proc.stderr and "ValueError: internal inconsistency in Buggy.step" in proc.stderr
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "coevo.cli", *extra, "run", str(cfg), "--out", str(tmp_path / "r"), "--quiet"],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+            timeout=300,
+        )
+
+    proc = run()
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr
+    assert "evolvers.bug" in lines[0] and "toy_evolvers:Buggy" in lines[0] and "step()" in lines[0]
+    assert "ValueError: internal inconsistency in Buggy.step" in lines[0]
     # the run folder stayed consistent: the step before the bug is checkpointed and the lock is free
     assert (tmp_path / "r" / "checkpoints" / "LATEST").read_text() == "000001"
 

@@ -272,7 +272,9 @@ def test_close_then_a_lora_engine_serves_a_low_rank_population(engine, hf, model
         ENGINE_LOG.setLevel(old_level)
     out, err = capfd.readouterr()
     assert "vllm" not in (out + err).lower() and "NUMA" not in out + err, (out + err)[-2000:]
-    for who in ("(MainProcess pid=", "(EngineCore pid=", "(Worker pid=", "Warning: NUMA binding"):
+    # the engine's own processes (new for this engine); this process's vLLM lines are not required: vLLM logs some
+    # of them once per process (info_once), so an engine started earlier in the same pytest process took them
+    for who in ("(EngineCore pid=", "(Worker pid=", "Warning: NUMA binding"):
         assert any(who in line for line in lines), (who, lines[-20:])
     try:
         vr, hr = lora.es_replica(SCOPE), hf.es_replica(SCOPE)
