@@ -191,6 +191,23 @@ class PolicyError(UserError, RuntimeError):
     """A backend could not produce completions (endpoint down, model missing, ...)."""
 
 
+class PolicyAbilities:
+    """What a population (:class:`coevo.es.replica.Population`) can do is what its ``policy`` can: the two
+    capability flags of :class:`Policy`, read from ``self.policy`` (False where the policy does not say)."""
+
+    policy: Any
+
+    @property
+    def can_continue_final_message(self) -> bool:
+        """The policy's (``Policy.can_continue_final_message``): rows ending with an assistant message are continued."""
+        return bool(getattr(self.policy, "can_continue_final_message", False))
+
+    @property
+    def can_constrain(self) -> bool:
+        """The policy's (``Policy.can_constrain``): ``SamplingParams.regex`` is honoured."""
+        return bool(getattr(self.policy, "can_constrain", False))
+
+
 class Policy(ABC):
     """A chat model.
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from coevo.backends.base import Completion, Message, Policy, SamplingParams, request_seed
+from coevo.backends.base import Completion, Message, Policy, PolicyAbilities, SamplingParams, request_seed
 from coevo.es import ESParams, GenerationRecord, ScopeSpec, UpdateStats, apply_records, perturb, select_params
 from coevo.es.checkpoint import load_snapshot, rebuild, save_snapshot
 from coevo.es.lowrank import FactorBank, check_matrices
@@ -140,7 +140,7 @@ class HFReplica:
         return rebuild(self.params, run_dir, rows, generation)
 
 
-class HFPopulation:
+class HFPopulation(PolicyAbilities):
     """Batched generation and scoring for a low-rank population on an ``HFPolicy`` (module docstring).
 
     Implements :class:`coevo.es.replica.Population`. Rows of one call may belong to different members; they go
@@ -158,16 +158,6 @@ class HFPopulation:
         self.bank = bank
         self.tokenizer = policy.tokenizer
         self._tables: tuple[torch.Tensor, torch.Tensor] | None = None  # (slots, scales) of the running batch
-
-    @property
-    def can_continue_final_message(self) -> bool:
-        """The policy's (``Policy.can_continue_final_message``): rows ending with an assistant message are continued."""
-        return bool(getattr(self.policy, "can_continue_final_message", False))
-
-    @property
-    def can_constrain(self) -> bool:
-        """The policy's (``Policy.can_constrain``): ``SamplingParams.regex`` is honoured."""
-        return bool(getattr(self.policy, "can_constrain", False))
 
     def hook(self, name: str):
         """The forward hook of the linear layer whose weight is ``name``: adds the rows' low-rank terms."""

@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from coevo.backends.base import Completion, Message, SamplingParams
+from coevo.backends.base import Completion, Message, PolicyAbilities, SamplingParams
 from coevo.es.replica import member_position, member_row_indices
 from coevo.types import ESMember
 
@@ -187,7 +187,7 @@ def lora_request(name: str, lora_id: int, path: str | Path) -> Any:
     return LoRARequest(lora_name=name, lora_int_id=int(lora_id), lora_path=str(path))
 
 
-class VLLMPopulation:
+class VLLMPopulation(PolicyAbilities):
     """A low-rank population served by a vLLM engine's multi-LoRA (module docstring); implements
     ``coevo.es.replica.Population``. Use :meth:`open` (or ``VLLMReplica.population``).
 
@@ -219,16 +219,6 @@ class VLLMPopulation:
         self.tokenizer = policy.tokenizer
         self.matrices = matrices  # (HF name, shape) of the weights in scope
         self.centre_request: Any = None  # the zero adapter of centre rows on the CPU platform (module docstring)
-
-    @property
-    def can_continue_final_message(self) -> bool:
-        """The policy's (``Policy.can_continue_final_message``): rows ending with an assistant message are continued."""
-        return bool(getattr(self.policy, "can_continue_final_message", False))
-
-    @property
-    def can_constrain(self) -> bool:
-        """The policy's (``Policy.can_constrain``): ``SamplingParams.regex`` is honoured."""
-        return bool(getattr(self.policy, "can_constrain", False))
 
     @classmethod
     @contextmanager
