@@ -248,7 +248,7 @@ def test_close_then_a_lora_engine_serves_a_low_rank_population(engine, hf, model
     import logging
 
     from coevo.backends.vllm_engine import VLLMPolicy
-    from coevo.backends.vllm_env import ENGINE_LOG
+    from coevo.backends.vllm_env import ENGINE_LOG, EngineOutput
 
     pids = set(ENGINE_PIDS)
     assert pids  # the processes that appeared when the engine started: its engine core (and workers)
@@ -267,6 +267,9 @@ def test_close_then_a_lora_engine_serves_a_low_rank_population(engine, hf, model
     capfd.readouterr()
     try:
         lora = VLLMPolicy(model_dir, **ENGINE, enable_lora=True, max_loras=4, max_lora_rank=8, route_output=True)
+        # the engine's lines reach the logger through a pipe read by a thread: wait until it has passed them (on a
+        # loaded machine the reader can lag the start by seconds; CI failed here without this)
+        EngineOutput.get().sync(timeout_s=30.0)
     finally:
         ENGINE_LOG.removeHandler(keep)
         ENGINE_LOG.setLevel(old_level)
