@@ -394,6 +394,8 @@ class CoEvolutionLoop:
 
     def close(self) -> None:
         """Release the policy, the store and the run folder's lock (idempotent; :meth:`run` calls it)."""
+        for ev in getattr(self, "evolvers", {}).values():
+            ev.release()  # its engines and actors (e.g. ES's Ray pool) stop also after an interrupt or an error
         ctx = getattr(self, "ctx", None)
         if ctx is not None:
             ctx.close_policy()

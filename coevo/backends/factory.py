@@ -183,6 +183,18 @@ def make_policy(cfg: ModelConfig, *, lora: tuple[int, int] | None = None) -> Pol
     raise ValueError(f"model.backend: unknown backend {cfg.backend!r}; allowed: auto, hf, openai, vllm")
 
 
+class PolicyFactory:
+    """The run's policy factory (:func:`make_policy_factory`): calling it builds the policy; ``model`` and
+    ``lora`` say what it builds (the ES evolver reads them to start the same model on its Ray engines)."""
+
+    def __init__(self, model: ModelConfig, lora: tuple[int, int] | None = None) -> None:
+        self.model, self.lora = model, lora
+
+    def __call__(self) -> Policy:
+        return make_policy(self.model, lora=self.lora)
+
+
 def make_policy_factory(cfg: ModelConfig, *, lora: tuple[int, int] | None = None) -> Callable[[], Policy]:
-    """A zero-argument callable building the policy on first use (the loop creates it lazily)."""
-    return lambda: make_policy(cfg, lora=lora)
+    """A zero-argument callable building the policy on first use (the loop creates it lazily); a
+    :class:`PolicyFactory`."""
+    return PolicyFactory(cfg, lora)

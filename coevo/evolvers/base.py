@@ -187,6 +187,10 @@ class Evolver(ABC):
     def close(self) -> None:
         """Release resources at the end of the run."""
 
+    def release(self) -> None:
+        """Stop the processes this evolver started (engines, Ray actors) without writing anything; the loop calls
+        it on every exit of a run (finished, interrupted or failed), after :meth:`close` on a finished one."""
+
 
 EVOLVERS: Registry[Evolver] = Registry(
     "evolver type", Evolver, package="coevo.evolvers", entry_point_group="coevo.evolvers", name_attr="type_name"

@@ -73,7 +73,7 @@ from coevo.es.checkpoint import (
 from coevo.es.replica import ESReplica
 from coevo.evolvers.base import ContextScore, Evolver, EvolverConfig, StepReport, register_evolver, score_context
 from coevo.rollouts.base import Rollout, Split, build_rollout, validate_rollout_spec
-from coevo.rollouts.ray_pool import RayReplicaPool
+from coevo.rollouts.ray_pool import PoolReplica, RayReplicaPool, RemotePolicy
 from coevo.tables import mean
 from coevo.types import ESMember, Trajectory
 
@@ -132,9 +132,18 @@ class ESConfig(EvolverConfig):
         "scope: 1.4 GB for the 0.5B model); 'auto' (default) replay, or full for a run whose weights drift from its "
         "history (restore_mode inference without master_weights)",
     )
-    workers: int = Field(0, ge=0, description="0 = in-process; >= 1 = Ray actors evaluating members")
-    worker_num_cpus: float = Field(1.0, gt=0, description="Ray CPUs per actor")
-    worker_num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per actor (> 0 runs actors on cuda)")
+    workers: int = Field(
+        0,
+        ge=0,
+        description="0 = in-process; >= 1 = Ray actors evaluating members (model.backend vllm: one vLLM engine per "
+        "actor, each in its own placement group, and no engine in the driver)",
+    )
+    worker_num_cpus: float = Field(
+        1.0, gt=0, description="Ray CPUs per actor (vLLM's CPU build: the whole cores its engine computes on)"
+    )
+    worker_num_gpus: float = Field(
+        0.0, ge=0, description="Ray GPUs per actor (> 0 runs actors on cuda; vLLM's CUDA build: 1 per engine)"
+    )
 
     @field_validator("rollout")
     @classmethod
@@ -191,6 +200,18 @@ class ESEvolver(Evolver):
         self.last_snapshot: dict[str, Any] | None = None
         self._replica: ESReplica | None = None
         self._pool: RayReplicaPool | None = None
+        factory = ctx.policy_factory
+        model = getattr(factory, "model", None)
+        #: the run's model section when its vLLM engines live in the Ray pool (workers >= 1, backend vllm)
+        self.engine_model = model if config.workers >= 1 and getattr(model, "backend", None) == "vllm" else None
+        self._engine_lora = getattr(factory, "lora", None)
+
+    def setup(self) -> None:
+        """With vLLM engines on Ray (``workers >= 1``, ``model.backend: vllm``) the run's policy becomes the
+        centre served by engine 0 (:class:`~coevo.rollouts.ray_pool.RemotePolicy`): the driver starts no engine of
+        its own (one vLLM engine per GPU or core slice, all of them in the pool)."""
+        if self.engine_model is not None:
+            self.ctx.policy_factory = lambda: RemotePolicy(self.pool, self.engine_model.model_dump(), 0)
 
     # ------------------------------------------------------------------ replicas
     @property
@@ -199,9 +220,12 @@ class ESEvolver(Evolver):
         implementation of :class:`coevo.es.replica.ESReplica` (in-process HF, or a vLLM engine's workers)."""
         if self._replica is None:
             cfg = self.config
-            self._replica = self.ctx.policy.es_replica(
-                cfg.scope_spec(), master_weights=cfg.master_weights, restore_mode=cfg.restore_mode
-            )
+            if self.engine_model is not None:
+                self._replica = PoolReplica(self.pool, self.ctx.policy)  # type: ignore[assignment]
+            else:
+                self._replica = self.ctx.policy.es_replica(
+                    cfg.scope_spec(), master_weights=cfg.master_weights, restore_mode=cfg.restore_mode
+                )
             if self.weights_hash is None:
                 self.weights_hash = self._replica.weights_hash()
         return self._replica
@@ -212,6 +236,16 @@ class ESEvolver(Evolver):
         cfg = self.config
         if cfg.workers == 0:
             return None
+        if self._pool is None and self.engine_model is not None:
+            spec = {
+                "model": self.engine_model.model_dump(),
+                "lora": self._engine_lora,
+                "rollout": cfg.rollout,
+                "scope": cfg.scope_spec().to_dict(),
+                "master_weights": cfg.master_weights,
+                "restore_mode": cfg.restore_mode,
+            }
+            self._pool = RayReplicaPool(spec, cfg.workers, cfg.worker_num_cpus, cfg.worker_num_gpus)
         if self._pool is None:
             from coevo.backends.hf import HFPolicy
 
@@ -321,8 +355,10 @@ class ESEvolver(Evolver):
                 }
                 for i in todo
             ]
-            for i, ts in zip(todo, self.pool.evaluate(jobs), strict=True):
-                out[i] = self._record(prefixes[i], ts, members[i])
+            # each member is stored as soon as it is back: an actor lost mid-generation leaves the finished ones
+            what = f"generation {generation}'s members"
+            for j, ts in self.pool.evaluate_iter(jobs, what, between=lambda: self.ctx.sample_boundary(0)):
+                out[todo[j]] = self._record(prefixes[todo[j]], ts, members[todo[j]])
         else:
             for i in todo:
                 out[i] = self._record(prefixes[i], self._run_member(members[i], generation, round_index), members[i])
@@ -388,6 +424,11 @@ class ESEvolver(Evolver):
         if ts is None:
             if self.replica.active:
                 raise RuntimeError("a perturbation is active: the centre cannot be evaluated now")
+            if self.engine_model is not None:  # on engine 0, under the current context
+                job = {"member": None, "generation": generation, "round_index": round_index, "key_prefix": prefix}
+                job.update(evolver=self.name, split="test", context=self._job_context())
+                ts = self._record(prefix, self.pool.evaluate_on(0, job, "the centre's evaluation"), None)
+                return ts, self.rollout.member_reward(ts)
             ts = self.rollout.run(
                 self.replica.policy,
                 generation=generation,
@@ -479,8 +520,8 @@ class ESEvolver(Evolver):
             rank=cfg.rank if cfg.perturbation == "lowrank" else None,
         )
         before = self.replica.weights_hash() if self.weights_hash is None else self.weights_hash
-        stats, after = self.replica.apply(record)
-        if pool is not None:
+        stats, after = self.replica.apply(record)  # engine pool: every engine applies it, hashes checked equal
+        if pool is not None and self.engine_model is None:
             pool.apply(record, expected=after)  # the actors apply the same update; hashes compared
         record.weight_hash_after = after
         self._write_history(record, before, stats.to_dict(), rep.metrics.get("test_reward"), round_index)
@@ -603,10 +644,14 @@ class ESEvolver(Evolver):
             and (self.last_snapshot is None or self.last_snapshot["generation"] != self.generation)
         ):
             self.snapshot()
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        self.release()
         self.rollout.close()
+
+    def release(self) -> None:
+        """Stop the Ray actors and their engines (no process left); idempotent."""
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.close()
 
     def _kept_weights(self) -> str:
         """The report's sentence on what the run keeps of its weights (``weight_snapshots``) and how to get them."""
