@@ -485,10 +485,10 @@ def check_combinations(cfg: RunConfig) -> list[str]:
                     f"{needs[0]}={rollout[needs[0]]!r} calls another evolver of the run, which the Ray actors "
                     f"of workers={workers} cannot reach; set workers: 0"
                 )
-            if backend is not None and backend != "hf":
+            if backend is not None and backend not in ("hf", "vllm", "auto"):
                 errors.append(
-                    f"{where}.workers / model.backend: workers={workers} builds HF replicas on Ray actors "
-                    f"and needs model.backend hf, not {backend!r}; set workers: 0"
+                    f"{where}.workers / model.backend: workers={workers} builds HF replicas or vLLM engines on Ray "
+                    f"actors and needs model.backend hf or vllm, not {backend!r}; set workers: 0"
                 )
     return errors
 

@@ -159,10 +159,12 @@ def test_workers_with_a_rollout_that_needs_the_run_context_or_a_non_hf_backend()
         "evolvers.es.workers / evolvers.es.rollout.evolver: rollout 'eoh_children' with evolver='eoh' calls "
         "another evolver of the run, which the Ray actors of workers=2 cannot reach; set workers: 0" in msg
     )
-    vllm = {"name": "tiny:micro", "backend": "vllm"}
-    assert "workers=1 builds HF replicas on Ray actors and needs model.backend hf, not 'vllm'" in _errors(
-        _combo(vllm, _es(workers=1))
+    openai = {"name": "m", "backend": "openai", "base_url": "http://127.0.0.1:9/v1"}
+    assert (
+        "workers=1 builds HF replicas or vLLM engines on Ray actors and needs model.backend hf or vllm, not "
+        "'openai'" in _errors(_combo(openai, _es(workers=1)))
     )
+    parse_config(_combo({"name": "tiny:micro", "backend": "vllm"}, _es(workers=2)))  # one vLLM engine per actor
     parse_config(_combo(TINY, _es(workers=1)))  # a rollout without the run context is fine on actors
 
 

@@ -42,6 +42,12 @@ hash-checked against the actors after every generation, which serves the held-ou
 and the other evolvers of the run. Rollouts run in the actors without a run context (``ctx=None``); each job
 carries the current value of every context key the rollout declares (:mod:`coevo.context`), so a published
 prompt or skill reaches the actors; rollouts that call cooperating evolvers (EoH children) need ``workers: 0``.
+With ``model.backend: vllm`` each actor holds one vLLM engine (its own placement group: a GPU, or a slice of
+cores on vLLM's CPU build) and the driver holds none (N engines, not N + 1): the replica is
+:class:`~coevo.rollouts.ray_pool.PoolReplica` (every update on every engine, hashes checked equal), and
+``ctx.policy`` becomes the centre served by engine 0 (:class:`~coevo.rollouts.ray_pool.RemotePolicy`), which also
+runs the held-out evaluation and writes the snapshots. Members are stored as they come back, so an engine lost
+mid-generation (:class:`~coevo.rollouts.ray_pool.EngineLostError`, one line) costs only the unfinished ones.
 
 Public for other evolvers (between steps): :attr:`ESEvolver.generation` (generations completed = updates
 applied), :attr:`ESEvolver.rollout`, ``ctx.policy`` (the centre: no perturbation is active between steps),
