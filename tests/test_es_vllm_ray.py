@@ -265,7 +265,7 @@ def test_gpu_config_parses():
     assert cfg.model.backend == "vllm" and es.params.workers >= 2 and es.params.worker_num_gpus == 1
 
 
-def test_coevo_run_two_engines_killed_engine_resume_and_replay(tmp_path, monkeypatch):
+def test_coevo_run_two_engines_killed_engine_resume_and_replay(pool, tmp_path, monkeypatch):
     """configs/es/vllm_ray_tiny.yaml as ``coevo run`` runs it, with engine 1 killed in generation 1: the step ends
     with one line, no process is left; ``--resume`` re-runs the cut generation (the members stored before are
     kept), and ``coevo es replay --check`` rebuilds every generation's weights on HF, bit for bit."""
@@ -278,6 +278,8 @@ def test_coevo_run_two_engines_killed_engine_resume_and_replay(tmp_path, monkeyp
     from coevo.loop import CoEvolutionLoop
     from coevo.store import TrajectoryStore
 
+    pool.close()  # at most two engines at a time: the module's go first, and the run starts its own Ray
+    ray.shutdown()
     monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
     config = ROOT / "configs/es/vllm_ray_tiny.yaml"
     run_dir = tmp_path / "run"
