@@ -85,6 +85,10 @@ def _spec(model_dir) -> dict:
     }
 
 
+#: the module's pools still open (the heavy run test closes them: two engines at a time on 2 cores)
+OPEN_POOLS: list[RayReplicaPool] = []
+
+
 @pytest.fixture(scope="module")
 def pool(model_dir):
     started = not ray.is_initialized()
@@ -93,6 +97,7 @@ def pool(model_dir):
     t0 = time.perf_counter()
     p = RayReplicaPool(_spec(model_dir), workers=2, num_cpus=1)
     p.start_s = time.perf_counter() - t0
+    OPEN_POOLS.append(p)
     yield p
     p.close()
     if started:
@@ -265,7 +270,8 @@ def test_gpu_config_parses():
     assert cfg.model.backend == "vllm" and es.params.workers >= 2 and es.params.worker_num_gpus == 1
 
 
-def test_coevo_run_two_engines_killed_engine_resume_and_replay(pool, tmp_path, monkeypatch):
+@pytest.mark.heavy  # four engine starts and a two-generation run: 5-10 min on 2 cores; `pytest -m heavy` runs it
+def test_coevo_run_two_engines_killed_engine_resume_and_replay(tmp_path, monkeypatch):
     """configs/es/vllm_ray_tiny.yaml as ``coevo run`` runs it, with engine 1 killed in generation 1: the step ends
     with one line, no process is left; ``--resume`` re-runs the cut generation (the members stored before are
     kept), and ``coevo es replay --check`` rebuilds every generation's weights on HF, bit for bit."""
@@ -278,7 +284,8 @@ def test_coevo_run_two_engines_killed_engine_resume_and_replay(pool, tmp_path, m
     from coevo.loop import CoEvolutionLoop
     from coevo.store import TrajectoryStore
 
-    pool.close()  # at most two engines at a time: the module's go first, and the run starts its own Ray
+    for p in OPEN_POOLS:  # at most two engines at a time: the module's go first, and the run starts its own Ray
+        p.close()
     ray.shutdown()
     monkeypatch.setenv("COEVO_CACHE", str(tmp_path / "cache"))
     config = ROOT / "configs/es/vllm_ray_tiny.yaml"
