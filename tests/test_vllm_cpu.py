@@ -239,46 +239,56 @@ def test_worker_errors_arrive_as_coevo_types(engine, tmp_path):
     assert engine.es_load(snapshot, []) == digest == engine.es_weights_hash()
 
 
-def test_close_then_a_lora_engine_serves_a_low_rank_population(engine, hf, model_dir, tmp_path, capfd):
-    """close() stops the engine-core and worker processes (their memory goes with them) and a second engine
-    starts in this process; it serves a low-rank population as LoRA adapters, one per member, in one batch.
-    That engine starts as ``coevo run`` starts it, its output routed: vLLM's lines from this process, its engine
-    core and worker (C++ warnings included) become records of the logger ``coevo.vllm``, none reaches the
-    terminal."""
-    import logging
+#: a child interpreter that starts the engine as ``coevo run`` does (output routed) and prints, as JSON, the
+#: records the logger ``coevo.vllm`` got during the start (a fresh process: in a long pytest process other tests'
+#: engines and loggers share process-wide state, and the check failed there once in CI though not alone)
+ROUTED_START = """
+import json, logging, sys
+from coevo.backends.vllm_engine import VLLMPolicy
+from coevo.backends.vllm_env import ENGINE_LOG, EngineOutput
+lines = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        lines.append(record.getMessage())
+ENGINE_LOG.addHandler(Keep(level=logging.INFO))
+ENGINE_LOG.setLevel(logging.INFO)
+policy = VLLMPolicy(sys.argv[1], dtype="float32", enforce_eager=True, kv_cache_gib=0.25, max_model_len=512,
+                    route_output=True)
+synced = EngineOutput.get().sync(timeout_s=30.0)
+policy.close()
+print("ROUTED " + json.dumps({"synced": synced, "lines": lines}))
+"""
 
+
+def test_a_routed_engine_start_sends_every_process_output_to_the_run_log(model_dir):
+    """The engine as ``coevo run`` starts it, in a fresh process: vLLM's lines from that process, its engine core
+    and worker (C++ warnings included) become records of the logger ``coevo.vllm``; none reaches the terminal."""
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, "-c", ROUTED_START, str(model_dir)], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    routed_line = next(line for line in proc.stdout.splitlines() if line.startswith("ROUTED "))
+    routed = json.loads(routed_line.removeprefix("ROUTED "))
+    terminal = proc.stdout.replace(routed_line, "") + proc.stderr
+    assert routed["synced"]
+    assert "vllm" not in terminal.lower() and "NUMA" not in terminal, terminal[-2000:]
+    for who in ("(EngineCore pid=", "(Worker pid=", "Warning: NUMA binding"):
+        assert any(who in line for line in routed["lines"]), (who, routed["lines"][-20:])
+
+
+def test_close_then_a_lora_engine_serves_a_low_rank_population(engine, hf, model_dir, tmp_path):
+    """close() stops the engine-core and worker processes (their memory goes with them) and a second engine
+    starts in this process; it serves a low-rank population as LoRA adapters, one per member, in one batch."""
     from coevo.backends.vllm_engine import VLLMPolicy
-    from coevo.backends.vllm_env import ENGINE_LOG, EngineOutput
 
     pids = set(ENGINE_PIDS)
     assert pids  # the processes that appeared when the engine started: its engine core (and workers)
     engine.close()
     engine.close()  # idempotent
     assert wait_gone(pids) == set()
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    keep, old_level = Keep(level=logging.INFO), ENGINE_LOG.level
-    ENGINE_LOG.addHandler(keep)
-    ENGINE_LOG.setLevel(logging.INFO)
-    capfd.readouterr()
-    try:
-        lora = VLLMPolicy(model_dir, **ENGINE, enable_lora=True, max_loras=4, max_lora_rank=8, route_output=True)
-        # the engine's lines reach the logger through a pipe read by a thread: wait until it has passed them (on a
-        # loaded machine the reader can lag the start by seconds; CI failed here without this)
-        EngineOutput.get().sync(timeout_s=30.0)
-    finally:
-        ENGINE_LOG.removeHandler(keep)
-        ENGINE_LOG.setLevel(old_level)
-    out, err = capfd.readouterr()
-    assert "vllm" not in (out + err).lower() and "NUMA" not in out + err, (out + err)[-2000:]
-    # the engine's own processes (new for this engine); this process's vLLM lines are not required: vLLM logs some
-    # of them once per process (info_once), so an engine started earlier in the same pytest process took them
-    for who in ("(EngineCore pid=", "(Worker pid=", "Warning: NUMA binding"):
-        assert any(who in line for line in lines), (who, lines[-20:])
+    lora = VLLMPolicy(model_dir, **ENGINE, enable_lora=True, max_loras=4, max_lora_rank=8)
     try:
         vr, hr = lora.es_replica(SCOPE), hf.es_replica(SCOPE)
         assert vr.weights_hash() != hr.weights_hash()  # the folder's weights; HF's were updated above
