@@ -224,6 +224,8 @@ def test_bad_input_is_one_line_before_any_engine_starts(model_dir):
     cores = len(os.sched_getaffinity(0))
     with pytest.raises(ConfigError, match=rf"{cores + 1} vLLM-CPU engines x 1 core\(s\) need {cores + 1} cores"):
         preflight(model, cores + 1, 1.0, 0.0, vllm_cpu=True)
+    for p in OPEN_POOLS:  # the module's engines go first: their actors hold the Ray CPUs this pool asks for
+        p.close()
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -138,3 +138,22 @@ def test_the_engines_last_error_line_is_the_cause_of_a_failed_start():
     err = RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")
     line = _start_failure(err, Path("/models/m"), routed=True)
     assert "(engine: ValueError: Available memory on node 0" in line and "lower model.kv_cache_gib" in line
+
+
+def test_coevos_default_log_level_is_not_taken_for_the_users_in_a_child_process(monkeypatch):
+    """import_vllm writes WARNING where VLLM_LOGGING_LEVEL is unset; a process started later inherits it. Marked as
+    coevo's default, it does not count as the user's choice there, so a routed engine still logs INFO into the run
+    log (a full pytest process once lost the engine core's INFO lines this way); a level the user set wins."""
+    from coevo.backends import vllm_env
+
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    monkeypatch.delenv(vllm_env.DEFAULT_LEVEL_MARK, raising=False)
+    vllm_env.default_log_level("WARNING")
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING" and vllm_env.user_log_level() is None
+    with vllm_env.engine_environment(cpu=False, route_output=True) as env:
+        assert env["VLLM_LOGGING_LEVEL"] == "INFO"
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    vllm_env.default_log_level("WARNING")  # the user's level stays
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG" and vllm_env.user_log_level() == "DEBUG"
+    with vllm_env.engine_environment(cpu=False, route_output=True) as env:
+        assert env["VLLM_LOGGING_LEVEL"] == "DEBUG"

@@ -68,7 +68,7 @@ from coevo.backends.base import (
     terminal_token_ids,
     torch_dtype,
 )
-from coevo.backends.vllm_env import EngineOutput, engine_environment, quiet_vllm_import
+from coevo.backends.vllm_env import EngineOutput, default_log_level, engine_environment, quiet_vllm_import
 from coevo.backends.vllm_rpc import reraise
 from coevo.errors import ConfigError
 from coevo.es import NOISE_SPEC, GenerationRecord, ScopeSpec, UpdateStats
@@ -103,7 +103,7 @@ def import_vllm() -> Any:
     started with ``route_output`` logs at INFO into the run log instead, ``coevo.backends.vllm_env``). What vLLM
     logs while it is imported goes to the logger ``coevo.vllm`` at INFO.
     """
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    default_log_level("WARNING")  # marked as coevo's: a child process does not take it for the user's
     try:
         with quiet_vllm_import():  # its import-time lines (Triton) go to the logger coevo.vllm (INFO)
             import vllm

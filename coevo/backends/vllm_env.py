@@ -60,8 +60,25 @@ PRELOADS: dict[str, tuple[str, ...]] = {
 #: environment variable that turns the preloads off (``0``)
 PRELOAD_SWITCH = "COEVO_VLLM_PRELOAD"
 _BINDING_VARS = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
-#: ``VLLM_LOGGING_LEVEL`` as the user set it (None: coevo picks: WARNING, INFO when routed)
-USER_LOG_LEVEL = os.environ.get("VLLM_LOGGING_LEVEL")
+#: set beside ``VLLM_LOGGING_LEVEL`` when coevo wrote that default itself (:func:`default_log_level`): a child
+#: process inherits both and does not take coevo's default for the user's choice
+DEFAULT_LEVEL_MARK = "COEVO_VLLM_LOGGING_LEVEL_DEFAULT"
+
+
+def default_log_level(level: str = "WARNING") -> None:
+    """Set ``VLLM_LOGGING_LEVEL`` to ``level`` unless the user set it, marked as coevo's default
+    (:data:`DEFAULT_LEVEL_MARK`)."""
+    if "VLLM_LOGGING_LEVEL" not in os.environ:
+        os.environ["VLLM_LOGGING_LEVEL"] = os.environ[DEFAULT_LEVEL_MARK] = level
+
+
+def user_log_level() -> str | None:
+    """``VLLM_LOGGING_LEVEL`` as the user set it; None where it is unset or coevo's own default (then coevo picks:
+    WARNING, INFO when routed)."""
+    level = os.environ.get("VLLM_LOGGING_LEVEL")
+    return None if level is None or os.environ.get(DEFAULT_LEVEL_MARK) == level else level
+
+
 _WARNED: set[tuple[str, ...]] = set()
 _SPAWN_LOCK = threading.Lock()
 #: an error line of a Python traceback as vLLM's processes print it: "... ValueError: Available memory ..."
@@ -258,7 +275,7 @@ def engine_environment(*, cpu: bool, route_output: bool) -> Iterator[dict[str, s
     env: dict[str, str] = cpu_engine_env(os.environ) if cpu else {}
     if route_output:
         env["VLLM_LOGGING_STREAM"] = f"ext://{__name__}.ENGINE_STREAM"
-        env["VLLM_LOGGING_LEVEL"] = USER_LOG_LEVEL or "INFO"
+        env["VLLM_LOGGING_LEVEL"] = user_log_level() or "INFO"
     touched = {*env, "LD_PRELOAD"}
     saved = {k: os.environ.get(k) for k in touched}
     os.environ.update(env)

@@ -310,12 +310,6 @@ def preflight(model: dict[str, Any], workers: int, num_cpus: float, num_gpus: fl
                 f"evolvers.es.workers: {workers} vLLM-CPU engines x {int(num_cpus)} core(s) need "
                 f"{workers * int(num_cpus)} cores, this machine gives the run {cores}: lower workers or worker_num_cpus"
             )
-    free = ray.available_resources().get("CPU", 0.0)
-    if workers * num_cpus > free:
-        raise ConfigError(
-            f"evolvers.es.workers: {workers} actors x {num_cpus:g} CPU need {workers * num_cpus:g} Ray CPUs, the Ray "
-            f"cluster has {free:g} free: lower workers or worker_num_cpus"
-        )
     if num_gpus > 0:
         have = ray.cluster_resources().get("GPU", 0.0)
         if workers * num_gpus > have:
@@ -325,6 +319,13 @@ def preflight(model: dict[str, Any], workers: int, num_cpus: float, num_gpus: fl
             )
     elif model.get("backend") == "vllm" and not vllm_cpu:
         raise ConfigError("evolvers.es.worker_num_gpus: vLLM's CUDA build needs worker_num_gpus >= 1 per engine")
+    # what is free now, after what the cluster has at all (another pool of this process may hold CPUs)
+    free = ray.available_resources().get("CPU", 0.0)
+    if workers * num_cpus > free:
+        raise ConfigError(
+            f"evolvers.es.workers: {workers} actors x {num_cpus:g} CPU need {workers * num_cpus:g} Ray CPUs, the Ray "
+            f"cluster has {free:g} free: lower workers or worker_num_cpus"
+        )
 
 
 class RayReplicaPool:

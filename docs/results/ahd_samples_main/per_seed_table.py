@@ -1,4 +1,5 @@
 """Per problem and seed: valid/novel %, child > parent, best operator, held-out textbook seed vs best (mid size)."""
+
 import json
 import sys
 from collections import defaultdict
@@ -14,7 +15,9 @@ runs = defaultdict(list)
 for r in rows:
     if r.get("type") == "run":
         runs[(r["problem"], r["arm"])].append(r)
-print("| problem | arm | seed | valid % | valid+novel % | tokens/valid | LLM child > parent | best from | held-out sizes: textbook seed -> best (gap %) |")
+print(
+    "| problem | arm | seed | valid % | valid+novel % | tokens/valid | LLM child > parent | best from | held-out sizes: textbook seed -> best (gap %) |"
+)
 print("|---|---|---|---|---|---|---|---|---|")
 for (p, arm), rs in sorted(runs.items()):
     for r in sorted(rs, key=lambda r: r["seed"]):
