@@ -242,34 +242,32 @@ class ESEvolver(Evolver):
         cfg = self.config
         if cfg.workers == 0:
             return None
-        if self._pool is None and self.engine_model is not None:
-            spec = {
-                "model": self.engine_model.model_dump(),
-                "lora": self._engine_lora,
-                "rollout": cfg.rollout,
-                "scope": cfg.scope_spec().to_dict(),
-                "master_weights": cfg.master_weights,
-                "restore_mode": cfg.restore_mode,
-            }
-            self._pool = RayReplicaPool(spec, cfg.workers, cfg.worker_num_cpus, cfg.worker_num_gpus)
-        if self._pool is None:
+        if self._pool is not None:
+            return self._pool
+        if self.engine_model is not None:  # one vLLM engine per actor, built from the run's model section
+            model = {"model": self.engine_model.model_dump(), "lora": self._engine_lora}
+        else:
             from coevo.backends.hf import HFPolicy
 
             policy = self.replica.policy
             if not isinstance(policy, HFPolicy):
                 raise TypeError(f"workers >= 1 needs the hf backend, the run's policy is {type(policy).__name__}")
-            spec = {
+            model = {
                 "model": policy.model_id,
                 "dtype": str(policy.dtype).removeprefix("torch."),
                 "device": str(policy.device),
                 "batch_size": policy.batch_size,
                 "cpu_linear": policy.cpu_linear,
-                "rollout": cfg.rollout,
-                "scope": cfg.scope_spec().to_dict(),
-                "master_weights": cfg.master_weights,
-                "restore_mode": cfg.restore_mode,
             }
-            self._pool = RayReplicaPool(spec, cfg.workers, cfg.worker_num_cpus, cfg.worker_num_gpus)
+        spec = {
+            **model,
+            "rollout": cfg.rollout,
+            "scope": cfg.scope_spec().to_dict(),
+            "master_weights": cfg.master_weights,
+            "restore_mode": cfg.restore_mode,
+        }
+        self._pool = RayReplicaPool(spec, cfg.workers, cfg.worker_num_cpus, cfg.worker_num_gpus)
+        if self.engine_model is None:  # the HF actors against the driver's replica
             if self.generation > 0:
                 snap, records = rebuild_plan(self.ctx.run_dir, self._history(), self.generation)
                 self._pool.load(snap[1] if snap else None, records, expected=self.replica.weights_hash())
