@@ -49,6 +49,8 @@ from coevo.ahd.answer import ANSWER_FORMATS
 
 PROBLEMS = ("tsp_construct", "kp_construct", "cvrp_construct", "bpp_online")
 OPERATORS = ("i1", "m1", "m2", "i1")
+#: ``--parents main``: the operators of the main job's later rounds (ES members' m1/m2 and EoH's e1, e2, m1, m2)
+MAIN_OPERATORS = ("m1", "m2", "e1", "m1", "m2", "e2", "m1", "m2")
 ARMS = {"free": ("free", False), "prefill": ("prefill", False), "grammar": ("prefill", True)}
 assert {f for f, _ in ARMS.values()} <= set(ANSWER_FORMATS)
 
@@ -58,6 +60,20 @@ def _percentile(values: list[int], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return float(ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))])
+
+
+def _novel(valid, sampler) -> int:
+    """Valid samples whose per-instance objectives differ from the seeds' and from every earlier sample's."""
+    from coevo.ahd.sampler import behaviour_key
+
+    seen = set(sampler._seed_behaviours.values())
+    n = 0
+    for t in valid:
+        key = behaviour_key((t.meta.get("metrics") or {}).get("objectives"))
+        if key is not None and key not in seen:
+            seen.add(key)
+            n += 1
+    return n
 
 
 def run_arm(problem_name, arm, policy, args, samples_out) -> dict:
@@ -71,13 +87,22 @@ def run_arm(problem_name, arm, policy, args, samples_out) -> dict:
 
     cfg, _ = load_config(ROOT / "configs" / "ahd" / f"{problem_name}.yaml")
     ev = next(e.params for e in cfg.evolvers if e.type in ("eoh", "sample"))
-    fmt, grammar = ARMS[arm]
+    base, _, temp = arm.partition("@")
+    fmt, grammar = ARMS[base]
     with tempfile.TemporaryDirectory(prefix="coevo-answer-format-") as tmp:
         store = TrajectoryStore(Path(tmp) / "store.sqlite")
         ctx = RunContext(
             run_id=arm, run_dir=Path(tmp), store=store, budget=Budget(store, arm, None), sampling=cfg.sampling
         )
         params = ctx.sampling_params(temperature=ev.temperature, top_p=ev.top_p, top_k=ev.top_k)
+        if temp:  # "ARM@T[/TOP_P[/TOP_K]]": the config's decoding with these settings instead
+            t, _, rest = temp.partition("/")
+            top_p, _, top_k = rest.partition("/")
+            params = replace(params, temperature=float(t))
+            if top_p:
+                params = replace(params, top_p=float(top_p))
+            if top_k:
+                params = replace(params, top_k=int(top_k))
         if fmt == "prefill" and args.prefill_max_new_tokens:
             params = replace(params, max_new_tokens=args.prefill_max_new_tokens)
         if fmt == "free" and args.free_max_new_tokens:
@@ -102,14 +127,22 @@ def run_arm(problem_name, arm, policy, args, samples_out) -> dict:
             answer_grammar=grammar,
         )
         seed = sampler.seed_individual()
+        starts = [seed]
+        if args.parents == "main":  # the main job's starting population: the published seeds, best first
+            starts = [sampler.seed_individual(name) for name in getattr(ev, "seed_heuristics", [])] + [seed]
+            starts = [s for s in starts if s.objective is not None]
+            starts.sort(key=lambda s: s.objective, reverse=problem.direction == "maximize")
+        operators = OPERATORS if args.parents == "seed" else MAIN_OPERATORS
         jobs = []
         for i in range(args.prompts):
-            op = OPERATORS[i % len(OPERATORS)]
-            jobs.append(
-                sampler.job(
-                    op, key=sampler.key(problem_name, op, i), seed=args.seed, parents=[] if op == "i1" else [seed]
-                )
-            )
+            op = operators[i % len(operators)]
+            if op == "i1":
+                parents = []
+            elif op in ("e1", "e2"):
+                parents = starts[:2] if len(starts) > 1 else starts
+            else:
+                parents = [starts[(i // len(operators)) % len(starts)]] if args.parents == "main" else [seed]
+            jobs.append(sampler.job(op, key=sampler.key(problem_name, op, i), seed=args.seed, parents=parents))
         t0 = time.perf_counter()
         try:
             trajs = sampler.sample(jobs, round_index=0, generation=0, policy=policy)
@@ -160,6 +193,10 @@ def run_arm(problem_name, arm, policy, args, samples_out) -> dict:
         "tokens_max": max(tokens) if tokens else None,
         "valid_equal_seed": sum(abs(o - seed.objective) <= 1e-9 * max(1.0, abs(seed.objective)) for o in objectives),
         "valid_distinct_objectives": len({round(o, 9) for o in objectives}),
+        "valid_novel_pct": round(100 * _novel(valid, sampler) / n, 1),
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,
         "wall_s": round(wall, 1),
         "max_new_tokens": params.max_new_tokens,
     }
@@ -168,19 +205,28 @@ def run_arm(problem_name, arm, policy, args, samples_out) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--problems", default=",".join(PROBLEMS))
-    ap.add_argument("--arms", default="free,prefill")
+    ap.add_argument(
+        "--arms", default="free,prefill", help="comma-separated; ARM@T[/TOP_P[/TOP_K]] overrides the config's decoding"
+    )
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--seed", type=int, default=2024)
     ap.add_argument("--prefill-max-new-tokens", type=int, default=None, help="token cap of the prefill arms")
     ap.add_argument("--free-max-new-tokens", type=int, default=None, help="token cap of the free arm")
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--backend", default="auto", choices=["auto", "hf", "vllm"])
+    ap.add_argument(
+        "--parents",
+        default="seed",
+        choices=["seed", "main"],
+        help="seed: the problem's seed heuristic is every parent (operators i1, m1, m2, i1); main: the "
+        "main job's starting population (its published seeds too; operators m1, m2, e1, m1, m2, e2, ...)",
+    )
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--samples-out", default=None)
     args = ap.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     for a in arms:
-        if a not in ARMS:
+        if a.partition("@")[0] not in ARMS:
             ap.error(f"--arms: unknown arm {a!r}; known: {', '.join(ARMS)}")
     problems = [p.strip() for p in args.problems.split(",") if p.strip()]
     if args.prompts < 1:

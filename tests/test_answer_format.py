@@ -16,6 +16,7 @@ import pytest
 from coevo.ahd.answer import (
     BODY_REGEX,
     FUNCTION_END_STOPS,
+    IDEA_REPEAT_STOP,
     IDEA_MARK,
     answer_prefix,
     cut_after_function,
@@ -235,6 +236,7 @@ def test_sampler_prefill_stops_evaluates_stripped_code_and_records_kinds(tmp_pat
     good, thought_only, empty = sampler.sample(jobs, round_index=0, generation=0, policy=policy)
     assert policy.seen[0][-1]["role"] == "assistant"
     assert set(FUNCTION_END_STOPS) <= set(policy.params.stop) and "\n```\n" in policy.params.stop
+    assert IDEA_REPEAT_STOP in policy.params.stop  # a second "# idea:" line is the comment loop: stop there
     assert policy.params.regex is None
     assert good.valid and good.meta["thought"] == "Go to the nearest unvisited node."
     assert "#" not in good.meta["code"] and '"""' not in good.meta["code"]

@@ -116,7 +116,7 @@ def test_docs_hillclimb_keeps_one_incumbent_replaced_only_by_a_strictly_better_v
     assert [t.meta["operator"] for t in trajs] == ["m1"] * 6 and len(trajs) == policy.calls == 6
     # every call improves the incumbent of its step: the seed (steps 0, 1; the tie did not replace it), then TOWARD
     assert [t.meta["parent_ids"] for t in trajs] == [["seed"]] * 4 + [[trajs[2].key.split("/", 1)[1]]] * 2
-    assert "Idea: {the problem's seed heuristic}" in policy.prompts[0]
+    assert "Idea: {Nearest neighbour: go to the closest node not yet visited.}" in policy.prompts[0]
     assert "Idea: {Nearest city, but prefer cities near home.}" in policy.prompts[4]
     tie, worse, better = trajs[0], trajs[1], trajs[2]
     assert tie.reward == pytest.approx(steps[0]["best_reward"]) and worse.reward < tie.reward < better.reward

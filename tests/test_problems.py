@@ -457,3 +457,23 @@ def test_templates_are_naive_valid_heuristics_shown_instead_of_the_seed():
         shown = strip_docstrings(template)  # the template's code without its docstring, which is told in prose
         assert shown in user and function_docstring(template, p.function_name).strip() in user
         assert seed.strip() not in user and strip_docstrings(seed) not in user
+
+
+def test_every_shipped_heuristic_has_an_idea_for_the_prompts():
+    """A parent's thought in a prompt says what the heuristic does (EoH keeps one per heuristic): the seed
+    heuristics' from their docstrings, the published ones' from their ``Idea`` paragraph; code without either
+    has none (the sampler then falls back to naming the heuristic)."""
+    for name in available_problems():
+        problem = load_problem(name)
+        codes = [problem.seed_heuristic_code()] + [
+            problem.published_heuristic_code(p) for p in problem.published_heuristics()
+        ]
+        for code in codes:
+            idea = problem.heuristic_idea(code)
+            assert idea and "\n" not in idea and len(idea.split()) >= 6, (name, idea)
+            assert not idea.lower().startswith(("source", "eoh's", "funsearch's", "the seed paper")), (name, idea)
+    tsp = load_problem("tsp_construct")
+    assert tsp.heuristic_idea(tsp.published_heuristic_code("eoh_ael")).startswith("Score each unvisited node")
+    assert tsp.heuristic_idea(tsp.seed_heuristic_code()).startswith("Nearest neighbour")
+    assert tsp.heuristic_idea("def select_next_node(a, b, c, d):\n    return c[0]\n") is None
+    assert tsp.heuristic_idea("def select_next_node(:") is None

@@ -71,6 +71,12 @@ IDEA_MARK = "# idea:"
 #: transformers' ``stop_strings``; both remove the stop string from the text.
 FUNCTION_END_STOPS: tuple[str, ...] = tuple("\n" + c for c in string.printable if not c.isspace())
 
+#: stop string of a prefilled answer that starts its ``# idea:`` line again: the answer began on that line, so a
+#: second one is the 0.5B model's comment loop (it repeated the line until the token cap in 5 of 384 answers,
+#: 2026-12-07); stopping there records the same failure (``no_code``, or the body written before it) with
+#: fewer tokens
+IDEA_REPEAT_STOP = "\n    " + IDEA_MARK
+
 #: the continuation of a prefilled answer as a regular expression, for grammar-constrained decoding (vLLM's
 #: structured outputs; the setting ``answer_grammar``, after SynCode's grammar-constrained decoding, Ugare et al.
 #: 2024, here only the layout of a function body): the rest of the ``# idea:`` line, then body lines indented by

@@ -488,6 +488,38 @@ class HeuristicProblem(ABC):
         """Source of ``<root>/seed_heuristic.py`` (the classic baseline heuristic the reports compare with)."""
         return (self.root / "seed_heuristic.py").read_text()
 
+    def heuristic_idea(self, code: str) -> str | None:
+        """The one-sentence idea (EoH's *thought*) of a shipped heuristic's source ``code``, for the prompts that
+        show it as a parent: the paragraph after a module-docstring line starting with ``Idea`` and ending with
+        ``:`` (the published heuristics), else the first paragraph of the function's docstring (the seed
+        heuristics), joined on one line; None when ``code`` has neither (or does not parse).
+
+        EoH keeps a thought with every heuristic and shows it beside the code; a placeholder such as "published
+        seed heuristic" gives the model nothing to build on, and the embedded 0.5B model copied it into its own
+        ``# idea:`` line, at low temperature over and over until the token cap (2026-12-07, 32 prompts per problem).
+        """
+        try:
+            tree = parse_bounded(code)
+        except CandidateParseError:
+            return None
+        module_doc = ast.get_docstring(tree) or ""
+        lines = module_doc.splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("Idea") and line.rstrip().endswith(":"):
+                para = []
+                for rest in lines[i + 1 :]:
+                    if not rest.strip():
+                        break
+                    para.append(rest.strip())
+                if para:
+                    return " ".join(para)
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == self.function_name:
+                doc = ast.get_docstring(node)
+                if doc and doc.strip():
+                    return " ".join(x.strip() for x in doc.strip().split("\n\n")[0].splitlines())
+        return None
+
     def template_code(self) -> str:
         """The function template shown to the LLM: ``<root>/template.py`` (the exact signature and docstring
         with a naive valid body, as LLM4AD's template programs), else the seed heuristic. Showing the strong

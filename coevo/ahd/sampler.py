@@ -77,7 +77,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from coevo.ahd.answer import ANSWER_FORMATS, BODY_REGEX, FUNCTION_END_STOPS, NO_FUNCTION_KINDS, read_answer
+from coevo.ahd.answer import (
+    ANSWER_FORMATS,
+    BODY_REGEX,
+    FUNCTION_END_STOPS,
+    IDEA_REPEAT_STOP,
+    NO_FUNCTION_KINDS,
+    read_answer,
+)
 from coevo.ahd.evaluate import evaluate_many
 from coevo.ahd.population import Individual, code_key, select_parents
 from coevo.ahd.prompts import (
@@ -309,6 +316,7 @@ class HeuristicSampler:
         else:
             code = self.problem.published_heuristic_code(published)
             ident, thought = f"seed:{published}", f"published seed heuristic {published}"
+        thought = self.problem.heuristic_idea(code) or thought  # what the heuristic does, for the prompts
         res = self.evaluate([code])[0]
         if not res.valid:
             raise RuntimeError(f"{self.problem.name}: the {thought} is invalid ({res.error_kind}: {res.error})")
@@ -798,7 +806,8 @@ class HeuristicSampler:
         A prefilled job (its messages end with an assistant turn) goes to a target that cannot continue a
         message (``can_continue_final_message`` False) as the free format's messages instead (the job's
         ``messages`` are replaced, so the record shows what was sent; one logged line per sampler). For
-        prefilled jobs the stop strings get :data:`~coevo.ahd.answer.FUNCTION_END_STOPS` and, with
+        prefilled jobs the stop strings get :data:`~coevo.ahd.answer.FUNCTION_END_STOPS` and
+        :data:`~coevo.ahd.answer.IDEA_REPEAT_STOP` and, with
         ``answer_grammar``, the regex :data:`~coevo.ahd.answer.BODY_REGEX`.
 
         Raises:
@@ -827,7 +836,7 @@ class HeuristicSampler:
                 f"evolvers.{self.owner}.answer_grammar: {type(target).__name__} cannot constrain decoding "
                 "(the vllm backend or model.vllm_server can)"
             )
-        stop = tuple(dict.fromkeys((*params.stop, *FUNCTION_END_STOPS)))
+        stop = tuple(dict.fromkeys((*params.stop, *FUNCTION_END_STOPS, IDEA_REPEAT_STOP)))
         return replace(params, stop=stop, regex=BODY_REGEX if self.answer_grammar else params.regex)
 
     @staticmethod

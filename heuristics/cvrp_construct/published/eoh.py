@@ -13,6 +13,10 @@ passes as ``unvisited_nodes`` only the unvisited customers whose demand fits the
 every unvisited customer and leaves the capacity to the heuristic (heuristics/cvrp_construct/README.md). The
 added first line filters them as EoH's loop does, so the heuristic sees what it saw upstream; both loops call
 it only while some customer fits and return to the depot by themselves otherwise. The rest is upstream's.
+
+Idea (the thought a prompt shows with this heuristic: EoH's own, quoted):
+Selects the next customer by maximizing the product of the squared distance from the depot and the inverse
+of the distance from the current node, weighted by the cube of the remaining capacity fraction.
 """
 import numpy as np
 

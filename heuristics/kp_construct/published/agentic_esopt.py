@@ -11,6 +11,10 @@ Interface: the seed paper's KP evaluator (``methods/eoh/.../kp_constructive/run.
 code below is upstream's, unchanged. Its loop accepts an item up to 1e-12 over the remaining capacity and
 calls the heuristic while one is within that tolerance; coevo calls it only while an item fits exactly. The
 heuristic returns -1 only when no item fits, which coevo never asks.
+
+Idea (the thought a prompt shows with this heuristic; coevo's summary unless marked):
+Among the items that fit, take the one with the highest value / (weight + 0.1) plus small bonuses for a
+light item, a large share of the total weight and a large remaining capacity.
 """
 import numpy as np
 

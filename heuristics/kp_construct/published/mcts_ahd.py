@@ -12,6 +12,10 @@ coevo's instances or MCTS-AHD's: MCTS-AHD's ``eval.py`` accepts an item up to 1e
 (``eval-test.py``: 1e-6) and calls the heuristic while such an item exists, where coevo calls it only while an
 item fits exactly; and upstream reads a returned -1 as ``weights[-1]`` (the last item), coevo as "stop".
 The heuristic only returns -1 when no item fits, which coevo never asks.
+
+Idea (the thought a prompt shows with this heuristic; coevo's summary unless marked):
+Score each item that fits by its value plus 5 x its value density, less a penalty for weight above 0.3 of
+the remaining capacity, then take the item that leads the best greedy look-ahead fill of the remaining capacity.
 """
 import numpy as np
 

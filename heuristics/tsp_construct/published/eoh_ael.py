@@ -5,6 +5,11 @@ ICML 2024); the same heuristic is AEL's in ai4co/reevo ``problems/tsp_constructi
 and, as ``select_next_node_v1``, ReEvo's seed function for constructive TSP
 (``prompts/tsp_constructive/seed_func.txt``; Ye et al., "ReEvo", NeurIPS 2024), from which ReEvo and HSEvo
 start their searches. Used by ``seed_heuristics: [eoh_ael]`` and ``benchmarks/tune_published.py``.
+
+Idea (the thought a prompt shows with this heuristic; coevo's summary unless marked):
+Score each unvisited node by 0.4 x its distance from the current node - 0.3 x its mean distance to the
+other unvisited nodes + 0.2 x the standard deviation of those distances - 0.1 x its distance to the destination,
+and go to the lowest score; when every score is above the threshold 0.7, go to the nearest node instead.
 """
 import numpy as np
 
