@@ -51,7 +51,12 @@ PROBLEMS = ("tsp_construct", "kp_construct", "cvrp_construct", "bpp_online")
 OPERATORS = ("i1", "m1", "m2", "i1")
 #: ``--parents main``: the operators of the main job's later rounds (ES members' m1/m2 and EoH's e1, e2, m1, m2)
 MAIN_OPERATORS = ("m1", "m2", "e1", "m1", "m2", "e2", "m1", "m2")
-ARMS = {"free": ("free", False), "prefill": ("prefill", False), "grammar": ("prefill", True)}
+ARMS = {
+    "free": ("free", False),
+    "prefill": ("prefill", False),
+    "grammar": ("prefill", True),
+    "change": ("prefill", False),
+}
 assert {f for f, _ in ARMS.values()} <= set(ANSWER_FORMATS)
 
 
@@ -125,6 +130,7 @@ def run_arm(problem_name, arm, policy, args, samples_out) -> dict:
             reject_duplicates=False,
             answer_format=fmt,
             answer_grammar=grammar,
+            change_marks=base == "change",
         )
         seed = sampler.seed_individual()
         starts = [seed]

@@ -15,15 +15,16 @@ import pytest
 
 from coevo.ahd.answer import (
     BODY_REGEX,
+    CHANGE_MARKS,
     FUNCTION_END_STOPS,
-    IDEA_REPEAT_STOP,
     IDEA_MARK,
+    MARK_REPEAT_STOPS,
     answer_prefix,
     cut_after_function,
     read_answer,
 )
 from coevo.ahd.problem import load_problem
-from coevo.ahd.prompts import answer_format, build_messages, free_format_messages, prefill_format
+from coevo.ahd.prompts import answer_format, build_messages, free_format_messages, prefill_format, repair_messages
 from coevo.ahd.sampler import HeuristicSampler
 from coevo.backends.base import Completion, Policy, SamplingParams, render_chat
 from coevo.budget import Budget
@@ -236,12 +237,44 @@ def test_sampler_prefill_stops_evaluates_stripped_code_and_records_kinds(tmp_pat
     good, thought_only, empty = sampler.sample(jobs, round_index=0, generation=0, policy=policy)
     assert policy.seen[0][-1]["role"] == "assistant"
     assert set(FUNCTION_END_STOPS) <= set(policy.params.stop) and "\n```\n" in policy.params.stop
-    assert IDEA_REPEAT_STOP in policy.params.stop  # a second "# idea:" line is the comment loop: stop there
+    assert set(MARK_REPEAT_STOPS) <= set(policy.params.stop)  # a second "# idea:" line is a comment loop: stop
     assert policy.params.regex is None
     assert good.valid and good.meta["thought"] == "Go to the nearest unvisited node."
     assert "#" not in good.meta["code"] and '"""' not in good.meta["code"]
     assert (thought_only.failure, empty.failure) == ("no_code", "empty_body")
     assert thought_only.meta["thought"] == "Only an idea."
+
+
+def test_change_marks_open_m_answers_with_the_change_and_read_it_as_the_thought(tmp_path, private_cache):
+    """``change_marks``: m1/m2/m3 answers start with the change they make (not an idea copied from the parent);
+    e1/e2/i1 keep ``# idea:``; the free form and the repair keep the mark's ask; the line is the child's thought."""
+    spec = tsp_spec()
+    seed = type(
+        "P", (), {"thought": "nearest", "code": load_problem("tsp_construct").seed_heuristic_code(), "objective": 6.5}
+    )()
+    for op, mark in CHANGE_MARKS.items():
+        pre = build_messages(op, spec, [seed], answer="prefill", change_marks=True)
+        assert pre[-1]["content"] == answer_prefix(spec, mark) and pre[-1]["content"].endswith("\n    " + mark)
+        assert pre[1]["content"].endswith(prefill_format(spec, mark)) and mark in pre[1]["content"]
+        assert free_format_messages(pre, spec) == build_messages(op, spec, [seed], answer="free")
+        fix = repair_messages(pre, pre[-1]["content"] + " x\n    return 1", "TypeError: bad", spec)
+        assert fix[-1]["content"] == pre[-1]["content"] and fix[-2]["content"].endswith(prefill_format(spec, mark))
+    for op in ("e1", "e2"):
+        assert build_messages(op, spec, [seed], answer="prefill", change_marks=True)[-1]["content"].endswith("# idea:")
+    assert build_messages("m1", spec, [seed], answer="prefill")[-1]["content"].endswith("# idea:")  # off: as before
+
+    sampler = _sampler(tmp_path, change_marks=True)
+    parent = sampler.seed_individual()
+    body = " avoid far nodes\n    d = distance_matrix[current_node, unvisited_nodes]\n    return int(unvisited_nodes[np.argmin(d)])\n```"
+    policy = ContinuingPolicy([body])
+    (child,) = sampler.sample(
+        [sampler.job("m1", key=sampler.key("m1", 0), seed=5, parents=[parent])],
+        round_index=0,
+        generation=0,
+        policy=policy,
+    )
+    assert policy.seen[0][-1]["content"].endswith("# change:")
+    assert child.meta["thought"] == "avoid far nodes" and child.valid and child.meta["operator"] == "m1"
 
 
 def test_backend_that_cannot_continue_gets_the_free_format_once_told(tmp_path, private_cache, caplog):

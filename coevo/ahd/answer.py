@@ -71,11 +71,16 @@ IDEA_MARK = "# idea:"
 #: transformers' ``stop_strings``; both remove the stop string from the text.
 FUNCTION_END_STOPS: tuple[str, ...] = tuple("\n" + c for c in string.printable if not c.isspace())
 
-#: stop string of a prefilled answer that starts its ``# idea:`` line again: the answer began on that line, so a
-#: second one is the 0.5B model's comment loop (it repeated the line until the token cap in 5 of 384 answers,
-#: 2026-12-07); stopping there records the same failure (``no_code``, or the body written before it) with
-#: fewer tokens
-IDEA_REPEAT_STOP = "\n    " + IDEA_MARK
+#: the first body line of a prefilled m1 / m2 / m3 answer under ``change_marks`` (the AHD evolvers' setting): the
+#: model states what its variant changes in the parent instead of an idea, which it tended to copy from the
+#: parent's ``Idea: {...}`` together with the parent's code
+CHANGE_MARKS: dict[str, str] = {"m1": "# change:", "m2": "# new parameter values:", "m3": "# simplified:"}
+
+#: stop strings of a prefilled answer that starts its first comment line (``# idea:`` or a change mark) again:
+#: the answer began on that line, so a second one is the 0.5B model's comment loop (47 of 405 answers repeated
+#: ``# idea:``, 29 of them until the token cap, 2026-12-07); stopping there records the same failure
+#: (``no_code``, or the body written before it) with fewer tokens
+MARK_REPEAT_STOPS: tuple[str, ...] = tuple("\n    " + m for m in dict.fromkeys((IDEA_MARK, *CHANGE_MARKS.values())))
 
 #: the continuation of a prefilled answer as a regular expression, for grammar-constrained decoding (vLLM's
 #: structured outputs; the setting ``answer_grammar``, after SynCode's grammar-constrained decoding, Ugare et al.
@@ -109,13 +114,14 @@ def def_line(template: str, function_name: str) -> str:
     raise ValueError(f"template: no top-level function {function_name!r}")
 
 
-def answer_prefix(spec: dict[str, Any]) -> str:
+def answer_prefix(spec: dict[str, Any], mark: str = IDEA_MARK) -> str:
     """The opening of a prefilled answer: the code fence, the template's imports, the exact ``def`` line of the
     problem's function and the body's first line ``    # idea:`` (no trailing newline: the model continues the
     comment with its thought).
 
     Args:
         spec: :meth:`coevo.ahd.problem.HeuristicProblem.prompt_spec` (``template``, ``function_name``).
+        mark: the first body line's comment: :data:`IDEA_MARK`, or one of :data:`CHANGE_MARKS`.
 
     Raises:
         ValueError: the template does not parse or does not define the function.
@@ -123,7 +129,7 @@ def answer_prefix(spec: dict[str, Any]) -> str:
     template, name = spec["template"], spec["function_name"]
     imports = template_imports(template)
     head = "\n".join(imports) + "\n\n\n" if imports else ""
-    return f"```python\n{head}{def_line(template, name)}\n    {IDEA_MARK}"
+    return f"```python\n{head}{def_line(template, name)}\n    {mark}"
 
 
 def cut_after_function(continuation: str) -> tuple[str, bool]:

@@ -38,7 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from coevo.ahd.answer import ANSWER_FORMATS, IDEA_MARK, answer_prefix
+from coevo.ahd.answer import ANSWER_FORMATS, CHANGE_MARKS, IDEA_MARK, answer_prefix
 from coevo.sandbox.extract import function_docstring, strip_docstrings
 
 Message = dict[str, str]
@@ -122,16 +122,37 @@ def answer_format(spec: dict[str, Any]) -> str:
     )
 
 
-def prefill_format(spec: dict[str, Any]) -> str:
+#: what the model is asked to write on the prefilled first comment line, per mark (:data:`IDEA_MARK`, and the
+#: m1 / m2 / m3 marks of :data:`coevo.ahd.answer.CHANGE_MARKS`)
+MARK_ASKS: dict[str, str] = {
+    IDEA_MARK: "one sentence describing the idea of your heuristic",
+    CHANGE_MARKS["m1"]: "one sentence saying what your variant changes in the heuristic above",
+    CHANGE_MARKS["m2"]: "the parameters you change and their new values, in one line",
+    CHANGE_MARKS["m3"]: "one sentence saying what your simpler version leaves out",
+}
+
+
+def prefill_format(spec: dict[str, Any], mark: str = IDEA_MARK) -> str:
     """The reply format of the ``prefill`` answer: continue the opened code (:func:`coevo.ahd.answer.answer_prefix`),
-    the thought as the ``# idea:`` comment, then the body, then the closing fence."""
+    the thought as the ``# idea:`` comment (or the change ``mark`` opened instead), then the body, then the closing
+    fence.
+
+    Raises:
+        KeyError: ``mark`` is not one of :data:`MARK_ASKS`.
+    """
     return (
         f"Your reply is already started for you: a ```python code block with the imports and the exact line "
-        f"`def {_signature(spec)}:`, then the comment `{IDEA_MARK}`. Continue it: finish that comment with one "
-        "sentence describing the idea of your heuristic, then write the function's body (indented; numpy is "
+        f"`def {_signature(spec)}:`, then the comment `{mark}`. Continue it: finish that comment with "
+        f"{MARK_ASKS[mark]}, then write the function's body (indented; numpy is "
         "allowed; no file access), then close the code block with ``` right after the function. Write no "
         "docstring, no other comments and no explanation."
     )
+
+
+def _prefix_mark(prefix: str) -> str:
+    """The comment mark a prefilled assistant turn ends with (:data:`IDEA_MARK` when it is none of :data:`MARK_ASKS`)."""
+    last = prefix.rsplit("\n", 1)[-1].strip()
+    return last if last in MARK_ASKS else IDEA_MARK
 
 
 def free_format_messages(messages: list[Message], spec: dict[str, Any]) -> list[Message]:
@@ -141,8 +162,7 @@ def free_format_messages(messages: list[Message], spec: dict[str, Any]) -> list[
     out = [dict(m) for m in messages]
     if not out or out[-1]["role"] != "assistant":
         return out
-    out.pop()
-    ask = prefill_format(spec)
+    ask = prefill_format(spec, _prefix_mark(out.pop()["content"]))
     user = out[-1]
     if user["content"].endswith(ask):
         user["content"] = user["content"][: -len(ask)] + answer_format(spec)
@@ -209,6 +229,7 @@ def build_messages(
     parents: Sequence[ParentHeuristic] = (),
     reflection: str | None = None,
     answer: str = "free",
+    change_marks: bool = False,
 ) -> list[Message]:
     """The chat messages of one EoH operator call.
 
@@ -218,6 +239,9 @@ def build_messages(
         parents: the parent heuristics (none for i1; one for m1-m3; one or more for e1/e2).
         reflection: a reflection to pass on (:func:`reflection_block`, after the parents); ignored for i1.
         answer: the answer format, one of :data:`coevo.ahd.answer.ANSWER_FORMATS` (module docstring).
+        change_marks: under ``prefill``, open m1 / m2 / m3 answers with their change mark
+            (:data:`coevo.ahd.answer.CHANGE_MARKS`: the variant's change, not an idea, on the first line) instead
+            of ``# idea:``.
 
     Returns:
         ``[{"role": "system", ...}, {"role": "user", ...}]``, and for ``answer="prefill"`` a third message
@@ -243,13 +267,14 @@ def build_messages(
         blocks.append(_describe(parents))
         if reflection and reflection.strip():
             blocks.append(reflection_block(reflection))
+    mark = CHANGE_MARKS.get(operator, IDEA_MARK) if change_marks else IDEA_MARK
     blocks += [
         _instruction(operator, len(parents)),
-        prefill_format(spec) if answer == "prefill" else answer_format(spec),
+        prefill_format(spec, mark) if answer == "prefill" else answer_format(spec),
     ]
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(blocks)}]
     if answer == "prefill":
-        messages.append({"role": "assistant", "content": answer_prefix(spec)})
+        messages.append({"role": "assistant", "content": answer_prefix(spec, mark)})
     return messages
 
 
@@ -285,7 +310,7 @@ def repair_messages(messages: Sequence[Message], answer: str, error: str, spec: 
     ask = (
         f"Your code failed when it was run: {error.strip()}\n"
         "Fix this error and write the whole corrected heuristic, keeping its idea.\n\n"
-        + (prefill_format(spec) if prefilled else answer_format(spec))
+        + (prefill_format(spec, _prefix_mark(messages[-1]["content"])) if prefilled else answer_format(spec))
     )
     out = [*base, {"role": "assistant", "content": answer}, {"role": "user", "content": ask}]
     if prefilled:  # the repair is prefilled too: it continues the same opening (fence, imports, def line)

@@ -81,7 +81,7 @@ from coevo.ahd.answer import (
     ANSWER_FORMATS,
     BODY_REGEX,
     FUNCTION_END_STOPS,
-    IDEA_REPEAT_STOP,
+    MARK_REPEAT_STOPS,
     NO_FUNCTION_KINDS,
     read_answer,
 )
@@ -201,6 +201,8 @@ class HeuristicSampler:
         answer_format: ``"prefill"`` or ``"free"`` (module docstring, :mod:`coevo.ahd.answer`).
         answer_grammar: constrain prefilled answers to :data:`coevo.ahd.answer.BODY_REGEX` (needs a policy with
             ``can_constrain``: the vLLM engine or vLLM's server).
+        change_marks: open prefilled m1 / m2 / m3 answers with the operator's change mark
+            (:data:`coevo.ahd.answer.CHANGE_MARKS`) instead of ``# idea:``; its line is the child's thought.
 
     Raises:
         ValueError: a negative retry count, an operator temperature that is not a finite number >= 0, an unknown
@@ -230,6 +232,7 @@ class HeuristicSampler:
         reject_same_behaviour: bool = True,
         answer_format: str = "prefill",
         answer_grammar: bool = False,
+        change_marks: bool = False,
     ) -> None:
         self.problem = problem
         self.owner = owner
@@ -258,6 +261,7 @@ class HeuristicSampler:
             raise ValueError("answer_grammar constrains prefilled answers only: set answer_format to prefill")
         self.answer_format = answer_format
         self.answer_grammar = bool(answer_grammar)
+        self.change_marks = bool(change_marks)
         self._told_free = False  # the line saying a policy cannot continue a message was logged
         sign = "-" if problem.direction == "minimize" else "+"
         #: what a trajectory's reward is (recorded as ``meta["reward_unit"]``)
@@ -353,7 +357,12 @@ class HeuristicSampler:
             ValueError: unknown operator or a parent count it cannot take.
         """
         messages = build_messages(
-            operator, self.problem.prompt_spec(), list(parents), reflection=reflection, answer=self.answer_format
+            operator,
+            self.problem.prompt_spec(),
+            list(parents),
+            reflection=reflection,
+            answer=self.answer_format,
+            change_marks=self.change_marks,
         )
         return SampleJob(
             key=key,
@@ -807,7 +816,7 @@ class HeuristicSampler:
         message (``can_continue_final_message`` False) as the free format's messages instead (the job's
         ``messages`` are replaced, so the record shows what was sent; one logged line per sampler). For
         prefilled jobs the stop strings get :data:`~coevo.ahd.answer.FUNCTION_END_STOPS` and
-        :data:`~coevo.ahd.answer.IDEA_REPEAT_STOP` and, with
+        :data:`~coevo.ahd.answer.MARK_REPEAT_STOPS` and, with
         ``answer_grammar``, the regex :data:`~coevo.ahd.answer.BODY_REGEX`.
 
         Raises:
@@ -836,7 +845,7 @@ class HeuristicSampler:
                 f"evolvers.{self.owner}.answer_grammar: {type(target).__name__} cannot constrain decoding "
                 "(the vllm backend or model.vllm_server can)"
             )
-        stop = tuple(dict.fromkeys((*params.stop, *FUNCTION_END_STOPS, IDEA_REPEAT_STOP)))
+        stop = tuple(dict.fromkeys((*params.stop, *FUNCTION_END_STOPS, *MARK_REPEAT_STOPS)))
         return replace(params, stop=stop, regex=BODY_REGEX if self.answer_grammar else params.regex)
 
     @staticmethod

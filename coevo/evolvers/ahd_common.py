@@ -163,6 +163,11 @@ class AHDConfig(EvolverConfig):
         description="constrain prefilled answers to a function body's layout (coevo.ahd.answer.BODY_REGEX) with "
         "vLLM's structured outputs; needs the vllm backend (or model.vllm_server)",
     )
+    change_marks: bool = Field(
+        False,
+        description="under prefill, open m1/m2/m3 answers with the change the variant makes ('# change:', "
+        "'# new parameter values:', '# simplified:') instead of '# idea:' (coevo.ahd.answer.CHANGE_MARKS)",
+    )
     parse_retries: int = Field(
         0,
         ge=0,
@@ -301,6 +306,7 @@ class AHDEvolver(Evolver):
             reject_same_behaviour=c.reject_same_behaviour,
             answer_format=c.answer_format,
             answer_grammar=c.answer_grammar,
+            change_marks=c.change_marks,
         )
         self.train_tag = self.sampler.train_tag
         self._population: list[Individual] = []
