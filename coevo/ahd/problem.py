@@ -51,7 +51,7 @@ from coevo.registry import Registry
 from coevo.resources import shipped_dir
 from coevo.sandbox.calls import heuristic_call
 from coevo.sandbox.errors import CandidateFailure, InvalidReturn, failure_kind
-from coevo.sandbox.extract import CandidateParseError, parse_bounded
+from coevo.sandbox.extract import CandidateParseError, function_docstring, parse_bounded
 
 _LOADED: dict[str, HeuristicProblem] = {}
 
@@ -513,12 +513,8 @@ class HeuristicProblem(ABC):
                     para.append(rest.strip())
                 if para:
                     return " ".join(para)
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == self.function_name:
-                doc = ast.get_docstring(node)
-                if doc and doc.strip():
-                    return " ".join(x.strip() for x in doc.strip().split("\n\n")[0].splitlines())
-        return None
+        doc = (function_docstring(code, self.function_name) or "").strip()
+        return " ".join(x.strip() for x in doc.split("\n\n")[0].splitlines()) if doc else None
 
     def template_code(self) -> str:
         """The function template shown to the LLM: ``<root>/template.py`` (the exact signature and docstring
