@@ -4,6 +4,7 @@ actors with the in-process math, divergence detected."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -152,3 +153,28 @@ def test_two_actor_generations_equal_in_process_also_after_resume(local_ray, tin
     assert len(members) == 2 * 4 * 3
     pids = {t.meta["worker_pid"] for t in members}
     assert os.getpid() not in pids and 1 <= len(pids) <= 4  # rolled out in the actors, stored by the driver
+
+
+def test_preflight_waits_for_a_just_removed_placement_group_and_refuses_a_held_one(local_ray, tiny_model_dir):
+    """Removing a placement group is asynchronous in Ray: a pool started right after another's close must not be
+    refused for CPUs that are about to be free (CI saw 'has 0 free' right after a close); CPUs still held are
+    refused, as one line, after the short wait."""
+    import threading
+
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from coevo.errors import ConfigError
+    from coevo.rollouts.ray_pool import preflight
+
+    model = {"name": str(tiny_model_dir), "backend": "hf"}
+    held = placement_group([{"CPU": 2.0}], strategy="STRICT_PACK")
+    ray.get(held.ready(), timeout=60)
+    try:
+        with pytest.raises(ConfigError, match=r"^evolvers\.es\.workers: 2 actors x 1 CPU need 2 Ray CPUs.*0 free"):
+            preflight(model, 2, 1.0, 0.0, vllm_cpu=False)
+        threading.Timer(1.0, remove_placement_group, args=(held,)).start()
+        preflight(model, 2, 1.0, 0.0, vllm_cpu=False)  # waits for the removal instead of refusing
+        assert ray.available_resources().get("CPU", 0.0) >= 2.0
+    finally:
+        with contextlib.suppress(Exception):
+            remove_placement_group(held)

@@ -67,6 +67,9 @@ from coevo.types import ESMember, Trajectory
 CLOSE_TIMEOUT_S = 60.0
 #: seconds a placement group may take to be placed before the pool gives up (the resources check ran first)
 PLACEMENT_TIMEOUT_S = 120.0
+#: seconds :func:`preflight` waits for Ray's view of free CPUs to show a just-closed pool's as free (removing
+#: a placement group is asynchronous) before it refuses
+RESOURCE_SETTLE_S = 5.0
 
 
 class ReplicaDivergenceError(RuntimeError):
@@ -319,8 +322,13 @@ def preflight(model: dict[str, Any], workers: int, num_cpus: float, num_gpus: fl
             )
     elif model.get("backend") == "vllm" and not vllm_cpu:
         raise ConfigError("evolvers.es.worker_num_gpus: vLLM's CUDA build needs worker_num_gpus >= 1 per engine")
-    # what is free now, after what the cluster has at all (another pool of this process may hold CPUs)
+    # what is free now, after what the cluster has at all (another pool of this process may hold CPUs). Ray's
+    # view of free resources lags a closed pool's placement-group removal, so a short wait before refusing.
+    deadline = time.monotonic() + RESOURCE_SETTLE_S
     free = ray.available_resources().get("CPU", 0.0)
+    while workers * num_cpus > free and time.monotonic() < deadline:
+        time.sleep(0.25)
+        free = ray.available_resources().get("CPU", 0.0)
     if workers * num_cpus > free:
         raise ConfigError(
             f"evolvers.es.workers: {workers} actors x {num_cpus:g} CPU need {workers * num_cpus:g} Ray CPUs, the Ray "
