@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -241,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     from coevo.backends.factory import cpu_isa, make_policy, resolve_engine
     from coevo.backends.spec import ModelConfig
 
+    # SIGTERM (a scheduler's kill, `kill PID`) ends the run through the finally below, which stops the engine's
+    # processes; Python's default would leave vLLM's EngineCore running
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     mcfg = resolve_engine(ModelConfig(name=args.model, backend=args.backend, dtype="auto"))
     engine = f"{mcfg.backend}:{mcfg.dtype}"
     t0 = time.perf_counter()
