@@ -195,6 +195,24 @@ def test_a_reply_padded_with_junk_costs_the_trusted_side_nothing(sandbox, bpp):
     assert junk_cpu <= 2 * honest_cpu, (junk_cpu, honest_cpu)
 
 
+def test_an_honest_oversized_return_is_a_return_type_failure(sandbox, bpp):
+    """A heuristic returning far more numbers than there are bins (an LLM's wrong-shaped priorities) is the
+    candidate's wrong return, told by the worker before it writes the reply (it knows the call's bounds), not a
+    ``sandbox`` failure of a reply the trusted side refused; it costs the trusted side little."""
+    inst = bpp.generate(300, 3, seed=14)
+    huge = BEST_FIT.replace("return -(bins - item).astype(np.float64)", "return np.zeros(len(bins) * 100_000)")
+    assert huge != BEST_FIT
+    evaluate_heuristic(bpp, BEST_FIT, inst, sandbox=sandbox, with_reference=False)  # warm
+    honest_cpu, honest = _trusted_cpu(
+        lambda: evaluate_heuristic(bpp, BEST_FIT, inst, sandbox=sandbox, with_reference=False)
+    )
+    big_cpu, big = _trusted_cpu(lambda: evaluate_heuristic(bpp, huge, inst, sandbox=sandbox, with_reference=False))
+    assert honest.valid, honest.error
+    assert not big.valid and big.error_kind == "return_type", (big.error_kind, big.error)
+    assert "bytes, more than the" in big.error and "this call accepts" in big.error, big.error
+    assert big_cpu <= 2 * honest_cpu, (big_cpu, honest_cpu)
+
+
 def test_a_reply_just_under_the_bound_costs_at_most_twice_an_honest_one(sandbox, bpp):
     """The same attack, sized to pass: the heuristic returns its priorities as a Python list (an honest
     LLM heuristic may) padded with the most expensive JSON that still fits. Lists of numbers travel as

@@ -365,7 +365,8 @@ class RemoteFunction:
         By default a reply may hold :data:`REPLY_HEADER_BYTES` of header and :data:`REPLY_TEXT_BYTES` +
         :data:`REPLY_BYTES_PER_ELEMENT` bytes per number in the call's arguments (arrays counted by their
         size, constants included): what a heuristic can return. A larger reply is a ``sandbox`` failure of
-        the candidate, refused before it is parsed."""
+        the candidate, refused before it is parsed; the worker, told the bounds, reports an honest oversized
+        return as ``return_type`` first."""
         self._accept = (int(header_bytes), int(array_bytes))
 
     def _reply_bounds(self) -> tuple[int, int]:
@@ -472,10 +473,13 @@ class RemoteFunction:
         prelude = list(prelude or [])
         self._elements = 0
         tree = [self._encode(a, blobs, prelude) for a in args]
-        data = b"".join([*prelude, encode_frame({**head, "args": tree}, blobs)])
         max_header, max_arrays = self._reply_bounds()
         max_arrays = min(max_arrays, proc.launch.max_reply_mb << 20)
         proc.reader.max_header, proc.reader.max_frame = max_header, 4 + max_header + max_arrays
+        # the worker is told the bounds so that an honest oversized return is reported as ``return_type``; the
+        # reader above still enforces them on whatever arrives
+        bounds = [proc.reader.max_header, proc.reader.max_frame]
+        data = b"".join([*prelude, encode_frame({**head, "args": tree, "reply_bounds": bounds}, blobs)])
         detail = None
         if self._limit_end is not None and self._limit_end < proc.deadline:
             detail = f"instance time limit of {self._limit_s:g} s reached"

@@ -16,10 +16,11 @@ the project the candidate's process can see (:mod:`coevo.sandbox.isolation`).
        ``sandbox``).
     2. ``{"op": "const", "id": k, "value": <array>}``: keep an argument that does not change between calls
        (e.g. a distance matrix); no reply.  ``{"op": "drop", "id": k}``: forget it; no reply.
-    3. ``{"op": "call", "args": [...]}``: call the function with FRESH WRITABLE copies of the arguments
+    3. ``{"op": "call", "args": [...], "reply_bounds": [max_header, max_frame]}``: call the function with FRESH WRITABLE copies of the arguments
        (``{"__nd__": i}`` = the i-th array of the frame, ``{"__const__": k}`` = a copy of constant k),
        reply ``{"ok": true, "value": ...}`` or ``{"ok": false, "error_kind", "error"}`` and wait for the
-       next frame (an exception in one call does not end the server).
+       next frame (an exception in one call does not end the server). A value whose reply would exceed
+       ``reply_bounds`` (bytes) is a ``return_type`` failure instead.
     3b. ``{"op": "driver", "id": k, "source": str, "name": str}``: exec a problem's construction loop
        (numpy + stdlib source, e.g. ``heuristics/tsp_construct/construct.py``); no reply.
        ``{"op": "construct", "driver": k, "args": [...]}``: reply with ``driver(fn, *args, name=...)``, a
@@ -276,8 +277,8 @@ def _encode_value(value, blobs: list):
     raise TypeError(f"the function returned a {type(value).__name__}, which cannot be sent back")
 
 
-def write_frame(fd: int, header: dict, blobs: list) -> None:
-    """Write one frame (header + raw array bytes) to ``fd``; ``blobs`` are numpy arrays or :class:`_Raw`."""
+def frame_parts(header: dict, blobs: list) -> list:
+    """One frame's byte strings (length, header, raw array bytes); ``blobs`` are numpy arrays or :class:`_Raw`."""
     if blobs:
         header["arrays"] = [
             {"dtype": a.dtype_str, "shape": [a.count]}
@@ -286,7 +287,30 @@ def write_frame(fd: int, header: dict, blobs: list) -> None:
             for a in blobs
         ]
     head = _dumps(header).encode("utf-8", errors="replace")
-    parts = [_LEN.pack(len(head)), head, *(a.data if isinstance(a, _Raw) else a.tobytes() for a in blobs)]
+    return [_LEN.pack(len(head)), head, *(a.data if isinstance(a, _Raw) else a.tobytes() for a in blobs)]
+
+
+def oversize(parts: list, bounds) -> str | None:
+    """Why a reply of ``parts`` (:func:`frame_parts`) exceeds the call's ``bounds`` = [largest header, largest
+    frame] in bytes, or None. The trusted side enforces the same bounds itself (a longer reply is a
+    ``sandbox`` failure there); said here, an honest oversized return is the ``return_type`` failure it is."""
+    if not bounds:
+        return None
+    max_header, max_frame = int(bounds[0]), int(bounds[1])
+    if len(parts[1]) > max_header:
+        return f"the return value needs a {len(parts[1])}-byte header, more than the {max_header} this call accepts"
+    size = sum(len(p) for p in parts)
+    if size > max_frame:
+        return f"the return value needs {size} bytes, more than the {max_frame} this call accepts"
+    return None
+
+
+def write_frame(fd: int, header: dict, blobs: list) -> None:
+    """Write one frame (header + raw array bytes) to ``fd``; ``blobs`` are numpy arrays or :class:`_Raw`."""
+    _write_parts(fd, frame_parts(header, blobs))
+
+
+def _write_parts(fd: int, parts: list) -> None:
     view = memoryview(b"".join(parts))
     while view:
         view = view[_write(fd, view) :]
@@ -373,7 +397,12 @@ def serve(reply_fd: int) -> None:
             write_failure(reply_fd, classify(exc), describe(exc))
             continue
         try:
-            write_frame(reply_fd, reply, blobs)
+            parts = frame_parts(reply, blobs)
+            del reply, blobs, value
+            if why := oversize(parts, header.get("reply_bounds")):
+                write_failure(reply_fd, "return_type", why)
+            else:
+                _write_parts(reply_fd, parts)
         except BaseException as exc:  # noqa: BLE001 - e.g. MemoryError while encoding a huge value
             write_failure(reply_fd, classify(exc), "reply: " + describe(exc))
 
