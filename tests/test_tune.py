@@ -15,7 +15,7 @@ from coevo.ahd.constants import find_constants, with_constants
 from coevo.ahd.population import Individual
 from coevo.config import ConfigError, parse_config
 from coevo.evolvers.eoh import EoHConfig, EoHEvolver
-from coevo.evolvers.tune import TuneConfig, TuneEvolver
+from coevo.evolvers.tune import TUNED_MARK, TuneConfig, TuneEvolver, tuned_thought
 from coevo.sandbox.extract import CandidateParseError
 from tests.test_eoh import NN, SMALL, TOWARD_HOME, ScriptedPolicy, _ctx, make_loop, reply
 
@@ -366,3 +366,12 @@ def test_best_must_be_valid_on_validation_instances(tmp_path, validation_count):
     eoh2 = EoHEvolver("eoh", EoHConfig(**{**SMALL, "validation_count": validation_count}), ctx)
     eoh2.load_state_dict(state)
     assert eoh2.rejected_best == eoh.rejected_best and eoh2.validation == eoh.validation
+
+
+def test_a_tuned_thought_says_so_once():
+    """A child of a tuned parent often copies the parent's thought, mark included; tuning it again must not
+    repeat the mark (seen in a main job's report: '... (constants tuned by ES) (constants tuned by ES)')."""
+    once = tuned_thought("go to the nearest node")
+    assert once == f"go to the nearest node {TUNED_MARK}"
+    assert tuned_thought(once) == once and tuned_thought(once + "  ") == once
+    assert tuned_thought("") == TUNED_MARK

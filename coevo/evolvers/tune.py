@@ -68,6 +68,16 @@ from coevo.types import Step, Trajectory
 NOISE_NAME = "tune/constants"
 
 
+#: appended to a tuned heuristic's thought, once (a child of a tuned parent often copies the parent's thought)
+TUNED_MARK = "(constants tuned by ES)"
+
+
+def tuned_thought(thought: str) -> str:
+    """``thought`` with :data:`TUNED_MARK` appended, unless it already ends with it."""
+    thought = (thought or "").strip()
+    return thought if thought.endswith(TUNED_MARK) else f"{thought} {TUNED_MARK}".strip()
+
+
 class TuneConfig(EvolverConfig):
     """Settings of the constants evolver (module docstring). Defaults: 2 elites x (6 generations x 8 variants + 1)
     = 98 evaluations per step."""
@@ -315,7 +325,7 @@ class TuneEvolver(Evolver):
             "parent_objective": parent.objective,
             "parent_score": parent.reward,
             "code": rec["code"],
-            "thought": f"{parent.thought} (constants tuned by ES)".strip(),
+            "thought": tuned_thought(parent.thought),
             "objective": rec["objective_after"],
             "metrics": rec.get("metrics") or {},
             "constants_before": rec["constants_before"],
