@@ -25,6 +25,7 @@ from coevo.errors import (
     UserError,
     error_line,
     require_run_folder,
+    unreadable_store,
 )
 
 #: modules that contribute sub-commands with ``add_parser(subparsers)``
@@ -189,7 +190,7 @@ def _open_store(db: Path, readonly: bool = False):
     try:
         return TrajectoryStore(db, readonly=readonly)
     except sqlite3.DatabaseError as exc:
-        raise RunFolderError(f"{db} is not a readable trajectory store ({exc})") from None
+        raise unreadable_store(db, exc) from None
 
 
 def _cmd_runs_show(args: argparse.Namespace) -> int:

@@ -17,13 +17,14 @@ Exit codes: 0 success, 3 hash mismatch (:data:`coevo.errors.EXIT_CHECK_FAILED`: 
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from coevo.errors import EXIT_CHECK_FAILED, RunFolderError, error_line, require_run_folder
+from coevo.errors import EXIT_CHECK_FAILED, RunFolderError, error_line, require_run_folder, unreadable_store
 
 
 @dataclass
@@ -81,9 +82,12 @@ def open_es_run(run_dir: str | Path, evolver: str | None = None):
             if es_specs
             else f"{run_dir}: the run has no ES evolver (type: es)"
         )
-    with TrajectoryStore(run_dir / "store.sqlite", readonly=True) as store:
-        run_id = store.run_identity(run_dir.name)
-        rows = store.es_history(run_id, evolver)
+    try:
+        with TrajectoryStore(run_dir / "store.sqlite", readonly=True) as store:
+            run_id = store.run_identity(run_dir.name)
+            rows = store.es_history(run_id, evolver)
+    except sqlite3.DatabaseError as exc:
+        raise unreadable_store(run_dir / "store.sqlite", exc) from None
     if not rows:
         raise RunError(f"{run_dir}: no ES history rows for evolver {evolver!r} (run {run_id!r})")
     return cfg, es_specs[evolver].params, evolver, run_id, rows

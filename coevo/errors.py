@@ -71,6 +71,12 @@ class RunFolderError(UserError):
     """A run folder cannot be used for this command (holds no run, already holds one, unreadable store)."""
 
 
+def unreadable_store(db: object, exc: BaseException) -> RunFolderError:
+    """The one-line error for a run's ``store.sqlite`` that SQLite cannot read (``sqlite3.DatabaseError``:
+    truncated, overwritten, not a database)."""
+    return RunFolderError(f"{db} is not a readable trajectory store ({exc})")
+
+
 class RunLockedError(RunFolderError):
     """Another live process owns the run folder (its exclusive lock is held).
 

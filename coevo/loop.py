@@ -38,6 +38,7 @@ Run lifecycle (:meth:`CoEvolutionLoop.run`):
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -66,6 +67,7 @@ from coevo.errors import (
     RunFolderError,
     RunInterrupted,
     UserError,
+    unreadable_store,
 )
 from coevo.evolvers.base import (
     Evolver,
@@ -193,7 +195,8 @@ def check_runnable(config: RunConfig, policy_factory=None) -> None:
     the web rollout's browser).
 
     Raises:
-        ConfigError: a parameter-space evolver, no ``model`` section and no ``policy_factory``.
+        ConfigError: a parameter-space evolver, no ``model`` section and no ``policy_factory``; an evolver
+            asks for Ray ``workers`` where Ray is not installed.
         UserError: a rollout's check failed (e.g. :class:`~coevo.envs.browser.BrowserSetupError`: no Chromium).
     """
     if policy_factory is None and config.model is None:
@@ -202,6 +205,13 @@ def check_runnable(config: RunConfig, policy_factory=None) -> None:
             raise ConfigError(
                 f"evolvers.{weightful[0]}.type: a parameter-space evolver evolves the model's "
                 "weights, but the config has no `model` section; add one (backend hf or vllm)"
+            )
+    for spec in config.evolvers:
+        workers = getattr(spec.params, "workers", 0)
+        if isinstance(workers, int) and workers >= 1 and importlib.util.find_spec("ray") is None:
+            raise ConfigError(
+                f"evolvers.{spec.name}.workers: {workers} Ray actors need Ray, which is not installed here: "
+                "install it (bash scripts/install.sh --dev, or pip install -e '.[dist]') or set workers: 0"
             )
     seen: set[tuple[str, str]] = set()
     for spec in config.evolvers:
@@ -317,9 +327,7 @@ class CoEvolutionLoop:
         try:
             self.store = TrajectoryStore(self.run_dir / "store.sqlite")
         except sqlite3.DatabaseError as exc:
-            raise RunFolderError(
-                f"{self.run_dir / 'store.sqlite'} is not a readable trajectory store ({exc})"
-            ) from None
+            raise unreadable_store(self.run_dir / "store.sqlite", exc) from None
         # checked again under the lock: another process may have run here since the caller looked
         if not resume and (self.store.count() or (self.run_dir / "checkpoints" / "LATEST").exists()):
             raise RunFolderError(f"{self.run_dir} already holds a run; use --resume {self.run_dir} to continue it")

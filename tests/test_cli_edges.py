@@ -176,3 +176,55 @@ def test_resuming_a_finished_run_keeps_its_stop_reason(tmp_path, capsys):
     assert json.loads((run / "summary.json").read_text())["stop_reason"] == reason
     assert f"stopped: {reason}" in err and "no step ran now (round budget reached (2 rounds))" in err
     assert f"- stop reason: {reason}" in (run / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("item", "said"),
+    [
+        ("evolvers.hillclimb.train_size=1", "evolvers.hillclimb: train_size: tsp_construct instances have at least 3"),
+        (
+            "evolvers.hillclimb.test_sizes=[2]",
+            "evolvers.hillclimb: test_sizes: tsp_construct instances have at least 3",
+        ),
+        (
+            "evolvers.hillclimb.seed_heuristics=[nope]",
+            "seed_heuristics: tsp_construct has no published heuristic 'nope'",
+        ),
+    ],
+)
+def test_what_only_the_problem_knows_is_checked_with_the_config(item, said, capsys):
+    """A new user's sizes below the problem's smallest and an unknown published seed were tracebacks after
+    `--check` said OK (the held-out size one at the end of the run); now `--check` and the run say one line."""
+    cfg = str(Path(__file__).parents[1] / "configs" / "ahd" / "hillclimb" / "tsp_construct.yaml")
+    for check in (["--check"], []):
+        assert main(["run", *check, cfg, "--set", "model.name=tiny:micro", "--set", item]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, err
+
+
+def test_ray_workers_without_ray_installed_is_one_line(monkeypatch, capsys):
+    """`workers: 2` (docs/extending's third way to run the prompt example) where Ray is not installed (the
+    README's first command installs no Ray) was a ModuleNotFoundError traceback. Ray is installed in the test
+    environment, so its absence is simulated: ``find_spec('ray')`` answers None, as it does without Ray."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    cfg = str(Path(__file__).parents[1] / "configs" / "examples" / "prompt_es_tiny.yaml")
+    assert main(["run", "--check", cfg, "--set", "evolvers.es.workers=2"]) == 2
+    line = _one_error_line(capsys.readouterr().err, "coevo run")
+    assert "evolvers.es.workers: 2 Ray actors need Ray, which is not installed" in line, line
+
+
+@pytest.mark.parametrize("command", [["es", "replay"], ["es", "export"]])
+def test_es_commands_on_a_damaged_store_say_one_line(command, tmp_path, capsys):
+    """A run folder whose store.sqlite was cut short: `runs show` and `run --resume` said one line, `es replay`
+    and `es export` printed sqlite3's traceback (a new user's report)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text((Path(__file__).parents[1] / "configs/examples/prompt_es_tiny.yaml").read_text())
+    (run / "store.sqlite").write_bytes(b"SQLite format 3\x00" + b"\x07" * 5000)
+    extra = [str(tmp_path / "out")] if command[1] == "export" else []
+    assert main([*command, str(run), *extra]) == 2
+    line = _one_error_line(capsys.readouterr().err, f"coevo {' '.join(command)}")
+    assert "store.sqlite is not a readable trajectory store" in line, line

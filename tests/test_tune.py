@@ -318,8 +318,11 @@ def test_published_seed_heuristic_starts_the_population_and_tune_searches_it(tmp
 
 
 def test_unknown_published_seed_names_the_field(tmp_path):
-    with pytest.raises(ValueError, match=r"evolvers.eoh.seed_heuristics: .*'nope' \(published: eoh_ael\)"):
-        EoHEvolver("eoh", EoHConfig(**{**SMALL, "seed_heuristics": ["nope"]}), _ctx(tmp_path))
+    with pytest.raises(ValueError, match=r"seed_heuristics: .*'nope' \(published: eoh_ael\)"):
+        EoHConfig(**{**SMALL, "seed_heuristics": ["nope"]})  # the config says it, before any model loads
+    unchecked = EoHConfig.model_construct(**{**EoHConfig(**SMALL).model_dump(), "seed_heuristics": ["nope"]})
+    with pytest.raises(ConfigError, match=r"evolvers.eoh.seed_heuristics: .*'nope' \(published: eoh_ael\)"):
+        EoHEvolver("eoh", unchecked, _ctx(tmp_path))  # and the evolver, for a config built without validation
 
 
 #: better than nearest neighbour on TSP8 training instances (it is TOWARD_HOME), infeasible once 9+ nodes are left

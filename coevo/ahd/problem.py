@@ -212,6 +212,8 @@ class HeuristicProblem(ABC):
     func_outputs: ClassVar[tuple[str, ...]] = ()
     sizes: ClassVar[tuple[int, ...]] = ()
     default_size: ClassVar[int] = 0
+    #: the smallest instance size :meth:`generate` accepts (e.g. 3 nodes for a TSP tour)
+    min_size: ClassVar[int] = 1
     default_count: ClassVar[int] = 64
     reference_name: ClassVar[str] = ""
     candidate_packages: ClassVar[tuple[str, ...] | None] = ("numpy",)
@@ -318,14 +320,16 @@ class HeuristicProblem(ABC):
 
     # --- shared machinery -----------------------------------------------------------------------------
     def check_args(
-        self, size: int, count: int, seed: int, min_size: int = 1, cells_per_instance: int | None = None
+        self, size: int, count: int, seed: int, min_size: int | None = None, cells_per_instance: int | None = None
     ) -> None:
         """ValueError naming the field when size/count/seed are out of range, before anything is allocated.
 
-        Bounds: ``size >= min_size``, ``1 <= count <= max_count``, ``seed >= 0``, and
+        Bounds: ``size >= min_size`` (default: the class's :attr:`min_size`), ``1 <= count <= max_count``,
+        ``seed >= 0``, and
         ``count * cells_per_instance <= max_cells`` (``cells_per_instance`` = array entries of one
         instance, default ``size``; e.g. ``size**2`` for a distance matrix).
         """
+        min_size = self.min_size if min_size is None else min_size
         for field_name, value, low in (("size", size, min_size), ("count", count, 1), ("seed", seed, 0)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
                 raise ValueError(f"{self.name}: {field_name} must be an int >= {low}, got {value!r}")

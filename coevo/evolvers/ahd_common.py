@@ -204,12 +204,40 @@ class AHDConfig(EvolverConfig):
             raise ValueError("answer_grammar constrains prefilled answers only: set answer_format to prefill")
         return self
 
+    @model_validator(mode="after")
+    def _fits_the_problem(self) -> AHDConfig:
+        """What needs the problem itself: the published seeds it has, the smallest size it generates (before
+        any model loads, so that ``coevo run --check`` says it; the evolver checks the same when built)."""
+        try:
+            problem = load_problem(self.problem)
+        except Exception as exc:  # noqa: BLE001 - a broken problem.py is the config's problem, said in one line
+            raise ValueError(f"problem {self.problem!r} cannot be loaded: {type(exc).__name__}: {exc}") from None
+        if why := problem_mismatch(self, problem):
+            raise ValueError(why)
+        return self
+
     @field_validator("test_sizes")
     @classmethod
     def _sizes(cls, v: list[int] | None) -> list[int] | None:
         if v is not None and (not v or any(s < 1 for s in v)):
             raise ValueError("test_sizes must be a non-empty list of sizes >= 1")
         return v
+
+
+def problem_mismatch(config: AHDConfig, problem: HeuristicProblem, prefix: str = "") -> str | None:
+    """Why ``config`` does not fit ``problem`` (an unknown published seed, a size below the problem's
+    ``min_size``), naming the field after ``prefix`` (e.g. ``"evolvers.eoh."``), or None."""
+    unknown = [s for s in config.seed_heuristics if s not in problem.published_heuristics()]
+    if unknown:
+        known = ", ".join(problem.published_heuristics()) or "none"
+        return f"{prefix}seed_heuristics: {problem.name} has no published heuristic {unknown[0]!r} (published: {known})"
+    low = problem.min_size
+    if config.train_size is not None and config.train_size < low:
+        return f"{prefix}train_size: {problem.name} instances have at least {low} elements, got {config.train_size}"
+    small = [s for s in config.test_sizes or () if s < low]
+    if small:
+        return f"{prefix}test_sizes: {problem.name} instances have at least {low} elements, got {small[0]}"
+    return None
 
 
 #: the keys :meth:`AHDEvolver.state_dict` saves (a subclass's state must hold them: it calls ``super()``)
@@ -267,14 +295,9 @@ class AHDEvolver(Evolver):
         try:
             self.problem: HeuristicProblem = load_problem(config.problem)
         except ValueError as exc:
-            raise ValueError(f"evolvers.{name}.problem: {exc}") from None
-        unknown = [s for s in config.seed_heuristics if s not in self.problem.published_heuristics()]
-        if unknown:
-            known = ", ".join(self.problem.published_heuristics()) or "none"
-            raise ValueError(
-                f"evolvers.{name}.seed_heuristics: {self.problem.name} has no published heuristic "
-                f"{unknown[0]!r} (published: {known})"
-            )
+            raise ConfigError(f"evolvers.{name}.problem: {exc}") from None
+        if why := problem_mismatch(config, self.problem, prefix=f"evolvers.{name}."):
+            raise ConfigError(why)
         self.train_size = config.train_size or self.problem.default_size
         c = config
         self.train_seed = run_instance_seed(ctx.run_dir, name, "train", c.train_seed)

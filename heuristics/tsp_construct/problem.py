@@ -48,6 +48,7 @@ class TSPConstruct(HeuristicProblem):
     func_outputs = ("next_node",)
     sizes = (20, 50, 100, 200)
     default_size = 50
+    min_size = 3
     default_count = 64
     reference_name = "LKH (elkai, 10 runs)"
     instance_fields = ("distances",)
@@ -55,7 +56,7 @@ class TSPConstruct(HeuristicProblem):
 
     def generate(self, size: int, count: int, seed: int) -> InstanceSet:
         """``count`` instances of ``size`` nodes uniform in [0, 1]^2 (``np.random.default_rng(seed)``)."""
-        self.check_args(size, count, seed, min_size=3, cells_per_instance=size * size)
+        self.check_args(size, count, seed, cells_per_instance=size * size)
         coords = np.random.default_rng(seed).random((count, size, 2))
         arrays = [{"coords": c, "distances": euclidean_matrix(c)} for c in coords]
         names = [f"tsp{size}_s{seed}_{i}" for i in range(count)]
