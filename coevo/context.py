@@ -181,6 +181,18 @@ class RunContext:
         if self.stop_requested is None:
             self.stop_requested = (reason, signum)
 
+    def check_stop(self) -> None:
+        """A safe point inside a step that draws no LLM samples (e.g. between ``tune``'s ES generations): the
+        step ends here when a stop was requested, and re-runs whole on resume (nothing of it is kept).
+
+        Raises:
+            RunInterrupted: a stop was requested (:meth:`request_stop`).
+        """
+        from coevo.errors import RunInterrupted
+
+        if self.stop_requested is not None:
+            raise RunInterrupted(*self.stop_requested)
+
     def sample_boundary(self, n: int = 1) -> None:
         """Called before drawing ``n`` LLM samples inside a step: a safe point to end the step.
 
@@ -189,10 +201,9 @@ class RunContext:
             BudgetExhausted: the wall-clock budget is spent (the sample budget is enforced by
                 ``budget.allow`` instead, which evolvers call before sampling).
         """
-        from coevo.errors import BudgetExhausted, RunInterrupted
+        from coevo.errors import BudgetExhausted
 
-        if self.stop_requested is not None:
-            raise RunInterrupted(*self.stop_requested)
+        self.check_stop()
         wall = self.budget.wall_exhausted()
         if wall:
             raise BudgetExhausted(wall)

@@ -378,3 +378,29 @@ def test_a_tuned_thought_says_so_once():
     assert once == f"go to the nearest node {TUNED_MARK}"
     assert tuned_thought(once) == once and tuned_thought(once + "  ") == once
     assert tuned_thought("") == TUNED_MARK
+
+
+def test_a_stop_request_ends_the_tune_step_without_keeping_a_shortened_search(tmp_path):
+    """SIGINT while `tune` runs: the step used to stop its ES early and keep the shortened search as done (40
+    evaluations where the uninterrupted step makes 65), so a resumed run differed from an uninterrupted one. Now
+    the step raises RunInterrupted at its next generation and re-runs whole on resume (the loop keeps nothing
+    of an interrupted step); the same step, uninterrupted, ends as before."""
+    from coevo.errors import RunInterrupted
+
+    ctx, eoh, ev = _setup(tmp_path, [("home", TOWARD_HOME)], elites=1)
+    real_evaluate = eoh.sampler.evaluate
+    calls = []
+
+    def evaluate(codes, instances=None, **kw):
+        calls.append(len(codes))
+        if len(calls) == 2:  # during the search's first generation: the signal handler's request
+            ctx.request_stop("interrupted by SIGINT", 2)
+        return real_evaluate(codes, instances, **kw)
+
+    eoh.sampler.evaluate = evaluate
+    with pytest.raises(RunInterrupted):
+        ev.step(1)
+    assert len(calls) == 2  # it stopped at the next generation, not after the whole search
+
+    _, _, whole = _setup(tmp_path / "again", [("home", TOWARD_HOME)], elites=1)
+    assert whole.step(1).metrics["evaluations"] == 3 * 4 + 1

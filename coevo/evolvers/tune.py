@@ -236,7 +236,10 @@ class TuneEvolver(Evolver):
 
         status = "no_gain"
         for t in range(cfg.generations):
-            if self.ctx.stop_requested is not None or self.ctx.budget.wall_exhausted():
+            # SIGINT / SIGTERM: the step ends and re-runs whole on resume (as bit-identical as an uninterrupted
+            # run); the wall-clock budget's end keeps what this search found so far (the run ends anyway)
+            self.ctx.check_stop()
+            if self.ctx.budget.wall_exhausted():
                 status = "stopped"
                 break
             sigma = sched(t)
