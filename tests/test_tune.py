@@ -371,13 +371,17 @@ def test_best_must_be_valid_on_validation_instances(tmp_path, validation_count):
     assert eoh2.rejected_best == eoh.rejected_best and eoh2.validation == eoh.validation
 
 
-def test_a_tuned_thought_says_so_once():
-    """A child of a tuned parent often copies the parent's thought, mark included; tuning it again must not
-    repeat the mark (seen in a main job's report: '... (constants tuned by ES) (constants tuned by ES)')."""
-    once = tuned_thought("go to the nearest node")
-    assert once == f"go to the nearest node {TUNED_MARK}"
-    assert tuned_thought(once) == once and tuned_thought(once + "  ") == once
-    assert tuned_thought("") == TUNED_MARK
+def test_a_tuned_thought_names_the_changed_constants_once():
+    """A tuned heuristic's thought names numbers from before tuning; the note says what changed. A child of a
+    tuned parent often copies the parent's thought, note included: tuning it again replaces the note (a main
+    job's report showed '... (constants tuned by ES) (constants tuned by ES)' under a thought whose 0.7 was 1.018
+    in the code)."""
+    thought = "go to the nearest node unless every score is above the threshold 0.7"
+    once = tuned_thought(thought, [0.7, 0.4], [1.01837, 0.4])
+    assert once == f"{thought} {TUNED_MARK}: 0.7 -> 1.018)"
+    twice = tuned_thought(once + " (constants tuned by ES)", [1.018, 0.4], [0.9, 0.35])
+    assert twice == f"{thought} {TUNED_MARK}: 1.018 -> 0.9, 0.4 -> 0.35)" and twice.count(TUNED_MARK) == 1
+    assert tuned_thought("", [1.0], [1.0]) == f"{TUNED_MARK})"
 
 
 def test_a_stop_request_ends_the_tune_step_without_keeping_a_shortened_search(tmp_path):

@@ -41,7 +41,9 @@ decoding; this is why coevo schedules it between rounds rather than beside the L
 from __future__ import annotations
 
 import math
+import re
 import time
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -68,14 +70,21 @@ from coevo.types import Step, Trajectory
 NOISE_NAME = "tune/constants"
 
 
-#: appended to a tuned heuristic's thought, once (a child of a tuned parent often copies the parent's thought)
-TUNED_MARK = "(constants tuned by ES)"
+#: opens the note appended to a tuned heuristic's thought (a child of a tuned parent often copies the note)
+TUNED_MARK = "(constants tuned by ES"
+_TUNED_NOTE = re.compile(r"\s*\(constants tuned by ES[^()]*\)\s*$")
 
 
-def tuned_thought(thought: str) -> str:
-    """``thought`` with :data:`TUNED_MARK` appended, unless it already ends with it."""
+def tuned_thought(thought: str, before: Sequence[float] = (), after: Sequence[float] = ()) -> str:
+    """``thought`` with one note saying which constants tune changed: ``(constants tuned by ES: 0.7 -> 0.799,
+    ...)``, since the numbers a thought names are those of the code before tuning (or of the LLM's claim).
+    Notes already at its end (a child copies its tuned parent's thought) are replaced, not repeated."""
     thought = (thought or "").strip()
-    return thought if thought.endswith(TUNED_MARK) else f"{thought} {TUNED_MARK}".strip()
+    while (m := _TUNED_NOTE.search(thought)) is not None:
+        thought = thought[: m.start()].rstrip()
+    changes = [f"{b:.4g} -> {a:.4g}" for b, a in zip(before, after) if f"{b:.4g}" != f"{a:.4g}"]
+    note = f"{TUNED_MARK}: {', '.join(changes)})" if changes else f"{TUNED_MARK})"
+    return f"{thought} {note}".strip()
 
 
 class TuneConfig(EvolverConfig):
@@ -328,7 +337,7 @@ class TuneEvolver(Evolver):
             "parent_objective": parent.objective,
             "parent_score": parent.reward,
             "code": rec["code"],
-            "thought": tuned_thought(parent.thought),
+            "thought": tuned_thought(parent.thought, rec["constants_before"], rec["constants_after"]),
             "objective": rec["objective_after"],
             "metrics": rec.get("metrics") or {},
             "constants_before": rec["constants_before"],
