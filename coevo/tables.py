@@ -9,6 +9,7 @@ both the report and the dashboard show.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -84,6 +85,10 @@ def step_line(report: dict[str, Any]) -> str:
 
 
 def mean(values: list[float]) -> float:
-    """The mean of ``values`` (not empty) with a correctly rounded sum (``math.fsum``): rewards that cancel
-    exactly (centred ranks, antithetic pairs) give 0.0, not -6.9e-18 from the summation order."""
-    return math.fsum(values) / len(values)
+    """The mean of ``values`` (not empty) with a correctly rounded sum (``math.fsum``), and 0.0 where it is
+    within the inputs' own rounding (a few ulps of the largest): rewards that cancel (centred ranks such as
+    5/14 - 1/2, antithetic pairs) give 0.0, not -6.9e-18 from the summation order or -2.8e-17 from each rank's
+    rounding to a float."""
+    m = math.fsum(values) / len(values)
+    scale = max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+    return 0.0 if math.isfinite(m) and abs(m) <= 8 * sys.float_info.epsilon * scale else m

@@ -7,6 +7,7 @@ ES runs 2 of its 4 generations before the sample budget (40) ends the run."""
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import sys
@@ -95,6 +96,12 @@ def test_mean_of_rewards_that_cancel_is_zero():
     rewards = [1 / 6, 0.5, -0.5, -1 / 6]  # centred ranks of 4 members, in the order of a generation
     assert sum(rewards) / len(rewards) == pytest.approx(-6.939e-18, rel=1e-3)  # what the report showed
     assert mean(rewards) == 0.0
+    # member rewards of a main job (means of its children's centred ranks, k/14 - 1/2): each is rounded to a
+    # float, so even fsum leaves -2.776e-17 (a new user's report); within the inputs' rounding, 0 it is
+    members = [-0.2142857142857143, -0.07142857142857145, -0.07142857142857145, 0.3571428571428571]  # its gen 0
+    assert math.fsum(members) / len(members) == pytest.approx(-2.776e-17, rel=1e-3)
+    assert mean(members) == 0.0
+    assert mean([1e-3, 0.0]) == 5e-4 and mean([-2.0, 1.0]) == -0.5  # real means stay as they are
 
 
 def test_wall_budget_overrun_is_said(run, tmp_path):
