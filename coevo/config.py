@@ -297,15 +297,21 @@ def import_hint(name: str, origins: dict[str, dict[str, str]] | None) -> str:
     return f"; run from the folder that holds {top}.py or set PYTHONPATH=<that folder> (or install it as a package)"
 
 
+def _current_folder_importable() -> None:
+    """Put the current folder on ``sys.path`` (last), as ``python -m`` does: a user's plug-in module or a
+    ``type: module:Class`` next to the config is found as the error hints say."""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.append(cwd)
+
+
 def import_plugins(modules: Any, origins: dict[str, dict[str, str]] | None = None) -> list[str]:
     """Import the ``plugins`` modules (with the current folder on ``sys.path``, and the recorded folders of
     ``origins``, see :func:`add_plugin_roots`); returns field-named errors, each naming the fix."""
     if not isinstance(modules, list):
         return [] if modules is None else ["plugins: a list of module names"]
     errors = []
-    cwd = os.getcwd()
-    if cwd not in sys.path:
-        sys.path.append(cwd)
+    _current_folder_importable()
     add_plugin_roots(origins)
     for i, name in enumerate(modules):
         if not isinstance(name, str) or not name:
@@ -327,6 +333,9 @@ def _validate_evolvers(cfg: RunConfig, origins: dict[str, dict[str, str]] | None
     may register names), then registered names."""
     errors: list[str] = []
     classes: dict[str, type] = {}
+    if any(":" in s.type or "." in s.type for s in cfg.evolvers):
+        _current_folder_importable()
+        add_plugin_roots(origins)
     for spec in sorted(cfg.evolvers, key=lambda s: not (":" in s.type or "." in s.type)):
         try:
             classes[spec.name] = resolve_evolver(spec.type)

@@ -239,3 +239,16 @@ def test_a_plugin_that_cannot_be_imported_names_the_fix(tmp_path, monkeypatch):
     recorded = {"no_such_plugin_xyz": {"file": str(tmp_path / "gone" / "no_such_plugin_xyz.py"), "root": "x"}}
     with pytest.raises(ConfigError, match=r"evolvers\.mine\.type: .*the run loaded it from .*gone/no_such_plugin_xyz"):
         parse_config(data, origins=recorded)
+
+
+def test_a_module_class_type_is_found_in_the_current_folder(plugin_dir):
+    """`type: myplug:ToyClimb` with myplug.py in the current folder and no `plugins:` key: the error said 'run
+    from the folder that holds myplug.py', from that very folder (a new user's pass); `plugins:` and `--import`
+    found it. Now the type is found there as well."""
+    sys.modules.pop("myplug", None)
+    EVOLVERS.remove("toy-climb")  # the module registers it again on import
+    sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd())]
+    data = _config("myplug:ToyClimb")
+    del data["plugins"]
+    cfg = parse_config(data)
+    assert type(cfg.evolvers[0].params).__module__ == "myplug"
