@@ -208,6 +208,15 @@ def test_cli_exit_codes(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["skills", "validate"])
     assert info.value.code == 2
+    # a folder that does not exist is bad input (exit 2, one line), not a failed check (3)
+    from coevo.cli import main as coevo_main
+
+    assert coevo_main(["skills", "validate", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == f"coevo skills validate: error: {tmp_path / 'nope'}: no such folder (give a skill folder or a folder of skills)"
+    )
 
 
 def test_cli_folder_of_skills(tmp_path):

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TextIO
 
-from coevo.errors import EXIT_CHECK_FAILED
+from coevo.errors import EXIT_CHECK_FAILED, UsageError
 from coevo.skills.validate import validate_paths
 
 
@@ -26,7 +27,13 @@ def run_validate(dirs: Sequence[str], out: TextIO | None = None) -> int:
     Returns:
         0 when every skill is valid, 3 (:data:`coevo.errors.EXIT_CHECK_FAILED`) when any violation was found
         (1 is left to bugs, as for every ``coevo`` command).
+
+    Raises:
+        UsageError: a DIR that is not a folder (the CLI's exit 2, as for any bad input).
     """
+    missing = [d for d in dirs if not Path(d).is_dir()]
+    if missing:  # bad input (exit 2 by the CLI), not a failed check
+        raise UsageError(f"{missing[0]}: no such folder (give a skill folder or a folder of skills)")
     out = out or sys.stdout
     results = validate_paths(dirs)
     n_violations = 0
