@@ -208,6 +208,7 @@ def test_cli_exit_codes(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["skills", "validate"])
     assert info.value.code == 2
+    capsys.readouterr()
     # a folder that does not exist is bad input (exit 2, one line), not a failed check (3)
     from coevo.cli import main as coevo_main
 
