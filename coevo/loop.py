@@ -478,6 +478,11 @@ class CoEvolutionLoop:
     def _due(self, round_index: int) -> list[str]:
         return [e.evolver for e in self.schedule if e.due(round_index)]
 
+    def _rounds_completed(self) -> int:
+        """Rounds whose every due step ran (or was passed over by the budget): the current round counts once the
+        slot is past its last step (a run that stops right after a round's last step completed that round)."""
+        return self.round + (1 if 0 < self.slot >= len(self._due(self.round)) else 0)
+
     def _record_step(self, name: str, report: StepReport, started: float) -> None:
         content = asdict(report)
         content.update(
@@ -584,7 +589,7 @@ class CoEvolutionLoop:
                 self.progress.note(f"stopped: {stop_reason}")
                 summary = RunSummary(
                     run_dir=self.run_dir,
-                    rounds_completed=self.round,
+                    rounds_completed=self._rounds_completed(),
                     steps=self.steps_done,
                     samples=self.budget.samples_used(),
                     stop_reason=stop_reason,
@@ -719,7 +724,7 @@ class CoEvolutionLoop:
         log.info("%s", reason)
         return RunSummary(
             run_dir=self.run_dir,
-            rounds_completed=self.round,
+            rounds_completed=self._rounds_completed(),
             steps=self.steps_done,
             samples=self.budget.samples_used(),
             stop_reason=reason,

@@ -164,3 +164,14 @@ def test_coevo_run_refuses_a_parameter_space_evolver_without_a_model(tmp_path, c
         "`model` section" in capsys.readouterr().err
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_stopped_right_after_a_rounds_last_step_completed_that_round(tmp_path):
+    """The sample budget ends the run right after round 1's last step: rounds 0 and 1 completed (the report
+    said 1 with both rounds' steps in its table, a new user's pass)."""
+    data = _cfg(max_samples=7)  # es 2 (round 0), es 2 + ctx 3 (round 1): spent at the end of round 1
+    (tmp_path / "run").mkdir()
+    _, summary = _run(tmp_path, data)
+    with TrajectoryStore(tmp_path / "run" / "store.sqlite") as store:
+        rounds = sorted({s["round"] for s in step_records(store, "run")})
+    assert rounds == [0, 1] and summary.rounds_completed == 2, (rounds, summary)
