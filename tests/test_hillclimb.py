@@ -146,6 +146,8 @@ def test_a_tie_keeps_the_earliest_heuristic_and_the_report_says_tie(tmp_path):
     assert hc.incumbent.id == hc.best.id == "seed"
     report = hc.report_markdown()
     assert "is the problem's seed heuristic" in report
+    assert not SMALL.get("include_seed_heuristic")  # the climber starts from the seed anyway: not said missing
+    assert "seed heuristic was not in the population" not in report
     assert "Tie: 1 other heuristic(s) reach the same training objective" in report and twin.key[2:] in report
     # the same in a population (EoH with the seed heuristic): the seed, the earliest, stays the best
     eoh = EoHEvolver("eoh", EoHConfig(**SMALL, include_seed_heuristic=True), _ctx(tmp_path / "e", policy=policy))

@@ -624,7 +624,9 @@ class AHDEvolver(Evolver):
         """Report lines: that the problem's seed heuristic was not in the population (``include_seed_heuristic``
         off), and each published seed heuristic left out because it was invalid on the training instances."""
         out = []
-        if not self.config.include_seed_heuristic:
+        seen = [*self.population, *([self.best] if self.best is not None else [])]
+        if not self.config.include_seed_heuristic and not any(i.id == "seed" for i in seen):
+            # (a search of its own may start from the seed anyway, e.g. a hill climber's first incumbent)
             out.append(
                 "- The seed heuristic was not in the population (`include_seed_heuristic: false`): the best "
                 "heuristic can be worse than it, on the training set too."
