@@ -373,7 +373,7 @@ class TuneEvolver(Evolver):
     # ------------------------------------------------------------------ step
     def step(self, round_index: int) -> StepReport:
         """Tune up to ``elites`` not yet tuned elite heuristics of the searched evolver (module docstring)."""
-        report = StepReport(reward_unit=f"tuned heuristic's {self.target.sampler.reward_unit}")
+        report = StepReport(reward_unit=f"tuned {self.target.sampler.reward_unit}")
         improved = tuned = 0
         for parent in self._elites()[: self.config.elites]:
             key = self.ctx.traj_key(self.name, f"r{round_index}", parent.id)
