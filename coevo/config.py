@@ -47,6 +47,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import sys
 import typing
 from pathlib import Path
@@ -400,12 +401,12 @@ def parse_config(
 
 def _config_error_text(source: str, errors: list[str], set_paths: dict[str, str]) -> str:
     """The ConfigError message: a head naming ``source`` (or, when every error is of a field set with
-    ``--set``, the ``--set`` items), one indented line per error; a line about a field set with ``--set``
-    ends with ``(from --set ITEM)``."""
+    ``--set``, the ``--set`` items), one indented line per error; a line about a field set with ``--set`` (its
+    path, or a check of the enclosing section whose text names the field) ends with ``(from --set ITEM)``."""
     lines, from_set = [], 0
     for line in errors:
-        field = line.split(": ", 1)[0]
-        items = [item for path, item in set_paths.items() if field == path or field.startswith(path + ".")]
+        field, _, said = line.partition(": ")
+        items = [item for path, item in set_paths.items() if _error_is_of(field, said, path)]
         if items:
             from_set += 1
             line += f" (from --set {items[-1]})"
@@ -414,6 +415,15 @@ def _config_error_text(source: str, errors: list[str], set_paths: dict[str, str]
     if errors and from_set == len(errors):
         head = f"invalid --set value for run config {source}"
     return f"{head}:\n  " + "\n  ".join(lines)
+
+
+def _error_is_of(field: str, said: str, path: str) -> bool:
+    """Whether the error ``field: said`` is about the field at ``path``: the field itself or one below it, or a
+    check of an enclosing section whose text names the field (``evolvers.es: population_size must be even``)."""
+    if field == path or field.startswith(path + "."):
+        return True
+    leaf = path.rsplit(".", 1)[-1]
+    return path.startswith(field + ".") and re.search(rf"(?<![\w.]){re.escape(leaf)}(?!\w)", said) is not None
 
 
 def override_paths(data: dict[str, Any], overrides: list[str]) -> dict[str, str]:

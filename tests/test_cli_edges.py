@@ -228,3 +228,16 @@ def test_es_commands_on_a_damaged_store_say_one_line(command, tmp_path, capsys):
     assert main([*command, str(run), *extra]) == 2
     line = _one_error_line(capsys.readouterr().err, f"coevo {' '.join(command)}")
     assert "store.sqlite is not a readable trajectory store" in line, line
+
+
+def test_a_section_check_naming_a_set_field_blames_the_set_item(capsys):
+    """`--set evolvers.es.population_size=3` fails a check of the whole ES section ('evolvers.es: population_size
+    must be even'); it blamed the file, though the --set item caused it (a new user's pass)."""
+    cfg = str(Path(__file__).parents[1] / "configs" / "ahd" / "tsp_construct.yaml")
+    assert main(["run", "--check", cfg, "--set", "evolvers.es.population_size=3"]) == 2
+    err = capsys.readouterr().err
+    assert f"invalid --set value for run config {cfg}:" in err, err
+    assert "population_size must be even" in err and "(from --set evolvers.es.population_size=3)" in err, err
+    # a section error that does not name the field set stays the file's
+    assert main(["run", "--check", cfg, "--set", "evolvers.es.population_size=3", "--set", "run.seed=5"]) == 2
+    assert "(from --set run.seed=5)" not in capsys.readouterr().err
