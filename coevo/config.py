@@ -335,8 +335,7 @@ def _validate_evolvers(cfg: RunConfig, origins: dict[str, dict[str, str]] | None
     errors: list[str] = []
     classes: dict[str, type] = {}
     if any(":" in s.type or "." in s.type for s in cfg.evolvers):
-        _current_folder_importable()
-        add_plugin_roots(origins)
+        _current_folder_importable()  # (parse_config has put the recorded plug-in folders on the path already)
     for spec in sorted(cfg.evolvers, key=lambda s: not (":" in s.type or "." in s.type)):
         try:
             classes[spec.name] = resolve_evolver(spec.type)

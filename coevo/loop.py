@@ -481,7 +481,8 @@ class CoEvolutionLoop:
     def _rounds_completed(self) -> int:
         """Rounds whose every due step ran (or was passed over by the budget): the current round counts once the
         slot is past its last step (a run that stops right after a round's last step completed that round)."""
-        return self.round + (1 if 0 < self.slot >= len(self._due(self.round)) else 0)
+        finished = self.slot > 0 and self.slot >= len(self._due(self.round))
+        return self.round + (1 if finished else 0)
 
     def _record_step(self, name: str, report: StepReport, started: float) -> None:
         content = asdict(report)

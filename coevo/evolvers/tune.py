@@ -72,7 +72,7 @@ NOISE_NAME = "tune/constants"
 
 #: opens the note appended to a tuned heuristic's thought (a child of a tuned parent often copies the note)
 TUNED_MARK = "(constants tuned by ES"
-_TUNED_NOTE = re.compile(r"\s*\(constants tuned by ES[^()]*\)\s*$")
+_TUNED_NOTE = re.compile(rf"\s*{re.escape(TUNED_MARK)}[^()]*\)\s*$")
 
 
 def tuned_thought(thought: str, before: Sequence[float] = (), after: Sequence[float] = ()) -> str:
