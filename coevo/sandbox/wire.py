@@ -2,8 +2,8 @@
 
 Frame: a 4-byte big-endian header length, a UTF-8 JSON header, then the raw bytes of each array the
 header lists (``"arrays": [{"dtype": "<f8", "shape": [k]}, ...]``, C order). Inside the header's value
-tree, ``{"__nd__": i}`` stands for the i-th array, ``{"__list__": i}`` for the i-th (1-d) array read back
-as a list (how the worker sends lists of numbers), and ``{"__const__": k}`` for a constant sent earlier; a
+tree, ``{"__nd__": i}`` stands for the i-th array, ``{"__list__": i}`` for the i-th array read back
+as a (nested) list (how the worker sends lists of numbers, nested lists of them included), and ``{"__const__": k}`` for a constant sent earlier; a
 failure's text travels as a uint8 array (:func:`reply_text`).
 
 Everything read back from the candidate's process is untrusted data: :class:`FrameReader` refuses a
@@ -149,8 +149,8 @@ def decode_value(tree: Any, arrays: list[np.ndarray], depth: int = 0) -> Any:
             idx = tree["__list__"]
             if len(tree) != 1 or not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < len(arrays):
                 raise MalformedFrame(f"bad list reference in reply: {str(tree)[:80]}")
-            if arrays[idx].ndim != 1:
-                raise MalformedFrame(f"list in reply sent as an array of shape {list(arrays[idx].shape)[:8]}")
+            if arrays[idx].ndim == 0:
+                raise MalformedFrame("list in reply sent as a 0-d array")
             return arrays[idx].tolist()
         return {k: decode_value(v, arrays, depth + 1) for k, v in tree.items()}
     return tree
