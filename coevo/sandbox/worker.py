@@ -65,8 +65,8 @@ _exit = os._exit
 
 
 def apply_limits(limits: dict | None) -> None:
-    """Set RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NPROC (soft = hard; none when ``max_procs`` is None)
-    and RLIMIT_CORE = 0 on this process.
+    """Set RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NPROC (soft = hard; none when ``max_procs`` is None),
+    RLIMIT_NOFILE (``max_open_files``, when given) and RLIMIT_CORE = 0 on this process.
 
     Units: ``memory_mb`` and ``max_file_mb`` in MiB, ``cpu_s`` in CPU seconds (the hard CPU limit is one
     second above the soft one, so SIGXCPU comes first). ``None`` (the plain baseline) sets nothing.
@@ -83,6 +83,8 @@ def apply_limits(limits: dict | None) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["max_file_mb"] * mib,) * 2)
     if limits.get("max_procs") is not None:  # None: the evaluation's cgroup bounds its processes instead
         resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_procs"],) * 2)
+    if limits.get("max_open_files") is not None:  # the host's file table is shared by everyone
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limits["max_open_files"],) * 2)
 
 
 def drop_privileges(ids: list | None) -> None:
