@@ -50,15 +50,13 @@ CONST_SLOTS = 16
 OUTPUT_FREE_BYTES = 32 << 20
 #: Rate (bytes/s) at which a stream is drained past :data:`OUTPUT_FREE_BYTES` (a few ms of CPU per second).
 OUTPUT_DRAIN_RATE = 4 << 20
-#: Largest JSON header of a reply the trusted side parses (bytes) beyond :data:`REPLY_HEADER_BYTES_PER_ELEMENT`
-#: per number of the call's arguments, unless the target accepts more (:meth:`RemoteFunction.accept_replies`):
-#: an honest reply's header names a scalar or an array in a few dozen bytes (the worker sends lists of numbers,
-#: Python or numpy, nested or not, and failure texts as arrays), and parsing 512 bytes of the worst JSON
-#: (about 40 ns a byte) costs less than the rest of a call.
+#: Largest JSON header of a reply the trusted side parses (bytes), unless the target accepts more
+#: (:meth:`RemoteFunction.accept_replies`): an honest reply's header names a scalar or an array in a few
+#: dozen bytes, whatever shape the heuristic returned (the worker sends lists and tuples of Python or numpy
+#: numbers, nested or not, and failure texts as arrays), and parsing 512 bytes of the worst JSON (about
+#: 40 ns a byte) costs less than the rest of a call. What a reply may carry beyond it is sized from the call's
+#: arguments (:data:`REPLY_BYTES_PER_ELEMENT`).
 REPLY_HEADER_BYTES = 512
-#: Header bytes a reply may add per number of the call's arguments (a short list per bin, ragged): the
-#: trusted side's parsing stays proportional to what it sent (issue 54).
-REPLY_HEADER_BYTES_PER_ELEMENT = 2
 #: Array bytes a reply may carry beyond what the call's arguments allow (a failure text: at most 1500).
 REPLY_TEXT_BYTES = 4096
 #: Array bytes a reply may carry per element of the call's arguments: a heuristic returns at most one
@@ -366,10 +364,10 @@ class RemoteFunction:
     def accept_replies(self, header_bytes: int, array_bytes: int) -> None:
         """Accept replies of up to ``header_bytes`` of JSON header and ``array_bytes`` of array data, for
         targets whose function returns JSON trees (text, dicts; e.g. :func:`coevo.sandbox.targets.call_cases`).
-        By default a reply may hold :data:`REPLY_HEADER_BYTES` + :data:`REPLY_HEADER_BYTES_PER_ELEMENT` of
-        header and :data:`REPLY_TEXT_BYTES` + :data:`REPLY_BYTES_PER_ELEMENT` bytes of arrays per number in the
-        call's arguments (arrays counted by their size, constants included): what a heuristic can return in
-        any honest shape (the worker sends numbers as arrays). A larger reply is a ``sandbox`` failure of
+        By default a reply may hold :data:`REPLY_HEADER_BYTES` of header and :data:`REPLY_TEXT_BYTES` +
+        :data:`REPLY_BYTES_PER_ELEMENT` bytes of arrays per number in the call's arguments (arrays counted by
+        their size, constants included): what a heuristic can return in any honest shape (the worker sends
+        numbers as arrays), at a parsing cost of a few dozen microseconds whatever the reply holds. A larger reply is a ``sandbox`` failure of
         the candidate, refused before it is parsed; the worker, told the bounds, reports an honest oversized
         return as ``return_type`` first."""
         self._accept = (int(header_bytes), int(array_bytes))
@@ -378,10 +376,7 @@ class RemoteFunction:
         """(largest header, largest array bytes) accepted for the reply to the call just encoded."""
         if self._accept is not None:
             return self._accept
-        return (
-            REPLY_HEADER_BYTES + REPLY_HEADER_BYTES_PER_ELEMENT * self._elements,
-            REPLY_TEXT_BYTES + REPLY_BYTES_PER_ELEMENT * self._elements,
-        )
+        return REPLY_HEADER_BYTES, REPLY_TEXT_BYTES + REPLY_BYTES_PER_ELEMENT * self._elements
 
     def _encode(self, value: Any, blobs: list[np.ndarray], prelude: list[bytes]) -> Any:
         self._elements += 1

@@ -267,10 +267,10 @@ def _list_blob(value):
     """``value`` (a list or tuple of numbers, or a rectangular nesting of such lists) as one array, or None.
 
     Python and numpy numbers alike (an LLM's heuristic often returns ``[np.float64, ...]``): only bools ->
-    ``|b1``; only integers -> ``<i8`` (``<u8`` when one is above int64); floats, or floats and integers of at
-    most 2**53 -> ``<f8`` (float32 / float16 values are exact in it). The trusted side's ``tolist()`` gives
-    back the same numbers (Python ints / floats / bools, nested as sent); mixes with bools, huge integers
-    among floats, and anything else stay JSON (None)."""
+    ``|b1``; integers (and bools among them, as 0 / 1) -> ``<i8`` (``<u8`` when one is above int64); floats
+    with integers of at most 2**53 and bools -> ``<f8`` (float32 / float16 values are exact in it). The
+    trusted side's ``tolist()`` gives back the same numbers, nested as sent (a mixed list as numpy would read
+    it: ints or floats throughout); huge integers among floats, and anything else, stay JSON (None)."""
     shape: list = []
     flat: list = []
     if not _flatten(value, shape, flat) or not flat:
@@ -285,9 +285,7 @@ def _list_blob(value):
 
     if kinds == {"b"}:
         return _Raw("|b1", bytes(bool(v) for v in flat), shape)
-    if "b" in kinds:
-        return None
-    if kinds == {"i"}:
+    if "f" not in kinds:  # integers, or integers and bools (as numpy reads them: True = 1)
         ints = [int(v) for v in flat]
         if all(_INT64[0] <= v <= _INT64[1] for v in ints):
             return _Raw("<i8", array.array("q", ints).tobytes(), shape)
