@@ -66,6 +66,7 @@ class FrameReader:
         self.max_header = max_header
         self.max_frame = max_frame
         self.buf = bytearray()
+        self._parsed: tuple[dict[str, Any], list, int] | None = None  # the pending frame's header, once read
 
     def feed(self, data: bytes) -> None:
         """Append bytes read from the pipe. Raises MalformedFrame when more than one frame's worth is pending."""
@@ -80,6 +81,26 @@ class FrameReader:
             MalformedFrame: oversized header or frame, invalid JSON, a header that is not an object, an
                 array spec with an unknown dtype or a bad shape.
         """
+        if self._parsed is None:
+            self._parsed = self._head()
+            if self._parsed is None:
+                return None
+        header, layout, total = self._parsed  # parsed once, however many pieces the arrays arrive in
+        if len(self.buf) < total:
+            return None
+        arrays = []
+        for dtype, shape, start, nbytes in layout:
+            try:
+                arr = np.frombuffer(bytes(self.buf[start : start + nbytes]), dtype=dtype).reshape(shape)
+            except (ValueError, MemoryError) as exc:
+                raise MalformedFrame(f"array of shape {list(shape)[:8]} in reply: {str(exc)[:100]}") from None
+            arrays.append(arr)  # frombuffer on bytes: read-only
+        del self.buf[:total]
+        self._parsed = None
+        return header, arrays
+
+    def _head(self) -> tuple[dict[str, Any], list, int] | None:
+        """The pending frame's header, array layout and total size, or None while its header is incomplete."""
         if len(self.buf) < 4:
             return None
         (size,) = _LEN.unpack_from(self.buf)
@@ -115,17 +136,7 @@ class FrameReader:
                 raise MalformedFrame(f"reply larger than {self.max_frame} bytes")
             layout.append((dtype, tuple(spec["shape"]), total, nbytes))
             total += nbytes
-        if len(self.buf) < total:
-            return None
-        arrays = []
-        for dtype, shape, start, nbytes in layout:
-            try:
-                arr = np.frombuffer(bytes(self.buf[start : start + nbytes]), dtype=dtype).reshape(shape)
-            except (ValueError, MemoryError) as exc:
-                raise MalformedFrame(f"array of shape {list(shape)[:8]} in reply: {str(exc)[:100]}") from None
-            arrays.append(arr)  # frombuffer on bytes: read-only
-        del self.buf[:total]
-        return header, arrays
+        return header, layout, total
 
 
 def decode_value(tree: Any, arrays: list[np.ndarray], depth: int = 0) -> Any:
