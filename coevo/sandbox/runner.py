@@ -624,8 +624,10 @@ FALLBACKS = {
     "bwrap": "sandbox: no usable bubblewrap ({reason}): no filesystem, network, namespace or seccomp "
     "isolation; still rlimits, own process group, marker kill, private temp dir, wall-clock limit, "
     "trusted-side scoring -- use only for code you trust",
-    "seccomp": "sandbox: no seccomp filter ({reason}): keyring, namespace, mount, page-cache and socket-family "
-    "calls are not refused; still namespaces, read-only narrow view, unprivileged uid, limits",
+    "seccomp": "sandbox: no seccomp filter ({reason}): keyring, namespace, mount, page-cache, Linux AIO, "
+    "inotify / fanotify, file-lock, sysinfo and socket-family calls are not refused (concurrent evaluations can "
+    "signal each other through locks and watches on the shared view); still namespaces, read-only narrow view, "
+    "unprivileged uid, limits, RLIMIT_NOFILE",
     "cgroups": "sandbox: no writable cgroup hierarchy: memory, CPU and process limits are per process "
     "(RLIMIT_AS, RLIMIT_CPU, RLIMIT_NPROC), not per evaluation; the wall-clock limit and the final kill "
     "still end everything an evaluation started",
