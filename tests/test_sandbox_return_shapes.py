@@ -37,6 +37,7 @@ BPP_SHAPES = {
     "longdouble array": "import numpy as np\ndef score(item, bins):\n    return (item - bins).astype(np.longdouble)\n",
     "ints and floats": "def score(item, bins):\n    return [int(item - b) if b % 2 else float(item - b) for b in bins]\n",
     "tolist()": "import numpy as np\ndef score(item, bins):\n    return (-(bins - item)).tolist()\n",
+    "list of 0-d arrays": "import numpy as np\ndef score(item, bins):\n    return [np.array(item - b) for b in bins]\n",
 }
 #: nearest neighbour (the canonical TSP seed) answering the scalar it is asked for as a numpy scalar or 0-d array
 TSP_SHAPES = {

@@ -225,8 +225,8 @@ _MAX_NDIM = 8
 
 
 def _number_kind(v) -> str | None:
-    """``"b"``, ``"i"`` or ``"f"`` for a Python or numpy bool / integer / real float, else None (numpy is
-    looked up in ``sys.modules``: a numpy scalar exists only once numpy is imported)."""
+    """``"b"``, ``"i"`` or ``"f"`` for a Python or numpy bool / integer / real float (a 0-d array too), else
+    None (numpy is looked up in ``sys.modules``: a numpy value exists only once numpy is imported)."""
     t = type(v)
     if t is float:
         return "f"
@@ -242,6 +242,8 @@ def _number_kind(v) -> str | None:
             return "i"
         if isinstance(v, np.floating):
             return "f"
+    elif np is not None and isinstance(v, np.ndarray) and v.ndim == 0:  # a 0-d array where a number is asked
+        return _number_kind(v[()])
     return None
 
 
