@@ -144,7 +144,7 @@ def test_sysinfo_madvise_that_loads_pages_and_host_facts_are_out_of_reach(sandbo
         """
         def f():
             info = ctypes.create_string_buffer(256)
-            m = mmap.mmap(os.open(os.__file__, os.O_RDONLY), 8192, access=mmap.ACCESS_READ)
+            m = mmap.mmap(os.open(os.__file__, os.O_RDONLY), 8192, access=mmap.ACCESS_COPY)
             anon = mmap.mmap(-1, 8192)
             return {
                 'sysinfo': sc(99, info),
@@ -165,6 +165,37 @@ def test_sysinfo_madvise_that_loads_pages_and_host_facts_are_out_of_reach(sandbo
     assert values["dontneed"] == values["normal"] == 0, values
     assert values["dentry_state"] is False and set(values["proc_sys_fs"]) <= {"file-nr", "inode-nr"}, values
     assert values["osrelease"] == "0.0.0-sandbox" and values["nodename"] == "sandbox", values
+
+
+def test_shared_file_mappings_pipe_resizing_and_sync_are_refused(sandbox):
+    """Before: a MAP_SHARED mapping of a read-only library file gave a futex keyed by that file's inode, so
+    two concurrent evaluations could wait and wake each other through it (FUTEX_WAKE returns how many it
+    woke); F_SETPIPE_SZ grew pipes against a per-user quota the trusted side shares when it is not root;
+    sync / syncfs started host-wide writeback. Now each is EPERM; private file mappings (how the loader and
+    numpy map files), anonymous shared memory and an ordinary fsync of its own file still work."""
+    values = _values(
+        sandbox,
+        """
+        def f():
+            fd = os.open(os.__file__, os.O_RDONLY)
+            r, w = os.pipe()
+            own = os.open('/tmp/own', os.O_CREAT | os.O_RDWR)
+            os.write(own, b'x')
+            private = mmap.mmap(fd, 4096, access=mmap.ACCESS_COPY)
+            anon = mmap.mmap(-1, 4096, flags=mmap.MAP_SHARED)
+            anon[:2] = b'ok'
+            return {
+                'shared_file': errno_of(lambda: mmap.mmap(fd, 4096, access=mmap.ACCESS_READ)),
+                'shared_own_file': errno_of(lambda: mmap.mmap(own, 1, flags=mmap.MAP_SHARED)),
+                'setpipe_sz': errno_of(lambda: fcntl.fcntl(w, 1031, 1 << 20)),
+                'sync': sc(162), 'syncfs': sc(306, fd),
+                'allowed': [private[:4] != b'', bytes(anon[:2]).decode(), fcntl.fcntl(w, 1032) > 0, os.fsync(own)],
+            }
+        """,
+    )
+    assert values.pop("allowed") == [True, "ok", True, None], values
+    assert values["shared_file"] == values["shared_own_file"] == values["setpipe_sz"] == EPERM, values
+    assert values["sync"] == values["syncfs"] == [-1, EPERM], values
 
 
 def test_open_files_are_bounded_per_process(sandbox):

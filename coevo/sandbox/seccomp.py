@@ -16,7 +16,11 @@ is host-wide), ``inotify`` / ``fanotify`` (one evaluation watching another's ope
 locks (``flock``, and ``fcntl`` with ``F_GETLK`` / ``F_SETLK`` / ``F_SETLKW``, their ``F_OFD_*`` and 64-bit
 forms, leases and ``F_NOTIFY``: a lock on a shared read-only file is seen by every evaluation), ``sysinfo``
 (host uptime, load, RAM, process count), ``madvise`` with ``MADV_WILLNEED`` / ``MADV_POPULATE_READ`` /
-``MADV_POPULATE_WRITE`` (they load a shared file's pages); ``socket`` / ``socketpair``
+``MADV_POPULATE_WRITE`` (they load a shared file's pages), ``mmap`` of a file with ``MAP_SHARED`` (a futex
+on such a mapping is keyed by the file's inode, so two evaluations mapping the same read-only library
+file could wait and wake each other; private and anonymous mappings stay allowed), ``fcntl(F_SETPIPE_SZ)``
+(pipe buffers count against a per-user quota the trusted side shares when it is not root), ``sync`` /
+``syncfs`` (host-wide writeback); ``socket`` / ``socketpair``
 of any family but :data:`SOCKET_FAMILIES` (``AF_VSOCK`` reaches the hypervisor). ``clone3`` gets ``ENOSYS`` (its flags sit in memory a filter
 cannot read), so the C library falls back to ``clone``, whose flags are checked. A call from another ABI
 (32-bit ``int 0x80`` on x86_64, the x32 ABI) kills the process: the numbers below would not apply to it.
@@ -24,8 +28,8 @@ cannot read), so the C library falls back to ``clone``, whose flags are checked.
 Program layout (``struct sock_filter`` = ``<HBBI``, ``struct seccomp_data`` = nr @0, arch @4, args @16 + 8 i;
 Linux ``Documentation/userspace-api/seccomp_filter.rst``): check the architecture, load the number, one
 ``JEQ`` per refused call, then per call whose arguments decide (``clone``'s flags, ``preadv2``'s flags,
-``madvise``'s advice, ``socket``'s family, ``fcntl``'s command) a jump to a block that tests the argument's
-low 32 bits.
+``madvise``'s advice, ``socket``'s family, ``fcntl``'s command, ``mmap``'s flags) a jump to a block that
+tests the argument's low 32 bits.
 """
 
 from __future__ import annotations
@@ -58,9 +62,13 @@ RWF_NOWAIT = 0x00000008
 MADV_DENIED = (3, 20, 21, 22, 23)
 #: fcntl commands refused (asm-generic/fcntl.h, linux/fcntl.h): ``F_GETLK`` 5, ``F_SETLK`` 6, ``F_SETLKW`` 7,
 #: ``F_GETLK64`` 12, ``F_SETLK64`` 13, ``F_SETLKW64`` 14, ``F_OFD_GETLK`` 36, ``F_OFD_SETLK`` 37,
-#: ``F_OFD_SETLKW`` 38, ``F_SETLEASE`` 1024, ``F_GETLEASE`` 1025, ``F_NOTIFY`` 1026; every other command
-#: (``F_GETFL``, ``F_SETFD``, ``F_DUPFD_CLOEXEC``, ...: what the interpreter uses) is allowed
-FCNTL_DENIED = (5, 6, 7, 12, 13, 14, 36, 37, 38, 1024, 1025, 1026)
+#: ``F_OFD_SETLKW`` 38, ``F_SETLEASE`` 1024, ``F_GETLEASE`` 1025, ``F_NOTIFY`` 1026, ``F_SETPIPE_SZ`` 1031;
+#: every other command (``F_GETFL``, ``F_SETFD``, ``F_DUPFD_CLOEXEC``, ...: what the interpreter uses) is allowed
+FCNTL_DENIED = (5, 6, 7, 12, 13, 14, 36, 37, 38, 1024, 1025, 1026, 1031)
+#: ``MAP_SHARED`` (``MAP_SHARED_VALIDATE`` has it too) and ``MAP_ANONYMOUS`` (linux/mman.h): mmap with the
+#: first and without the second (a shared mapping of a file) is refused
+MAP_SHARED = 0x01
+MAP_ANONYMOUS = 0x20
 #: socket families a heuristic may create (AF_UNIX, AF_INET, AF_INET6; its network namespace has only
 #: loopback): every other family (AF_VSOCK, AF_PACKET, AF_NETLINK, AF_ALG, ...) is refused
 SOCKET_FAMILIES = (1, 2, 10)
@@ -135,6 +143,8 @@ DENIED = (
     "fanotify_mark",
     "flock",
     "sysinfo",
+    "sync",
+    "syncfs",
 )
 
 #: per machine: (AUDIT_ARCH_* value, first number of a foreign ABI sharing the arch value or None, numbers)
@@ -202,6 +212,9 @@ _X86_64 = {
     "flock": 73,
     "fcntl": 72,
     "sysinfo": 99,
+    "sync": 162,
+    "syncfs": 306,
+    "mmap": 9,
 }
 _AARCH64 = {
     "keyctl": 219,
@@ -263,6 +276,9 @@ _AARCH64 = {
     "flock": 32,
     "fcntl": 25,
     "sysinfo": 179,
+    "sync": 81,
+    "syncfs": 267,
+    "mmap": 222,
 }
 _COMMON = {  # numbers shared by both tables (the unified numbering of newer calls)
     "io_uring_setup": 425,
@@ -334,7 +350,7 @@ def build_filter(machine: str | None = None) -> bytes:
         body.append((_JEQ_K, nr, "eperm", 0))
     body.append((_JEQ_K, table["clone3"], "enosys", 0))
     checked = [("clone", "clone"), ("preadv2", "rwf"), ("pwritev2", "rwf"), ("madvise", "madvise")]
-    checked += [("socket", "socket"), ("socketpair", "socket"), ("fcntl", "fcntl")]
+    checked += [("socket", "socket"), ("socketpair", "socket"), ("fcntl", "fcntl"), ("mmap", "mmap")]
     for name, label in checked:
         body.append((_JEQ_K, table[name], label, 0))
     blocks = {  # label -> instructions testing the call's arguments (low 32 bits, little-endian)
@@ -349,6 +365,11 @@ def build_filter(machine: str | None = None) -> bytes:
         "fcntl": [(_LD_W_ABS, _ARG0 + 8, 0, 0)]
         + [(_JEQ_K, cmd, "eperm", 0) for cmd in FCNTL_DENIED]
         + [(_RET_K, RET_ALLOW, 0, 0)],
+        "mmap": [
+            (_LD_W_ABS, _ARG0 + 8 * 3, 0, 0),
+            (_JSET_K, MAP_ANONYMOUS, "allow", 0),
+            (_JSET_K, MAP_SHARED, "eperm", "allow"),
+        ],
     }
     labels: dict[str, int] = {}
     body.append((_RET_K, RET_ALLOW, 0, 0))  # any other call
