@@ -155,6 +155,8 @@ SANDBOX_GID = 65534
 #: per user (keyrings, RLIMIT_NPROC's count, signals to "own" processes) is shared between evaluations.
 EVAL_UID_BASE = 1 << 24
 EVAL_UID_SPAN = 1 << 30
+#: The host name the candidate sees (``uname``; its UTS namespace is its own).
+SANDBOX_HOSTNAME = "sandbox"
 #: Placeholder of the seccomp program's fd in :func:`bwrap_command` (replaced per process start).
 SECCOMP_FD_PLACEHOLDER = "SECCOMP_FD"
 
@@ -424,7 +426,9 @@ def bwrap_command(
     The sandbox's root is an empty read-only tmpfs holding only ``ro_paths`` (read-only binds at the same
     place, or ``{path inside: host path}``; parents created mode 0755), the host's /bin, /lib, ... links into /usr, the worker script at
     :data:`WORKER_IN_SANDBOX`, a private writable tmpfs ``/tmp`` of ``tmp_mb`` MiB (cwd, HOME, TMPDIR),
-    a minimal /dev and a /proc of its own PID namespace. Namespaces: PID, IPC, UTS, cgroup, and network
+    a minimal /dev and a /proc of its own PID namespace whose ``/proc/sys`` is an empty tmpfs (host-wide
+    kernel counters such as ``fs/dentry-state`` stay out), host name :data:`SANDBOX_HOSTNAME`. Namespaces:
+    PID, IPC, UTS, cgroup, and network
     unless ``network``. Identity: as root (``as_root``, default: the current euid is 0), bwrap keeps only
     CAP_SETUID / CAP_SETGID and the worker drops to :data:`SANDBOX_UID` before any candidate code runs (a
     real unprivileged host uid, one per evaluation; no_new_privs is set by bwrap, so setuid binaries
@@ -446,6 +450,8 @@ def bwrap_command(
         "--unshare-ipc",
         "--unshare-pid",
         "--unshare-uts",
+        "--hostname",
+        SANDBOX_HOSTNAME,
         "--unshare-cgroup-try",
         *([] if network else ["--unshare-net"]),
         "--die-with-parent",
@@ -492,13 +498,36 @@ def bwrap_command(
         "/dev",
         "--proc",
         "/proc",
+        # /proc/sys shows host-wide kernel state (fs/dentry-state counts every lookup on the host: issue 54):
+        # an empty tmpfs, on which the stand-ins of proc_files are bound
+        "--perms",
+        "0555",
+        "--size",
+        str(1 << 20),
+        "--tmpfs",
+        "/proc/sys",
+        *(x for folder in _proc_sys_folders(proc_files or {}) for x in ("--perms", "0755", "--dir", folder)),
         *(x for target, src in sorted((proc_files or {}).items()) for x in ("--ro-bind", src, target)),
+        "--remount-ro",
+        "/proc/sys",
         "--remount-ro",
         "/",
         "--chdir",
         "/tmp",
     ]
     return cmd
+
+
+def _proc_sys_folders(proc_files: dict[str, str]) -> list[str]:
+    """The folders below /proc/sys that the stand-ins of ``proc_files`` need, parents first (bwrap would
+    create them 0700: unreadable for the candidate's uid)."""
+    out: set[str] = set()
+    for target in proc_files:
+        parent = os.path.dirname(target)
+        while parent.startswith("/proc/sys/"):
+            out.add(parent)
+            parent = os.path.dirname(parent)
+    return sorted(out, key=lambda p: (p.count("/"), p))
 
 
 def interpreter_command(

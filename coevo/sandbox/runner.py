@@ -19,7 +19,8 @@ candidate's process, and the target validates every answer and computes the metr
 - where a cgroup hierarchy is writable: one cgroup per evaluation (:mod:`coevo.sandbox.cgroups`) bounding
   the memory, processes and CPU of all its processes together;
 - always: ``setsid`` (own process group), rlimits set by the worker before any candidate code runs
-  (RLIMIT_AS, RLIMIT_CPU from the evaluation's wall-clock limit, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_CORE = 0),
+  (RLIMIT_AS, RLIMIT_CPU from the evaluation's wall-clock limit, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_NOFILE,
+  RLIMIT_CORE = 0),
   a wall-clock deadline, capped stdout/stderr, a size-bounded reply pipe, host paths scrubbed from failure
   text, and a SIGKILL to the whole process group after every run. Without bubblewrap (a warning is logged
   once) the process runs as the caller's user with rlimits only. What each fallback guarantees:
@@ -79,6 +80,8 @@ class SandboxLimits:
         network: allow network access (only bubblewrap can deny it).
         max_output_kb: bytes kept of each of stdout and stderr (KiB; head and tail).
         max_result_mb: largest metrics JSON accepted from the worker (MiB).
+        max_open_files: RLIMIT_NOFILE of each process of the candidate (the host's file table is shared:
+            with the default 256 and ``max_procs`` 64, one evaluation holds at most 16,384 open files).
     """
 
     timeout_s: float = 30.0
@@ -89,9 +92,19 @@ class SandboxLimits:
     network: bool = False
     max_output_kb: int = 64
     max_result_mb: int = 8
+    max_open_files: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_s", "memory_mb", "max_procs", "max_file_mb", "max_output_kb", "max_result_mb"):
+        for name in (
+            "timeout_s",
+            "cpu_s",
+            "memory_mb",
+            "max_procs",
+            "max_file_mb",
+            "max_output_kb",
+            "max_result_mb",
+            "max_open_files",
+        ):
             value = getattr(self, name)
             if value is None and name == "cpu_s":
                 continue
@@ -303,6 +316,7 @@ class Sandbox:
                 "cpu_s": limits.cpu_limit(timeout_s),
                 "max_procs": nproc,
                 "max_file_mb": int(limits.max_file_mb),
+                "max_open_files": int(limits.max_open_files),
             },
             "drop": [uid, uid] if uid is not None else None,
         }
@@ -610,8 +624,10 @@ FALLBACKS = {
     "bwrap": "sandbox: no usable bubblewrap ({reason}): no filesystem, network, namespace or seccomp "
     "isolation; still rlimits, own process group, marker kill, private temp dir, wall-clock limit, "
     "trusted-side scoring -- use only for code you trust",
-    "seccomp": "sandbox: no seccomp filter ({reason}): keyring, namespace, mount, page-cache and socket-family "
-    "calls are not refused; still namespaces, read-only narrow view, unprivileged uid, limits",
+    "seccomp": "sandbox: no seccomp filter ({reason}): keyring, namespace, mount, page-cache, Linux AIO, "
+    "inotify / fanotify, file-lock, sysinfo and socket-family calls are not refused (concurrent evaluations can "
+    "signal each other through locks and watches on the shared view); still namespaces, read-only narrow view, "
+    "unprivileged uid, limits, RLIMIT_NOFILE",
     "cgroups": "sandbox: no writable cgroup hierarchy: memory, CPU and process limits are per process "
     "(RLIMIT_AS, RLIMIT_CPU, RLIMIT_NPROC), not per evaluation; the wall-clock limit and the final kill "
     "still end everything an evaluation started",

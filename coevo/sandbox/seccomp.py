@@ -10,7 +10,17 @@ the memory accounting of its sandbox), mounts, ``ptrace`` and cross-process memo
 reboot, clock, host name and swap changes, and whatever makes the host's page cache a store shared by
 every evaluation (``fadvise64``, ``readahead``, ``mincore``, ``cachestat``, ``process_madvise``, ``madvise``
 with ``MADV_COLD`` / ``MADV_PAGEOUT``, ``preadv2`` / ``pwritev2`` with ``RWF_NOWAIT``: set, clear or read
-whether a page of a read-only file is cached, one bit per page; issue 45); ``socket`` / ``socketpair``
+whether a page of a read-only file is cached, one bit per page; issue 45), and what issue 54 found past
+those: Linux AIO (``io_setup`` ... ``io_pgetevents``: ``RWF_NOWAIT`` reads through it, and its event table
+is host-wide), ``inotify`` / ``fanotify`` (one evaluation watching another's opens of a shared file), file
+locks (``flock``, and ``fcntl`` with ``F_GETLK`` / ``F_SETLK`` / ``F_SETLKW``, their ``F_OFD_*`` and 64-bit
+forms, leases and ``F_NOTIFY``: a lock on a shared read-only file is seen by every evaluation), ``sysinfo``
+(host uptime, load, RAM, process count), ``madvise`` with ``MADV_WILLNEED`` / ``MADV_POPULATE_READ`` /
+``MADV_POPULATE_WRITE`` (they load a shared file's pages), ``mmap`` of a file with ``MAP_SHARED`` (a futex
+on such a mapping is keyed by the file's inode, so two evaluations mapping the same read-only library
+file could wait and wake each other; private and anonymous mappings stay allowed), ``fcntl(F_SETPIPE_SZ)``
+(pipe buffers count against a per-user quota the trusted side shares when it is not root), ``sync`` /
+``syncfs`` (host-wide writeback); ``socket`` / ``socketpair``
 of any family but :data:`SOCKET_FAMILIES` (``AF_VSOCK`` reaches the hypervisor). ``clone3`` gets ``ENOSYS`` (its flags sit in memory a filter
 cannot read), so the C library falls back to ``clone``, whose flags are checked. A call from another ABI
 (32-bit ``int 0x80`` on x86_64, the x32 ABI) kills the process: the numbers below would not apply to it.
@@ -18,7 +28,8 @@ cannot read), so the C library falls back to ``clone``, whose flags are checked.
 Program layout (``struct sock_filter`` = ``<HBBI``, ``struct seccomp_data`` = nr @0, arch @4, args @16 + 8 i;
 Linux ``Documentation/userspace-api/seccomp_filter.rst``): check the architecture, load the number, one
 ``JEQ`` per refused call, then per call whose arguments decide (``clone``'s flags, ``preadv2``'s flags,
-``madvise``'s advice, ``socket``'s family) a jump to a block that tests the argument's low 32 bits.
+``madvise``'s advice, ``socket``'s family, ``fcntl``'s command, ``mmap``'s flags) a jump to a block that
+tests the argument's low 32 bits.
 """
 
 from __future__ import annotations
@@ -46,8 +57,18 @@ CLONE_NEW_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000
 
 #: ``RWF_NOWAIT`` (linux/fs.h): preadv2 / pwritev2 with it tell whether a page is cached without reading it in
 RWF_NOWAIT = 0x00000008
-#: madvise advice refused: ``MADV_COLD`` (20) and ``MADV_PAGEOUT`` (21) reclaim a shared file's cached pages
-MADV_DENIED = (20, 21)
+#: madvise advice refused: ``MADV_COLD`` (20) and ``MADV_PAGEOUT`` (21) reclaim a shared file's cached pages,
+#: ``MADV_WILLNEED`` (3), ``MADV_POPULATE_READ`` (22) and ``MADV_POPULATE_WRITE`` (23) load them (linux/mman.h)
+MADV_DENIED = (3, 20, 21, 22, 23)
+#: fcntl commands refused (asm-generic/fcntl.h, linux/fcntl.h): ``F_GETLK`` 5, ``F_SETLK`` 6, ``F_SETLKW`` 7,
+#: ``F_GETLK64`` 12, ``F_SETLK64`` 13, ``F_SETLKW64`` 14, ``F_OFD_GETLK`` 36, ``F_OFD_SETLK`` 37,
+#: ``F_OFD_SETLKW`` 38, ``F_SETLEASE`` 1024, ``F_GETLEASE`` 1025, ``F_NOTIFY`` 1026, ``F_SETPIPE_SZ`` 1031;
+#: every other command (``F_GETFL``, ``F_SETFD``, ``F_DUPFD_CLOEXEC``, ...: what the interpreter uses) is allowed
+FCNTL_DENIED = (5, 6, 7, 12, 13, 14, 36, 37, 38, 1024, 1025, 1026, 1031)
+#: ``MAP_SHARED`` (``MAP_SHARED_VALIDATE`` has it too) and ``MAP_ANONYMOUS`` (linux/mman.h): mmap with the
+#: first and without the second (a shared mapping of a file) is refused
+MAP_SHARED = 0x01
+MAP_ANONYMOUS = 0x20
 #: socket families a heuristic may create (AF_UNIX, AF_INET, AF_INET6; its network namespace has only
 #: loopback): every other family (AF_VSOCK, AF_PACKET, AF_NETLINK, AF_ALG, ...) is refused
 SOCKET_FAMILIES = (1, 2, 10)
@@ -108,6 +129,22 @@ DENIED = (
     "mincore",
     "process_madvise",
     "cachestat",
+    # issue 54: kernel objects reached through shared files, and host-wide tables
+    "io_setup",
+    "io_destroy",
+    "io_submit",
+    "io_cancel",
+    "io_getevents",
+    "io_pgetevents",
+    "inotify_init1",
+    "inotify_add_watch",
+    "inotify_rm_watch",
+    "fanotify_init",
+    "fanotify_mark",
+    "flock",
+    "sysinfo",
+    "sync",
+    "syncfs",
 )
 
 #: per machine: (AUDIT_ARCH_* value, first number of a foreign ABI sharing the arch value or None, numbers)
@@ -160,6 +197,24 @@ _X86_64 = {
     "iopl": 172,
     "ioperm": 173,
     "uselib": 134,
+    "io_setup": 206,
+    "io_destroy": 207,
+    "io_getevents": 208,
+    "io_submit": 209,
+    "io_cancel": 210,
+    "io_pgetevents": 333,
+    "inotify_init": 253,
+    "inotify_init1": 294,
+    "inotify_add_watch": 254,
+    "inotify_rm_watch": 255,
+    "fanotify_init": 300,
+    "fanotify_mark": 301,
+    "flock": 73,
+    "fcntl": 72,
+    "sysinfo": 99,
+    "sync": 162,
+    "syncfs": 306,
+    "mmap": 9,
 }
 _AARCH64 = {
     "keyctl": 219,
@@ -207,6 +262,23 @@ _AARCH64 = {
     "madvise": 233,
     "socket": 198,
     "socketpair": 199,
+    "io_setup": 0,
+    "io_destroy": 1,
+    "io_submit": 2,
+    "io_cancel": 3,
+    "io_getevents": 4,
+    "io_pgetevents": 292,
+    "inotify_init1": 26,
+    "inotify_add_watch": 27,
+    "inotify_rm_watch": 28,
+    "fanotify_init": 262,
+    "fanotify_mark": 263,
+    "flock": 32,
+    "fcntl": 25,
+    "sysinfo": 179,
+    "sync": 81,
+    "syncfs": 267,
+    "mmap": 222,
 }
 _COMMON = {  # numbers shared by both tables (the unified numbering of newer calls)
     "io_uring_setup": 425,
@@ -231,7 +303,7 @@ ARCHES = {
     "aarch64": (0xC00000B7, None, {**_AARCH64, **_COMMON}),
 }
 #: refused on x86_64 only (no such call elsewhere)
-_X86_ONLY = ("iopl", "ioperm", "uselib")
+_X86_ONLY = ("iopl", "ioperm", "uselib", "inotify_init")
 
 
 def supported(machine: str | None = None) -> bool:
@@ -278,7 +350,7 @@ def build_filter(machine: str | None = None) -> bytes:
         body.append((_JEQ_K, nr, "eperm", 0))
     body.append((_JEQ_K, table["clone3"], "enosys", 0))
     checked = [("clone", "clone"), ("preadv2", "rwf"), ("pwritev2", "rwf"), ("madvise", "madvise")]
-    checked += [("socket", "socket"), ("socketpair", "socket")]
+    checked += [("socket", "socket"), ("socketpair", "socket"), ("fcntl", "fcntl"), ("mmap", "mmap")]
     for name, label in checked:
         body.append((_JEQ_K, table[name], label, 0))
     blocks = {  # label -> instructions testing the call's arguments (low 32 bits, little-endian)
@@ -290,6 +362,14 @@ def build_filter(machine: str | None = None) -> bytes:
         "socket": [(_LD_W_ABS, _ARG0, 0, 0)]
         + [(_JEQ_K, family, "allow", 0) for family in SOCKET_FAMILIES]
         + [(_RET_K, RET_ERRNO | errno.EPERM, 0, 0)],
+        "fcntl": [(_LD_W_ABS, _ARG0 + 8, 0, 0)]
+        + [(_JEQ_K, cmd, "eperm", 0) for cmd in FCNTL_DENIED]
+        + [(_RET_K, RET_ALLOW, 0, 0)],
+        "mmap": [
+            (_LD_W_ABS, _ARG0 + 8 * 3, 0, 0),
+            (_JSET_K, MAP_ANONYMOUS, "allow", 0),
+            (_JSET_K, MAP_SHARED, "eperm", "allow"),
+        ],
     }
     labels: dict[str, int] = {}
     body.append((_RET_K, RET_ALLOW, 0, 0))  # any other call

@@ -10,7 +10,12 @@ or raises :class:`~coevo.sandbox.errors.CandidateFailure` (timeout, death, malfo
 the exception the function raised). A reply is read only up to what the called function can return
 (:meth:`RemoteFunction.accept_replies`): a padded one fails the candidate before the trusted process parses
 it, and an output flood is drained at a bounded rate (:data:`OUTPUT_DRAIN_RATE`), so what the candidate
-sends costs the trusted process about what an honest evaluation costs (issue 45).
+sends costs the trusted process about what an honest evaluation costs (issue 45). The loop also wakes at a
+bounded rate whatever the candidate writes (issue 54): an output stream is read in large chunks at most
+once per :data:`OUTPUT_WAKE_S`, a reply that arrives in pieces is read again after a pause that doubles
+per piece, and every small wake-up lengthens the following pauses (:data:`SMALL_WAKE_BYTES`), so a process
+trickling one byte at a time (and waiting until it is read) gets a few hundred wake-ups in a whole
+evaluation instead of one per byte.
 
 Why scores cannot be forged: the objective and every feasibility check run in the trusted process, on its
 own copy of the instance; the candidate's process only ever answers "which node / item / bin next" (or
@@ -22,6 +27,7 @@ most its own answers, which are validated like any others, or ends its evaluatio
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import select
 import signal
@@ -50,10 +56,32 @@ CONST_SLOTS = 16
 OUTPUT_FREE_BYTES = 32 << 20
 #: Rate (bytes/s) at which a stream is drained past :data:`OUTPUT_FREE_BYTES` (a few ms of CPU per second).
 OUTPUT_DRAIN_RATE = 4 << 20
+#: Shortest interval between two reads of one output stream (s).
+OUTPUT_WAKE_S = 0.05
+#: A wake-up that reads fewer bytes than this (from an output stream, or a piece of a reply that does not
+#: complete it) is a *small* one: each small wake-up of a process lengthens the next pause of that stream
+#: by :data:`SMALL_WAKE_GROWTH` of its base, so a process trickling one byte at a time (and waiting until
+#: it is read) gets about ``sqrt(2 * 20 * T / base)`` wake-ups in ``T`` seconds instead of one per byte. An
+#: honest writer is never slowed: the pause grows only while less than this arrives between two reads,
+#: and the pipe (:data:`PIPE_BYTES`) holds four times as much.
+SMALL_WAKE_BYTES = 64 << 10
+SMALL_WAKE_GROWTH = 1 / 20
+#: Most bytes read from one output stream per wake-up.
+OUTPUT_READ_BYTES = 1 << 20
+#: Capacity asked for the stdout, stderr and reply pipes (``F_SETPIPE_SZ``; best effort, the kernel's
+#: default of 64 KiB where refused).
+PIPE_BYTES = 256 << 10
+#: Base pause (s) before the reply pipe is read again after a piece that did not complete the reply; it
+#: doubles per piece of the same reply up to :data:`OUTPUT_WAKE_S` (grown as above). An honest reply arrives
+#: whole in one read (the worker writes it at once) or, larger than the pipe, in pipes' worth read at once.
+REPLY_PAUSE_S = 0.0002
+_F_SETPIPE_SZ = 1031  # linux/fcntl.h (F_LINUX_SPECIFIC_BASE + 7)
 #: Largest JSON header of a reply the trusted side parses (bytes), unless the target accepts more
 #: (:meth:`RemoteFunction.accept_replies`): an honest reply's header names a scalar or an array in a few
-#: dozen bytes (lists of numbers and failure texts travel as arrays), and parsing 512 bytes of the worst
-#: JSON costs less than the rest of a call.
+#: dozen bytes, whatever shape the heuristic returned (the worker sends lists and tuples of Python or numpy
+#: numbers, nested or not, and failure texts as arrays), and parsing 512 bytes of the worst JSON (about
+#: 40 ns a byte) costs less than the rest of a call. What a reply may carry beyond it is sized from the call's
+#: arguments (:data:`REPLY_BYTES_PER_ELEMENT`).
 REPLY_HEADER_BYTES = 512
 #: Array bytes a reply may carry beyond what the call's arguments allow (a failure text: at most 1500).
 REPLY_TEXT_BYTES = 4096
@@ -139,6 +167,9 @@ class CandidateProcess:
         )
         for fd in (self.fd_in, self.fd_out, self.fd_err, self.reply_fd):
             os.set_blocking(fd, False)
+        for fd in (self.fd_out, self.fd_err, self.reply_fd):
+            with contextlib.suppress(OSError):  # refused above /proc/sys/fs/pipe-max-size or the user's pipe quota
+                fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_BYTES)
         self.poller = select.poll()
         self.readers = {self.fd_out, self.fd_err, self.reply_fd}
         for fd in (*self.readers, self.pidfd):
@@ -148,30 +179,61 @@ class CandidateProcess:
         self.closed = False
         self.writing = False
         self._seen = {self.fd_out: 0, self.fd_err: 0}  # bytes read per output stream
-        self._paused: dict[int, float] = {}  # output fd -> perf_counter when it is read again
+        self._paused: dict[int, float] = {}  # output / reply fd -> perf_counter when it is read again
+        self._reply_pieces = 0  # small reads of the reply pipe since the last complete reply
+        self._reply_fresh = False  # the reply pipe was read since the reader was last asked for a frame
+        self._small = {self.fd_out: 0, self.fd_err: 0, self.reply_fd: 0}  # small wake-ups per pipe
 
     # ------------------------------------------------------------------ low level
     def _read(self, fd: int) -> None:
-        try:
-            data = os.read(fd, _CHUNK)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self.poller.unregister(fd)
-            self.readers.discard(fd)
-        elif fd == self.reply_fd:
-            self.reader.feed(data)  # MalformedFrame when it floods
-        else:
-            (self.out if fd == self.fd_out else self.err).add(data)
-            self._seen[fd] += len(data)
-            if self._seen[fd] > OUTPUT_FREE_BYTES and not self.closed:  # a flood: read it at a bounded rate
+        """Read what ``fd`` holds: the reply pipe whole (up to the reader's bound), an output stream up to
+        :data:`OUTPUT_READ_BYTES`, after which that stream is left unpolled for :data:`OUTPUT_WAKE_S` (longer
+        past :data:`OUTPUT_FREE_BYTES`: :data:`OUTPUT_DRAIN_RATE`)."""
+        budget = OUTPUT_READ_BYTES if fd != self.reply_fd else self.reader.max_frame + 4 + _CHUNK
+        got = 0
+        while got < budget:
+            try:
+                data = os.read(fd, _CHUNK)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
                 self.poller.unregister(fd)
-                self._paused[fd] = time.perf_counter() + len(data) / OUTPUT_DRAIN_RATE
+                self.readers.discard(fd)
+                self._paused.pop(fd, None)
+                return
+            got += len(data)
+            if fd == self.reply_fd:
+                self.reader.feed(data)  # MalformedFrame when it floods
+                self._reply_fresh = True
+            else:
+                (self.out if fd == self.fd_out else self.err).add(data)
+                self._seen[fd] += len(data)
+            if len(data) < _CHUNK:
+                break  # drained
+        small = 0 < got < SMALL_WAKE_BYTES
+        if fd == self.reply_fd:
+            self._reply_pieces += small  # counted as small once it turns out not to complete the reply
+        elif got and not self.closed:
+            self._small[fd] += small
+            pause = self._wake_s(fd)
+            if self._seen[fd] > OUTPUT_FREE_BYTES:  # a flood: read it at a bounded rate
+                pause = max(pause, got / OUTPUT_DRAIN_RATE)
+            self._pause(fd, pause)
+
+    def _wake_s(self, fd: int) -> float:
+        """The pause (s) after a read of ``fd``: :data:`OUTPUT_WAKE_S`, grown by its small wake-ups."""
+        return OUTPUT_WAKE_S * (1 + SMALL_WAKE_GROWTH * self._small[fd])
+
+    def _pause(self, fd: int, seconds: float) -> None:
+        """Leave ``fd`` unpolled for ``seconds`` (:meth:`_resume_output` polls it again)."""
+        if fd not in self._paused:
+            self.poller.unregister(fd)
+        self._paused[fd] = time.perf_counter() + seconds
 
     def _resume_output(self, now: float) -> float:
-        """Poll again the output streams whose pause is over; returns the seconds until the next one ends."""
+        """Poll again the streams whose pause is over; returns the seconds until the next one ends."""
         nearest = 3600.0
         for fd, until in list(self._paused.items()):
             if until <= now or self.closed:
@@ -240,7 +302,15 @@ class CandidateProcess:
                     self.close()
                     raise CandidateFailure("sandbox", f"malformed reply: {exc}") from None
                 if frame is not None:
+                    self._reply_pieces = 0
+                    self._reply_fresh = False
                     return frame
+                if self._reply_fresh and self._reply_pieces and self.reply_fd in self.readers:
+                    # a small piece of a reply: wait for more before reading again
+                    self._reply_fresh = False
+                    self._small[self.reply_fd] += 1
+                    first = REPLY_PAUSE_S * 2 ** min(self._reply_pieces - 1, 16)
+                    self._pause(self.reply_fd, min(first, self._wake_s(self.reply_fd)))
             if self.exited and self.reply_fd not in self.readers:
                 raise self._failure_after_exit()
             now = time.perf_counter()
@@ -299,6 +369,9 @@ class CandidateProcess:
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
         self.readers.discard(self.reply_fd)
+        if self._paused.pop(self.reply_fd, None) is None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.poller.unregister(self.reply_fd)
         self._resume_output(time.perf_counter())  # what the killed process left in its pipes, once
         drain_until = time.perf_counter() + DRAIN_S
         while self.readers - {self.reply_fd} and time.perf_counter() < drain_until:
@@ -363,8 +436,9 @@ class RemoteFunction:
         """Accept replies of up to ``header_bytes`` of JSON header and ``array_bytes`` of array data, for
         targets whose function returns JSON trees (text, dicts; e.g. :func:`coevo.sandbox.targets.call_cases`).
         By default a reply may hold :data:`REPLY_HEADER_BYTES` of header and :data:`REPLY_TEXT_BYTES` +
-        :data:`REPLY_BYTES_PER_ELEMENT` bytes per number in the call's arguments (arrays counted by their
-        size, constants included): what a heuristic can return. A larger reply is a ``sandbox`` failure of
+        :data:`REPLY_BYTES_PER_ELEMENT` bytes of arrays per number in the call's arguments (arrays counted by
+        their size, constants included): what a heuristic can return in any honest shape (the worker sends
+        numbers as arrays), at a parsing cost of a few dozen microseconds whatever the reply holds. A larger reply is a ``sandbox`` failure of
         the candidate, refused before it is parsed; the worker, told the bounds, reports an honest oversized
         return as ``return_type`` first."""
         self._accept = (int(header_bytes), int(array_bytes))

@@ -2,8 +2,8 @@
 
 Frame: a 4-byte big-endian header length, a UTF-8 JSON header, then the raw bytes of each array the
 header lists (``"arrays": [{"dtype": "<f8", "shape": [k]}, ...]``, C order). Inside the header's value
-tree, ``{"__nd__": i}`` stands for the i-th array, ``{"__list__": i}`` for the i-th (1-d) array read back
-as a list (how the worker sends lists of numbers), and ``{"__const__": k}`` for a constant sent earlier; a
+tree, ``{"__nd__": i}`` stands for the i-th array, ``{"__list__": i}`` for the i-th array read back
+as a (nested) list (how the worker sends lists of numbers, nested lists of them included), and ``{"__const__": k}`` for a constant sent earlier; a
 failure's text travels as a uint8 array (:func:`reply_text`).
 
 Everything read back from the candidate's process is untrusted data: :class:`FrameReader` refuses a
@@ -66,6 +66,7 @@ class FrameReader:
         self.max_header = max_header
         self.max_frame = max_frame
         self.buf = bytearray()
+        self._parsed: tuple[dict[str, Any], list, int] | None = None  # the pending frame's header, once read
 
     def feed(self, data: bytes) -> None:
         """Append bytes read from the pipe. Raises MalformedFrame when more than one frame's worth is pending."""
@@ -80,6 +81,26 @@ class FrameReader:
             MalformedFrame: oversized header or frame, invalid JSON, a header that is not an object, an
                 array spec with an unknown dtype or a bad shape.
         """
+        if self._parsed is None:
+            self._parsed = self._head()
+            if self._parsed is None:
+                return None
+        header, layout, total = self._parsed  # parsed once, however many pieces the arrays arrive in
+        if len(self.buf) < total:
+            return None
+        arrays = []
+        for dtype, shape, start, nbytes in layout:
+            try:
+                arr = np.frombuffer(bytes(self.buf[start : start + nbytes]), dtype=dtype).reshape(shape)
+            except (ValueError, MemoryError) as exc:
+                raise MalformedFrame(f"array of shape {list(shape)[:8]} in reply: {str(exc)[:100]}") from None
+            arrays.append(arr)  # frombuffer on bytes: read-only
+        del self.buf[:total]
+        self._parsed = None
+        return header, arrays
+
+    def _head(self) -> tuple[dict[str, Any], list, int] | None:
+        """The pending frame's header, array layout and total size, or None while its header is incomplete."""
         if len(self.buf) < 4:
             return None
         (size,) = _LEN.unpack_from(self.buf)
@@ -115,17 +136,7 @@ class FrameReader:
                 raise MalformedFrame(f"reply larger than {self.max_frame} bytes")
             layout.append((dtype, tuple(spec["shape"]), total, nbytes))
             total += nbytes
-        if len(self.buf) < total:
-            return None
-        arrays = []
-        for dtype, shape, start, nbytes in layout:
-            try:
-                arr = np.frombuffer(bytes(self.buf[start : start + nbytes]), dtype=dtype).reshape(shape)
-            except (ValueError, MemoryError) as exc:
-                raise MalformedFrame(f"array of shape {list(shape)[:8]} in reply: {str(exc)[:100]}") from None
-            arrays.append(arr)  # frombuffer on bytes: read-only
-        del self.buf[:total]
-        return header, arrays
+        return header, layout, total
 
 
 def decode_value(tree: Any, arrays: list[np.ndarray], depth: int = 0) -> Any:
@@ -149,8 +160,8 @@ def decode_value(tree: Any, arrays: list[np.ndarray], depth: int = 0) -> Any:
             idx = tree["__list__"]
             if len(tree) != 1 or not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < len(arrays):
                 raise MalformedFrame(f"bad list reference in reply: {str(tree)[:80]}")
-            if arrays[idx].ndim != 1:
-                raise MalformedFrame(f"list in reply sent as an array of shape {list(arrays[idx].shape)[:8]}")
+            if arrays[idx].ndim == 0:
+                raise MalformedFrame("list in reply sent as a 0-d array")
             return arrays[idx].tolist()
         return {k: decode_value(v, arrays, depth + 1) for k, v in tree.items()}
     return tree

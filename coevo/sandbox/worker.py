@@ -65,8 +65,8 @@ _exit = os._exit
 
 
 def apply_limits(limits: dict | None) -> None:
-    """Set RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NPROC (soft = hard; none when ``max_procs`` is None)
-    and RLIMIT_CORE = 0 on this process.
+    """Set RLIMIT_AS, RLIMIT_CPU, RLIMIT_FSIZE, RLIMIT_NPROC (soft = hard; none when ``max_procs`` is None),
+    RLIMIT_NOFILE (``max_open_files``, when given) and RLIMIT_CORE = 0 on this process.
 
     Units: ``memory_mb`` and ``max_file_mb`` in MiB, ``cpu_s`` in CPU seconds (the hard CPU limit is one
     second above the soft one, so SIGXCPU comes first). ``None`` (the plain baseline) sets nothing.
@@ -83,6 +83,8 @@ def apply_limits(limits: dict | None) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["max_file_mb"] * mib,) * 2)
     if limits.get("max_procs") is not None:  # None: the evaluation's cgroup bounds its processes instead
         resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_procs"],) * 2)
+    if limits.get("max_open_files") is not None:  # the host's file table is shared by everyone
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limits["max_open_files"],) * 2)
 
 
 def drop_privileges(ids: list | None) -> None:
@@ -213,38 +215,125 @@ def read_frame(pipe: _Pipe):
     return header, arrays
 
 
-#: Lists of at least this many numbers of one type travel as arrays (``{"__list__": i}``), not as JSON.
+#: Lists of at least this many numbers travel as arrays (``{"__list__": i}``), not as JSON.
 LIST_AS_ARRAY = 8
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+#: Integers a float64 holds exactly (a list mixing ints and floats travels as float64 only within them).
+_EXACT_INT = 1 << 53
+#: Deepest nesting of a list of lists sent as one array (the trusted reader accepts 8 dimensions).
+_MAX_NDIM = 8
+
+
+def _number_kind(v) -> str | None:
+    """``"b"``, ``"i"`` or ``"f"`` for a Python or numpy bool / integer / real float (a 0-d array too), else
+    None (numpy is looked up in ``sys.modules``: a numpy value exists only once numpy is imported)."""
+    t = type(v)
+    if t is float:
+        return "f"
+    if t is int:
+        return "i"
+    if t is bool:
+        return "b"
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(v, np.generic):
+        if isinstance(v, np.bool_):
+            return "b"
+        if isinstance(v, np.integer):
+            return "i"
+        if isinstance(v, np.floating):
+            return "f"
+    elif np is not None and isinstance(v, np.ndarray) and v.ndim == 0:  # a 0-d array where a number is asked
+        return _number_kind(v[()])
+    return None
+
+
+def _flatten(value, shape: list, flat: list, depth: int = 0) -> bool:
+    """Append the numbers of ``value`` (a list / tuple, or a rectangular nesting of them) to ``flat`` and
+    its dimensions to ``shape``; False when it is ragged, deeper than :data:`_MAX_NDIM`, or holds anything
+    but numbers."""
+    if depth == len(shape):
+        shape.append(len(value))
+    elif shape[depth] != len(value):
+        return False
+    if value and isinstance(value[0], (list, tuple)):
+        if depth + 1 >= _MAX_NDIM:
+            return False
+        return all(isinstance(v, (list, tuple)) and _flatten(v, shape, flat, depth + 1) for v in value)
+    if depth + 1 < len(shape):
+        return False  # numbers where a deeper level was seen
+    flat.extend(value)
+    return True
 
 
 def _list_blob(value):
-    """``value`` (a list or tuple) as one array when it holds only Python ints that fit int64, only floats,
-    or only bools (so the trusted side gets back exactly the same values with ``tolist()``), else None."""
-    first = type(value[0])
-    if first not in (int, float, bool) or not all(type(v) is first for v in value):
+    """``value`` (a list or tuple of numbers, or a rectangular nesting of such lists) as one array, or None.
+
+    Python and numpy numbers alike (an LLM's heuristic often returns ``[np.float64, ...]``): only bools ->
+    ``|b1``; integers (and bools among them, as 0 / 1) -> ``<i8`` (``<u8`` when one is above int64); floats
+    with integers of at most 2**53 and bools -> ``<f8`` (float32 / float16 values are exact in it). The
+    trusted side's ``tolist()`` gives back the same numbers, nested as sent (a mixed list as numpy would read
+    it: ints or floats throughout); huge integers among floats, and anything else, stay JSON (None)."""
+    shape: list = []
+    flat: list = []
+    if not _flatten(value, shape, flat) or not flat:
         return None
-    if first is int and not all(_INT64[0] <= v <= _INT64[1] for v in value):
-        return None
+    kinds = set()
+    for v in flat:
+        kind = _number_kind(v)
+        if kind is None:
+            return None
+        kinds.add(kind)
     import array
 
-    if first is bool:
-        return _Raw("|b1", bytes(value), len(value))
-    buf = array.array("q" if first is int else "d", value)
-    return _Raw("<i8" if first is int else "<f8", buf.tobytes(), len(value))
+    if kinds == {"b"}:
+        return _Raw("|b1", bytes(bool(v) for v in flat), shape)
+    if "f" not in kinds:  # integers, or integers and bools (as numpy reads them: True = 1)
+        ints = [int(v) for v in flat]
+        if all(_INT64[0] <= v <= _INT64[1] for v in ints):
+            return _Raw("<i8", array.array("q", ints).tobytes(), shape)
+        if all(0 <= v < (1 << 64) for v in ints):
+            return _Raw("<u8", array.array("Q", ints).tobytes(), shape)
+        return None
+    floats = []
+    for v in flat:
+        if type(v) is not float and _number_kind(v) == "i":
+            v = int(v)
+            if not -_EXACT_INT <= v <= _EXACT_INT:
+                return None
+        floats.append(float(v))
+    return _Raw("<f8", array.array("d", floats).tobytes(), shape)
 
 
 class _Raw:
-    """Bytes sent as a 1-d array of ``dtype`` (no numpy needed on this side)."""
+    """Bytes sent as an array of ``dtype`` and ``shape`` (a list; an int: 1-d) -- no numpy needed here."""
 
-    def __init__(self, dtype: str, data: bytes, count: int):
-        self.dtype_str, self.data, self.count = dtype, data, count
+    def __init__(self, dtype: str, data: bytes, shape):
+        self.dtype_str, self.data = dtype, data
+        self.shape = [shape] if isinstance(shape, int) else list(shape)
+
+
+def _scalar(value):
+    """A numpy scalar as the Python number it stands for (any real dtype: float16 ... longdouble, int8 ...
+    uint64, bool_), or TypeError for what cannot come back (complex, datetime, ...)."""
+    kind = _number_kind(value)
+    if kind == "f":
+        return float(value)
+    if kind == "i":
+        return int(value)
+    if kind == "b":
+        return bool(value)
+    item = value.item()
+    if isinstance(item, (str, bytes)) or item is None:
+        return item.decode("utf-8", errors="replace") if isinstance(item, bytes) else item
+    raise TypeError(f"the function returned a numpy {type(value).__name__}, which cannot be sent back")
 
 
 def _encode_value(value, blobs: list):
     """JSON-able tree of ``value`` with numpy arrays moved to ``blobs`` as ``{"__nd__": i}`` and lists of
-    numbers as ``{"__list__": i}`` (:data:`LIST_AS_ARRAY`): the trusted side then reads numbers as array
-    bytes, not as JSON."""
+    numbers as ``{"__list__": i}`` (:data:`LIST_AS_ARRAY`, :func:`_list_blob`): the trusted side then reads
+    numbers as array bytes, not as JSON, whatever honest shape the heuristic returned. Numpy scalars and
+    0-d arrays become Python numbers; arrays of a real dtype outside :data:`DTYPES` (big-endian,
+    longdouble) travel in the nearest one."""
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
@@ -252,7 +341,7 @@ def _encode_value(value, blobs: list):
     if isinstance(value, dict):
         return {str(k): _encode_value(v, blobs) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        if len(value) >= LIST_AS_ARRAY:
+        if len(value) >= LIST_AS_ARRAY or (value and isinstance(value[0], (list, tuple))):
             raw = _list_blob(value)
             if raw is not None:
                 blobs.append(raw)
@@ -263,11 +352,15 @@ def _encode_value(value, blobs: list):
         import numpy as np
 
         if isinstance(value, np.generic):
-            return _encode_value(value.item(), blobs)
+            return _encode_value(_scalar(value), blobs)
         if isinstance(value, np.ndarray):
             arr = value
+            if arr.ndim == 0:
+                return _encode_value(arr[()], blobs)
             if arr.dtype.str not in DTYPES:
-                if arr.dtype.kind in "biuf":
+                if arr.dtype.kind in "biuf" and arr.dtype.newbyteorder("<").str in DTYPES:
+                    arr = arr.astype(arr.dtype.newbyteorder("<"))
+                elif arr.dtype.kind in "biuf":
                     arr = arr.astype(np.float64)
                 else:
                     return _encode_value(arr.tolist(), blobs)
@@ -281,7 +374,7 @@ def frame_parts(header: dict, blobs: list) -> list:
     """One frame's byte strings (length, header, raw array bytes); ``blobs`` are numpy arrays or :class:`_Raw`."""
     if blobs:
         header["arrays"] = [
-            {"dtype": a.dtype_str, "shape": [a.count]}
+            {"dtype": a.dtype_str, "shape": a.shape}
             if isinstance(a, _Raw)
             else {"dtype": a.dtype.str, "shape": list(a.shape)}
             for a in blobs
