@@ -164,6 +164,7 @@ def make_policy(cfg: ModelConfig, *, lora: tuple[int, int] | None = None) -> Pol
             model=cfg.name,
             api_key_env=cfg.api_key_env,
             max_retries=cfg.max_retries,
+            concurrency=cfg.batch_size,
             vllm_server=cfg.vllm_server,
             max_stop_strings=cfg.max_stop_strings,
             max_refusals=cfg.max_refusals,

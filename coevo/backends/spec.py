@@ -30,7 +30,9 @@ class ModelConfig(BaseModel):
         "bfloat16", description="weight dtype; auto: bfloat16 on vllm, float32 on hf on the cpu, bfloat16 on a GPU"
     )
     device: str = Field("cpu", description="torch device for the hf backend (cpu, cuda, cuda:1)")
-    batch_size: int = Field(8, ge=1, description="max conversations per generate call")
+    batch_size: int = Field(
+        8, ge=1, description="max conversations per generate call (openai backend: requests in flight at once)"
+    )
     cpu_linear: Literal["auto", "onednn", "torch"] = Field(
         "auto",
         description="hf backend, float32 on cpu: linear layers through oneDNN (auto: where it works) or torch's "
