@@ -26,7 +26,8 @@ e1/e2/m1-m3 prompts show it the same way (``Idea: {...}``).
 **The answer ends where the function ends** (:data:`FUNCTION_END_STOPS`, :func:`cut_after_function`): under
 ``prefill`` everything after the ``def`` line is the body, so the first line that starts at column 0 (the closing
 fence, a second ``def``, a test call, prose) ends the answer. The backends stop decoding there (stop strings);
-the same cut is applied to the text afterwards, for a backend that ignores stop strings.
+the same cut is applied to the text afterwards, for a backend that ignores stop strings or takes only a few of
+them (vLLM's OpenAI server: 4 by default; :func:`answer_stops` orders them so those few end most answers).
 
 **Read back** (:func:`read_answer`): prefix and continuation are glued into the full function, extracted with
 :func:`~coevo.sandbox.extract.extract_code` (the same parser as the free format: missing imports added, tabs

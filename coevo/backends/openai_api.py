@@ -238,6 +238,7 @@ class OpenAIPolicy(Policy):
         """
         stop = tuple(f"\n<coevo probe {i}>" for i in range(_PROBE_STOPS)) if self.stop_limit is None else ()
         params = SamplingParams(max_new_tokens=1, temperature=0.0, stop=stop)
+        self._told_limit = True  # the returned line says it (the run's own policy logs it once)
         try:
             comp = self._complete([{"role": "user", "content": "Say OK."}], params, None, count_refusal=False)
         except PolicyError as e:
