@@ -19,6 +19,7 @@ from pathlib import Path
 from coevo import __version__
 from coevo.errors import (
     ConfigError,
+    EndpointError,
     RunFolderError,
     RunInterrupted,
     UsageError,
@@ -35,6 +36,8 @@ _DOMAIN_CLIS = ("coevo.cli_es", "coevo.ahd.cli", "coevo.skills.cli")
 def _cmd_run(args: argparse.Namespace) -> int:
     if args.check:
         return _check_only(args)
+    if args.probe_endpoint:
+        raise UsageError("--probe-endpoint goes with --check (coevo run probes the model server at start anyway)")
     if args.progress_interval <= 0:
         raise UsageError(f"--progress-interval must be > 0 seconds, got {args.progress_interval}")
     if args.log_file:
@@ -69,8 +72,27 @@ def _check_only(args: argparse.Namespace) -> int:
         source = args.config
     check_runnable(cfg)
     names = ", ".join(f"{e.name} ({e.type})" for e in cfg.evolvers)
-    print(f"config OK: {source} ({names}); nothing was loaded or started")
+    done = "nothing was loaded or started"
+    if args.probe_endpoint:
+        line = _probe_endpoint(cfg)
+        backend = cfg.model.backend if cfg.model is not None else None
+        done = f"{line}; nothing else was started" if line else f"no model server to probe (backend {backend}); {done}"
+    print(f"config OK: {source} ({names}); {done}")
     return 0
+
+
+def _probe_endpoint(cfg) -> str | None:
+    """One request of one token to the config's model server (``model.backend: openai``) before anything of the run
+    is spent (:func:`coevo.backends.factory.probe_endpoint`); its line, None for other backends.
+
+    Raises:
+        EndpointError: wrong base URL, model name or key (one line naming the config field).
+    """
+    if cfg.model is None:
+        return None
+    from coevo.backends.factory import probe_endpoint
+
+    return probe_endpoint(cfg.model)
 
 
 def _open_run(args: argparse.Namespace):
@@ -100,6 +122,7 @@ def _open_run(args: argparse.Namespace):
         from coevo.lock import RunLock
 
         RunLock(run_dir).acquire().release()  # a live owner: refuse before saying "run folder: ..."
+        probed = _probe_endpoint(cfg)
     else:
         if not args.config:
             raise UsageError("give a CONFIG file, or --resume RUN_DIR")
@@ -108,8 +131,11 @@ def _open_run(args: argparse.Namespace):
         out = Path(args.out) if args.out else None
         if out and out.exists() and not (out / "store.sqlite").exists() and (not out.is_dir() or any(out.iterdir())):
             raise RunFolderError(f"--out {out} exists and is not an empty folder; give a new folder")
+        probed = _probe_endpoint(cfg)  # a wrong base URL, model name or key: one line, no run folder
         run_dir = new_run_dir(cfg, args.out)
     print(f"run folder: {run_dir}", flush=True)
+    if probed and not args.quiet:
+        print(probed, file=sys.stderr, flush=True)
     if args.resume and not (args.quiet or args.no_progress) and _rebuilds_weights(cfg):
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         print(
@@ -256,6 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="validate the config only (fields, skill folders, "
         "deployment variables) and exit: 0 valid, 2 invalid; loads no model, starts no browser",
     )
+    run.add_argument(
+        "--probe-endpoint",
+        action="store_true",
+        help="with --check: also send the model server (model.backend: openai) one request of one token, as "
+        "`coevo run` does at start: a wrong model.base_url, model.name or key is one line, exit 2",
+    )
     run.set_defaults(func=_cmd_run)
 
     model = sub.add_parser("model", help="models").add_subparsers(dest="model_cmd", required=True)
@@ -321,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         if args.verbose:
             raise
-        plain = (UsageError, ConfigError, RunFolderError)  # fully said in the message: no traceback hint
+        plain = (UsageError, ConfigError, RunFolderError, EndpointError)  # fully said in the message: no traceback hint
         hint = "" if isinstance(exc, plain) else " (run with -v for the traceback)"
         print(error_line(args.prog, f"{exc}{hint}"), file=sys.stderr)
         return 2

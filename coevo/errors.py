@@ -67,6 +67,16 @@ class PluginError(UserError):
     file and the method; the run's store and its last checkpoint are left as they were."""
 
 
+class EndpointError(UserError):
+    """A model server (``model.backend: openai``) cannot be used as configured: its base URL does not answer, it
+    does not serve the model, it refuses the key, or it refused the run's requests the same way ``model.max_refusals``
+    times in a row (an HTTP 4xx that retrying does not change). The message is one line: the server's own reason and
+    the config field to change (``model.base_url``, ``model.name``, ``model.api_key_env``, ...). Raised by the
+    check before a run (``coevo run``, ``coevo run --check --probe-endpoint``) and during a run, where it stops the
+    run as bad input does: the samples stored so far and the last checkpoint stay, ``--resume`` continues once the
+    setting is fixed."""
+
+
 class RunFolderError(UserError):
     """A run folder cannot be used for this command (holds no run, already holds one, unreadable store)."""
 

