@@ -28,7 +28,7 @@ ray = pytest.importorskip("ray")
 from coevo.backends.spec import ModelConfig
 from coevo.errors import ConfigError
 from coevo.es import GenerationRecord, ScopeSpec
-from coevo.rollouts.ray_pool import EngineLostError, RayReplicaPool, preflight
+from coevo.placement.ray_pool import EngineLostError, RayReplicaPool, preflight
 from coevo.types import ESMember
 
 
@@ -256,7 +256,7 @@ def test_vllm_missing_on_a_node_is_named(monkeypatch):
     stood for here by ``find_spec`` finding no vllm (the only stand-in of this module)."""
     import importlib.util
 
-    from coevo.rollouts import ray_pool
+    from coevo.placement import ray_pool
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
@@ -299,7 +299,7 @@ def test_coevo_run_two_engines_killed_engine_resume_and_replay(tmp_path, monkeyp
     def record_then_kill(self, prefix, trajs, member):  # engine 1 dies once generation 1 has a member stored
         out = original(self, prefix, trajs, member)
         if member is not None and "/g00001/" in prefix and not killed:
-            killed.append(self.pool.infos[1]["pid"])
+            killed.append(self.placement.pool.infos[1]["pid"])
             os.kill(killed[0], signal.SIGKILL)
         return out
 
