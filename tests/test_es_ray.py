@@ -8,14 +8,14 @@ import contextlib
 import os
 
 import pytest
-from support import antithetic_record
+from support import antithetic_record, lowrank_record
 
 ray = pytest.importorskip("ray")
 
 from test_es_evolver import es_config, history, run_loop
 
 from coevo.backends.hf import HFPolicy
-from coevo.es import GenerationRecord, ScopeSpec
+from coevo.es import ScopeSpec
 from coevo.placement.ray_pool import RayReplicaPool, ReplicaDivergenceError
 from coevo.store import TrajectoryStore
 from coevo.types import ESMember
@@ -59,18 +59,7 @@ def test_actor_noise_equals_in_process_and_divergence_is_detected(local_ray, tin
         record = antithetic_record(7, sigma=1e-2, master_dtype="float32")
         _, after = local.apply(record)
         assert pool.apply(record, expected=after) == (None, after) and pool.weights_hash() == after
-        lowrank = GenerationRecord(
-            generation=1,
-            seeds=[7, 7, 9, 9],
-            signs=[1, -1, 1, -1],
-            rewards=[1.0, 0.0, 0.5, 0.2],
-            coeffs=[1.2, -1.0, 0.3, -0.5],
-            sigma=1e-2,
-            alpha=1e-2,
-            master_dtype="float32",
-            perturbation="lowrank",
-            rank=2,
-        )
+        lowrank = lowrank_record()
         _, after_lr = local.apply(lowrank)
         assert after_lr != after and pool.apply(lowrank, expected=after_lr) == (None, after_lr)
         ray.get(pool.actors[0].apply.remote(record.to_dict()))  # one replica applies an update twice

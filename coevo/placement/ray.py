@@ -146,7 +146,7 @@ class RayHF(_RayPlacement):
 class MirroredReplica:
     """The driver's in-process replica mirrored on a :class:`RayHF` placement's actors: weight changes run on
     both (the actors' hashes checked against the driver's); ``perturbed`` / ``population`` / snapshots are the
-    driver's. Attributes: ``driver`` (the in-process replica), ``policy`` (the driver's policy)."""
+    driver's (delegated). Attributes: ``driver`` (the in-process replica), ``placement``."""
 
     def __init__(self, driver: Any, placement: RayHF) -> None:
         self.driver, self.placement = driver, placement
@@ -154,17 +154,10 @@ class MirroredReplica:
         #: ("rebuild", run_dir, rows, generation) or ("load", snapshot, records)
         self._origin: tuple | None = None
 
-    @property
-    def policy(self) -> Any:
-        return self.driver.policy
-
-    @property
-    def active(self) -> bool:
-        return self.driver.active
-
-    @property
-    def params(self) -> Any:
-        return self.driver.params
+    def __getattr__(self, name: str) -> Any:
+        """Everything but the weight changes is the driver's (``policy``, ``active``, ``params``, ``perturbed``,
+        ``population``, ``weights_hash``, ``noise_hash``, ``save_snapshot``)."""
+        return getattr(self.driver, name)
 
     def sync(self, pool: RayReplicaPool) -> None:
         """Bring freshly started actors to the driver's weights (checked equal)."""
@@ -176,18 +169,6 @@ class MirroredReplica:
             pool.load(snap[1] if snap else None, records, expected=expected)
         else:
             pool.load(self._origin[1], self._origin[2], expected=expected)
-
-    def perturbed(self, member: ESMember):
-        return self.driver.perturbed(member)
-
-    def population(self, members: Sequence[ESMember], rank: int):
-        return self.driver.population(members, rank)
-
-    def weights_hash(self) -> str:
-        return self.driver.weights_hash()
-
-    def noise_hash(self, member: ESMember) -> str:
-        return self.driver.noise_hash(member)
 
     def apply(self, record: GenerationRecord) -> tuple[UpdateStats, str]:
         pool = self.placement.pool  # started and synchronised before the driver's weights change
@@ -210,9 +191,6 @@ class MirroredReplica:
         else:
             self._origin = ("rebuild", run_dir, list(rows), generation)
         return digest, snap
-
-    def save_snapshot(self, path: str | Path, meta: dict[str, Any] | None = None) -> str:
-        return self.driver.save_snapshot(path, meta)
 
 
 class RayVLLM(_RayPlacement):
