@@ -188,12 +188,12 @@ def child(args: argparse.Namespace) -> int:
     if kind == "run":
         from coevo.backends.factory import make_policy, resolve_engine
         from coevo.config import load_config
-        from coevo.loop import lowrank_lora_needs
+        from coevo.placement import lora_needs
 
         config, _ = load_config(args.config)
         model = resolve_engine(config.model)
         dtype = model.dtype
-        policy = make_policy(model, lora=lowrank_lora_needs(config))
+        policy = make_policy(model, lora=lora_needs(config.evolvers))
     elif kind == "hf":
         from coevo.backends.hf import HFPolicy
 

@@ -96,11 +96,9 @@ def open_es_run(run_dir: str | Path, evolver: str | None = None):
 def _base(cfg, es_cfg):
     from coevo.backends.factory import make_policy
     from coevo.es import ESParams, select_params
+    from coevo.placement import replay_model
 
-    # the weights are rebuilt in this process (HF) whatever engine the run sampled with; the ES math and the
-    # noise are the same on both (tests/test_vllm_cpu.py), the dtype is the run's (config.yaml)
-    model = cfg.model.model_copy(update={"backend": "hf"}) if cfg.model.backend in ("vllm", "auto") else cfg.model
-    policy = make_policy(model)
+    policy = make_policy(replay_model(cfg.model))  # in this process, on HF, whatever engine the run sampled with
     params = ESParams(
         select_params(policy.named_parameters(), es_cfg.scope_spec()),
         master_dtype=torch.float32 if es_cfg.master_weights else None,

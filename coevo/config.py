@@ -15,7 +15,8 @@ fields involved, before any model is loaded or any API called (:func:`check_comb
   have, or the evolver itself;
 * ``workers >= 1`` (members rolled out on Ray actors, which have no run context) with a rollout that calls
   another evolver of the run (``rollout.evolver``, e.g. ``eoh_children``); and ``workers >= 1`` on a backend
-  other than ``hf``. (Published context, e.g. a prompt or a skill, is sent with each Ray job.)
+  other than ``hf`` (both checked by :func:`coevo.placement.placement_errors`). (Published context, e.g. a prompt
+  or a skill, is sent with each Ray job.)
 * each evolver config's :meth:`~coevo.evolvers.base.EvolverConfig.link` (cross-evolver checks of its own).
 
 Plug-ins: ``plugins: [mymodule, mypkg.evolvers]`` (or ``coevo run --import mymodule``) imports user modules
@@ -59,6 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from coevo.backends.spec import ModelConfig
 from coevo.errors import ConfigError, unknown_field_message
 from coevo.evolvers.base import EvolverConfig, resolve_evolver
+from coevo.placement import placement_errors
 from coevo.tracking import TrackingConfig
 
 __all__ = [
@@ -444,11 +446,6 @@ def override_paths(data: dict[str, Any], overrides: list[str]) -> dict[str, str]
     return out
 
 
-#: rollout fields whose (truthy) value means the rollout calls other evolvers through the run context
-#: (``ctx.evolvers``), which Ray actors (``workers >= 1``) do not have (published context travels with each job)
-_CONTEXT_FIELDS = ("evolver", "evolvers")
-
-
 def _evolver_refs(node: Any, path: str) -> list[tuple[str, str | list[str]]]:
     """``(field path, NAME or [NAME, ...])`` for every ``evolver: NAME`` / ``evolvers: [NAME, ...]`` under ``node``."""
     out: list[tuple[str, str | list[str]]] = []
@@ -493,22 +490,7 @@ def check_combinations(cfg: RunConfig) -> list[str]:
                 errors.append(f"{field_path}: unknown {shown}; the evolvers of this config are {names}")
             elif spec.name in (refs if isinstance(refs, list) else [refs]):
                 errors.append(f"{field_path}: {spec.name!r} refers to the evolver itself; name another evolver")
-        workers = params.get("workers")
-        if isinstance(workers, int) and workers >= 1:
-            rollout = params.get("rollout") if isinstance(params.get("rollout"), dict) else {}
-            needs = [k for k in _CONTEXT_FIELDS if rollout.get(k)]
-            if needs:
-                errors.append(
-                    f"{where}.workers / {where}.rollout.{needs[0]}: rollout {rollout.get('type')!r} with "
-                    f"{needs[0]}={rollout[needs[0]]!r} calls another evolver of the run, which the Ray actors "
-                    f"of workers={workers} cannot reach; set workers: 0"
-                )
-            if backend is not None and backend not in ("hf", "vllm", "auto"):
-                errors.append(
-                    f"{where}.workers / model.backend: workers={workers} builds HF replicas or vLLM engines on Ray "
-                    f"actors and needs model.backend hf or vllm, not {backend!r}; set workers: 0"
-                )
-    return errors
+    return errors + placement_errors(cfg.evolvers, backend)
 
 
 def _evolver_errors_raw(evolvers: Any) -> list[str]:

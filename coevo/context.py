@@ -71,6 +71,8 @@ class RunContext:
         store: the shared trajectory store (single writer: the loop's process).
         budget: the run's sample budget; evolvers call ``budget.remaining()`` before sampling.
         policy_factory: returns the run's policy (created once, lazily); ``None`` when the run has none.
+        placement: where the run's model replicas live (a :class:`coevo.placement.Placement`, chosen once by
+            the loop; its ``policy_factory`` is the one above), or None for a context built outside the loop.
         shared: small JSON-serialisable board for cross-evolver state, saved with checkpoints (the context
             channel keeps its current versions under ``shared["context"]``; publish with :meth:`publish`).
         evolvers: the run's evolvers (:class:`coevo.evolvers.Evolver`) by name, for evolvers and rollouts
@@ -89,7 +91,7 @@ class RunContext:
             e.g. on SIGINT), or None.
 
     Public API for evolvers and rollouts: :attr:`run_id`, :attr:`run_dir`, :attr:`store` (read it through
-    :meth:`pool`), :attr:`budget`, :attr:`policy`, :attr:`evolvers` (filled before any ``setup()`` hook runs),
+    :meth:`pool`), :attr:`budget`, :attr:`policy`, :attr:`placement`, :attr:`evolvers` (filled before any ``setup()`` hook runs),
     :attr:`seed`, :attr:`round`, :meth:`rng`, :meth:`traj_key`, :meth:`cached`, :meth:`record`,
     :meth:`publish`, :meth:`context`, :meth:`pool`, :meth:`sampling_params`, :meth:`sample_boundary`.
     Attributes starting with ``_`` are the loop's.
@@ -104,6 +106,7 @@ class RunContext:
     store: TrajectoryStore
     budget: Budget
     policy_factory: Callable[[], Policy] | None = None
+    placement: Any = None
     shared: dict[str, Any] = field(default_factory=dict)
     evolvers: dict[str, Any] = field(default_factory=dict)
     seed: int = 0

@@ -38,7 +38,6 @@ Run lifecycle (:meth:`CoEvolutionLoop.run`):
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -79,6 +78,7 @@ from coevo.evolvers.base import (
     step_report_problem,
 )
 from coevo.lock import RunLock
+from coevo.placement import check_placement, choose_placement
 from coevo.progress import RunProgress
 from coevo.rollouts.base import resolve_rollout
 from coevo.store import TrajectoryStore
@@ -195,8 +195,8 @@ def check_runnable(config: RunConfig, policy_factory=None) -> None:
     the web rollout's browser).
 
     Raises:
-        ConfigError: a parameter-space evolver, no ``model`` section and no ``policy_factory``; an evolver
-            asks for Ray ``workers`` where Ray is not installed.
+        ConfigError: a parameter-space evolver, no ``model`` section and no ``policy_factory``; a placement this
+            machine cannot give (:func:`coevo.placement.check_placement`: Ray missing, too few cores or GPUs).
         UserError: a rollout's check failed (e.g. :class:`~coevo.envs.browser.BrowserSetupError`: no Chromium).
     """
     if policy_factory is None and config.model is None:
@@ -206,13 +206,7 @@ def check_runnable(config: RunConfig, policy_factory=None) -> None:
                 f"evolvers.{weightful[0]}.type: a parameter-space evolver evolves the model's "
                 "weights, but the config has no `model` section; add one (backend hf or vllm)"
             )
-    for spec in config.evolvers:
-        workers = getattr(spec.params, "workers", 0)
-        if isinstance(workers, int) and workers >= 1 and importlib.util.find_spec("ray") is None:
-            raise ConfigError(
-                f"evolvers.{spec.name}.workers: {workers} Ray actors need Ray, which is not installed here: "
-                "install it (bash scripts/install.sh --dev, or pip install -e '.[dist]') or set workers: 0"
-            )
+    check_placement(config.evolvers, config.model)
     seen: set[tuple[str, str]] = set()
     for spec in config.evolvers:
         for rollout in _rollout_specs(spec.params.model_dump()):
@@ -254,17 +248,6 @@ def resume_command(run_dir: Path) -> str:
     import shlex
 
     return f"coevo run --resume {shlex.quote(str(run_dir))}"
-
-
-def lowrank_lora_needs(config: RunConfig) -> tuple[int, int] | None:
-    """``(max_loras, max_rank)`` of the run's low-rank ES evolvers (``perturbation: lowrank``: one LoRA adapter
-    per member on the vllm backend), or None when the run has none."""
-    needs = [
-        (spec.params.population_size, spec.params.rank)
-        for spec in config.evolvers
-        if getattr(spec.params, "perturbation", None) == "lowrank"
-    ]
-    return (max(n for n, _ in needs), max(r for _, r in needs)) if needs else None
 
 
 class CoEvolutionLoop:
@@ -358,17 +341,15 @@ class CoEvolutionLoop:
         self.checkpoints = CheckpointDir(self.run_dir / "checkpoints")
         b = config.budget
         self.budget = Budget(self.store, self.run_id, b.max_samples, b.max_rounds, b.max_wall_s)
-        if policy_factory is None and config.model is not None:
-            from coevo.backends.factory import make_policy_factory
-
-            policy_factory = make_policy_factory(config.model, lora=lowrank_lora_needs(config))
-
+        #: where the model replicas live, decided once here (coevo.placement); closed by close()
+        self.placement = choose_placement(config.evolvers, config.model, policy_factory)
         self.ctx = RunContext(
             run_id=self.run_id,
             run_dir=self.run_dir,
             store=self.store,
             budget=self.budget,
-            policy_factory=policy_factory,
+            policy_factory=self.placement.policy_factory,
+            placement=self.placement,
             seed=config.run.seed,
             sampling=config.sampling,
         )
@@ -403,10 +384,13 @@ class CoEvolutionLoop:
     def close(self) -> None:
         """Release the policy, the store and the run folder's lock (idempotent; :meth:`run` calls it)."""
         for ev in getattr(self, "evolvers", {}).values():
-            ev.release()  # its engines and actors (e.g. ES's Ray pool) stop also after an interrupt or an error
+            ev.release()  # the processes it started stop also after an interrupt or an error
         ctx = getattr(self, "ctx", None)
         if ctx is not None:
             ctx.close_policy()
+        placement = getattr(self, "placement", None)
+        if placement is not None:
+            placement.close()  # its Ray actors and engines stop also after an interrupt or an error
         store = getattr(self, "store", None)
         if store is not None:
             store.close()

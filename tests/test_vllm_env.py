@@ -157,3 +157,16 @@ def test_coevos_default_log_level_is_not_taken_for_the_users_in_a_child_process(
     assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG" and vllm_env.user_log_level() == "DEBUG"
     with vllm_env.engine_environment(cpu=False, route_output=True) as env:
         assert env["VLLM_LOGGING_LEVEL"] == "DEBUG"
+
+
+def test_engines_of_one_machine_compute_on_core_slices_of_their_own(monkeypatch):
+    """Engine i of several (the ES replicas of a RayVLLM placement, one per Ray actor) with k cores each gets cores
+    i*k .. i*k+k-1 of those its process may use; binding sets vLLM's variables, which cpu_engine_env then keeps."""
+    assert [vllm_env.cpu_slice(i, 1, {3, 1}) for i in range(2)] == [[1], [3]]  # sorted, one core each
+    assert vllm_env.cpu_slice(1, 2, [0, 1, 2, 3]) == [2, 3]
+    assert vllm_env.cpu_slice(2, 1, [0, 1]) == [0]  # wraps (the placement refuses this before any engine)
+    for var in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
+        monkeypatch.setenv(var, "undone after the test")
+    vllm_env.bind_cpu_slice([2, 3])
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "2,3" and os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in cpu_engine_env(os.environ)  # the binding is left as set

@@ -205,7 +205,8 @@ def probe_endpoint(cfg: ModelConfig) -> str | None:
 
 class PolicyFactory:
     """The run's policy factory (:func:`make_policy_factory`): calling it builds the policy; ``model`` and
-    ``lora`` say what it builds (the ES evolver reads them to start the same model on its Ray engines)."""
+    ``lora`` say what it builds (:func:`coevo.placement.choose_placement` reads them to start the same model on Ray
+    engines)."""
 
     def __init__(self, model: ModelConfig, lora: tuple[int, int] | None = None) -> None:
         self.model, self.lora = model, lora

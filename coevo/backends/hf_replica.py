@@ -3,7 +3,7 @@
 An :class:`HFReplica` holds the policy and its ES parameters (``coevo.es.ESParams`` over the policy's
 ``named_parameters()``: scope, optional float32 masters). It perturbs members in place and restores them
 (exception safe, ``coevo.es.perturb``), applies recorded updates, and saves / loads weight snapshots. The
-same class runs inside every Ray actor of :class:`coevo.rollouts.ray_pool.RayReplicaPool`.
+same class runs inside every Ray actor of :class:`coevo.placement.ray_pool.RayReplicaPool`.
 
 Population batches (``perturbation: lowrank``, EGGROLL, arXiv 2511.16652; math in ``coevo.es.lowrank``).
 :meth:`HFReplica.population` draws the members' factors (:class:`coevo.es.lowrank.FactorBank`) and registers

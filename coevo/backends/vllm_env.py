@@ -13,7 +13,11 @@ run on, ``os.sched_getaffinity``, so offline or excluded cores are left out by v
 it computed on one. Unless either variable is set, coevo sets ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``: the worker
 computes on every core and the scheduler shares them (on the CPU vLLM 0.32 schedules synchronously, between
 the worker's steps). ES stays bit-exact on any thread count (``coevo.es.update``, "Thread count"), so histories
-written on this engine replay on HF (``tests/test_vllm_cpu.py``). Measured in docs/vllm.md.
+written on this engine replay on HF (``tests/test_vllm_cpu.py``). Measured in docs/vllm.md. Several engines on
+one machine (the ES replicas of :class:`coevo.placement.ray.RayVLLM`, one per Ray actor) each compute on a slice of
+cores of their own: :func:`cpu_slice` picks it, :func:`bind_cpu_slice` binds the engine started next in this
+process to it (``VLLM_CPU_OMP_THREADS_BIND`` = the slice, no core reserved for the scheduler), so two engines
+on two cores never share one.
 
 Preloads (vLLM's CPU guide, "set LD_PRELOAD"; its worker warns at every start without them): the tcmalloc
 allocator (``libtcmalloc_minimal.so.4``, Debian's ``libtcmalloc-minimal4``, installed by ``scripts/install.sh``)
@@ -46,7 +50,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -105,6 +109,21 @@ def find_preloads(dirs: list[Path] | None = None) -> tuple[list[str], list[str]]
         else:
             found.append(str(path))
     return found, missing
+
+
+def cpu_slice(index: int, per_engine: int, cores: Sequence[int]) -> list[int]:
+    """The cores engine ``index`` of several computes on: ``per_engine`` consecutive ones of ``cores`` (sorted),
+    wrapping around when more are asked for than there are (:mod:`coevo.placement` refuses that up front)."""
+    ordered = sorted(cores)
+    return [ordered[(index * per_engine + j) % len(ordered)] for j in range(per_engine)]
+
+
+def bind_cpu_slice(cores: Sequence[int]) -> None:
+    """Bind the vLLM-CPU engine this process starts next to ``cores`` (module docstring, "Cores"): sets
+    ``VLLM_CPU_OMP_THREADS_BIND`` to them and ``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` in this process (a Ray actor
+    that holds one engine); :func:`cpu_engine_env` then keeps this binding."""
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
+    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
 
 
 def cpu_engine_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:

@@ -5,7 +5,7 @@ float32 masters). The ES evolver talks to every backend through this one interfa
 one implementation, returned by :meth:`coevo.backends.base.Policy.es_replica`:
 
 * :class:`coevo.backends.hf_replica.HFReplica` - an in-process ``HFPolicy`` (also the replica inside each
-  Ray actor of :class:`coevo.rollouts.ray_pool.RayReplicaPool`);
+  Ray actor of :class:`coevo.placement.ray_pool.RayReplicaPool`);
 * :class:`coevo.backends.vllm_engine.VLLMReplica` - a vLLM engine whose workers run the same ES math
   (``coevo.backends.vllm_worker``) through ``collective_rpc``.
 

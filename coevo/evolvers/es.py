@@ -36,18 +36,14 @@ not rolled out again. Weight snapshots are written every ``checkpoint_every`` ge
 replays the history rows after it, checking the weight hash, so the weights are bit-identical to an
 uninterrupted run.
 
-Ray (``workers >= 1``): members are rolled out on Ray actors, each a replica built from the run's model
-(``coevo.rollouts.ray_pool``); the driver keeps its own replica (``ctx.policy``), updated identically and
-hash-checked against the actors after every generation, which serves the held-out evaluation, the snapshots
-and the other evolvers of the run. Rollouts run in the actors without a run context (``ctx=None``); each job
-carries the current value of every context key the rollout declares (:mod:`coevo.context`), so a published
-prompt or skill reaches the actors; rollouts that call cooperating evolvers (EoH children) need ``workers: 0``.
-With ``model.backend: vllm`` each actor holds one vLLM engine (its own placement group: a GPU, or a slice of
-cores on vLLM's CPU build) and the driver holds none (N engines, not N + 1): the replica is
-:class:`~coevo.rollouts.ray_pool.PoolReplica` (every update on every engine, hashes checked equal), and
-``ctx.policy`` becomes the centre served by engine 0 (:class:`~coevo.rollouts.ray_pool.RemotePolicy`), which also
-runs the held-out evaluation and writes the snapshots. Members are stored as they come back, so an engine lost
-mid-generation (:class:`~coevo.rollouts.ray_pool.EngineLostError`, one line) costs only the unfinished ones.
+Where the replicas live (``workers``, ``worker_num_cpus``, ``worker_num_gpus``: in-process, HF replicas on Ray,
+or vLLM engines on Ray) is the run's placement (:mod:`coevo.placement`), chosen once by the loop and reached as
+``ctx.placement``: ES asks it for the replica of every copy of the weights (:meth:`Placement.replica`) and to
+roll members and the centre out (``evaluate_members`` / ``evaluate_population`` / ``evaluate_centre``), the same
+calls for every placement. Each job carries the current value of every context key the rollout declares
+(:mod:`coevo.context`), so a published prompt or skill reaches Ray actors. Members are stored as they come
+back, so an engine lost mid-generation (:class:`~coevo.placement.ray_pool.EngineLostError`, one line) costs
+only the unfinished ones.
 
 Public for other evolvers (between steps): :attr:`ESEvolver.generation` (generations completed = updates
 applied), :attr:`ESEvolver.rollout`, ``ctx.policy`` (the centre: no perturbation is active between steps),
@@ -57,6 +53,7 @@ applied), :attr:`ESEvolver.rollout`, ``ctx.policy`` (the centre: no perturbation
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping
@@ -70,7 +67,6 @@ from pydantic import Field, field_validator, model_validator
 from coevo.artifacts import ES_MEMBER as MEMBER_KIND
 from coevo.es import GenerationRecord, Schedule, ScopeSpec, normalize_rewards
 from coevo.es.checkpoint import (
-    rebuild_plan,
     replays_exactly,
     snapshot_mode,
     snapshot_nbytes,
@@ -78,8 +74,8 @@ from coevo.es.checkpoint import (
 )
 from coevo.es.replica import ESReplica
 from coevo.evolvers.base import ContextScore, Evolver, EvolverConfig, StepReport, register_evolver, score_context
+from coevo.placement import InProcess, PlacementFields, ReplicaSpec, RolloutJob
 from coevo.rollouts.base import Rollout, Split, build_rollout, validate_rollout_spec
-from coevo.rollouts.ray_pool import PoolReplica, RayReplicaPool, RemotePolicy
 from coevo.tables import mean
 from coevo.types import ESMember, Trajectory
 
@@ -87,8 +83,10 @@ from coevo.types import ESMember, Trajectory
 POINTER_FILE = "es.json"
 
 
-class ESConfig(EvolverConfig):
-    """Settings of the ES evolver (defaults: the Agentic-ESOpt reference values, docs/references.md §1)."""
+class ESConfig(EvolverConfig, PlacementFields):
+    """Settings of the ES evolver (defaults: the Agentic-ESOpt reference values, docs/references.md §1); the
+    placement fields (``workers``, ``worker_num_cpus``, ``worker_num_gpus``) come from
+    :class:`coevo.placement.PlacementFields`."""
 
     population_size: int = Field(8, ge=1, description="N: members per generation (even when antithetic)")
     antithetic: bool = Field(True, description="mirrored pairs (seed, +1) / (seed, -1)")
@@ -138,18 +136,6 @@ class ESConfig(EvolverConfig):
         "scope: 1.4 GB for the 0.5B model); 'auto' (default) replay, or full for a run whose weights drift from its "
         "history (restore_mode inference without master_weights)",
     )
-    workers: int = Field(
-        0,
-        ge=0,
-        description="0 = in-process; >= 1 = Ray actors evaluating members (model.backend vllm: one vLLM engine per "
-        "actor, each in its own placement group, and no engine in the driver)",
-    )
-    worker_num_cpus: float = Field(
-        1.0, gt=0, description="Ray CPUs per actor (vLLM's CPU build: the whole cores its engine computes on)"
-    )
-    worker_num_gpus: float = Field(
-        0.0, ge=0, description="Ray GPUs per actor (> 0 runs actors on cuda; vLLM's CUDA build: 1 per engine)"
-    )
 
     @field_validator("rollout")
     @classmethod
@@ -174,6 +160,12 @@ class ESConfig(EvolverConfig):
         self.scope_spec()
         self.sigma_schedule()
         return self
+
+    def replica_spec(self) -> ReplicaSpec:
+        """What each copy of the weights holds (:class:`coevo.placement.ReplicaSpec`); a low-rank population
+        needs ``population_size`` LoRA adapters of rank ``rank`` on vLLM."""
+        lora = (self.population_size, self.rank) if self.perturbation == "lowrank" else None
+        return ReplicaSpec(self.scope_spec(), bool(self.master_weights), self.restore_mode, self.rollout, lora)
 
     def scope_spec(self) -> ScopeSpec:
         return ScopeSpec(self.scope, tuple(self.include), tuple(self.exclude))
@@ -205,75 +197,20 @@ class ESEvolver(Evolver):
         self.weights_hash: str | None = None
         self.last_snapshot: dict[str, Any] | None = None
         self._replica: ESReplica | None = None
-        self._pool: RayReplicaPool | None = None
-        factory = ctx.policy_factory
-        model = getattr(factory, "model", None)
-        #: the run's model section when its vLLM engines live in the Ray pool (workers >= 1, backend vllm)
-        self.engine_model = model if config.workers >= 1 and getattr(model, "backend", None) == "vllm" else None
-        self._engine_lora = getattr(factory, "lora", None)
-
-    def setup(self) -> None:
-        """With vLLM engines on Ray (``workers >= 1``, ``model.backend: vllm``) the run's policy becomes the
-        centre served by engine 0 (:class:`~coevo.rollouts.ray_pool.RemotePolicy`): the driver starts no engine of
-        its own (one vLLM engine per GPU or core slice, all of them in the pool)."""
-        if self.engine_model is not None:
-            self.ctx.policy_factory = lambda: RemotePolicy(self.pool, self.engine_model.model_dump(), 0)
+        #: where the replicas live (:mod:`coevo.placement`); a context built outside the loop has none: in-process
+        self.placement = ctx.placement if ctx.placement is not None else InProcess(ctx.policy_factory)
 
     # ------------------------------------------------------------------ replicas
     @property
     def replica(self) -> ESReplica:
-        """The ES replica of ``ctx.policy`` (created on first use): ``policy.es_replica(...)``, the backend's
-        implementation of :class:`coevo.es.replica.ESReplica` (in-process HF, or a vLLM engine's workers)."""
+        """The ES replica of every copy of the run's weights (created on first use by the placement,
+        :meth:`coevo.placement.Placement.replica`): :class:`coevo.es.replica.ESReplica`, whose ``policy`` is
+        ``ctx.policy``."""
         if self._replica is None:
-            cfg = self.config
-            if self.engine_model is not None:
-                self._replica = PoolReplica(self.pool, self.ctx.policy)  # type: ignore[assignment]
-            else:
-                self._replica = self.ctx.policy.es_replica(
-                    cfg.scope_spec(), master_weights=cfg.master_weights, restore_mode=cfg.restore_mode
-                )
+            self._replica = self.placement.replica(self.config.replica_spec(), self.ctx.policy)
             if self.weights_hash is None:
                 self.weights_hash = self._replica.weights_hash()
         return self._replica
-
-    @property
-    def pool(self) -> RayReplicaPool | None:
-        """The Ray actors (``workers >= 1``), brought to the driver's weights on creation; else None."""
-        cfg = self.config
-        if cfg.workers == 0:
-            return None
-        if self._pool is not None:
-            return self._pool
-        if self.engine_model is not None:  # one vLLM engine per actor, built from the run's model section
-            model = {"model": self.engine_model.model_dump(), "lora": self._engine_lora}
-        else:
-            from coevo.backends.hf import HFPolicy
-
-            policy = self.replica.policy
-            if not isinstance(policy, HFPolicy):
-                raise TypeError(f"workers >= 1 needs the hf backend, the run's policy is {type(policy).__name__}")
-            model = {
-                "model": policy.model_id,
-                "dtype": str(policy.dtype).removeprefix("torch."),
-                "device": str(policy.device),
-                "batch_size": policy.batch_size,
-                "cpu_linear": policy.cpu_linear,
-            }
-        spec = {
-            **model,
-            "rollout": cfg.rollout,
-            "scope": cfg.scope_spec().to_dict(),
-            "master_weights": cfg.master_weights,
-            "restore_mode": cfg.restore_mode,
-        }
-        self._pool = RayReplicaPool(spec, cfg.workers, cfg.worker_num_cpus, cfg.worker_num_gpus)
-        if self.engine_model is None:  # the HF actors against the driver's replica
-            if self.generation > 0:
-                snap, records = rebuild_plan(self.ctx.run_dir, self._history(), self.generation)
-                self._pool.load(snap[1] if snap else None, records, expected=self.replica.weights_hash())
-            else:
-                RayReplicaPool.check(self._pool.start_hashes, self.replica.weights_hash(), "start")
-        return self._pool
 
     # ------------------------------------------------------------------ public hooks
     def members(self, generation: int) -> list[ESMember]:
@@ -298,19 +235,6 @@ class ESEvolver(Evolver):
         restored on exit (for evolvers that score members their own way)."""
         return self.replica.perturbed(member)
 
-    def _run_member(self, member: ESMember, generation: int, round_index: int) -> list[Trajectory]:
-        """Roll out one member's perturbed policy on the train split (restored after, also on errors)."""
-        with self.replica.perturbed(member) as policy:
-            return self.rollout.run(
-                policy,
-                generation=generation,
-                member=member,
-                split="train",
-                evolver=self.name,
-                key_prefix=self.key_prefix(generation, member),
-                round_index=round_index,
-            )
-
     def evaluate_members(self, generation: int, members: list[ESMember], round_index: int) -> list[list[Trajectory]]:
         """Trajectories of each member (stored ones reused, the rest rolled out and recorded), in order.
 
@@ -322,50 +246,20 @@ class ESEvolver(Evolver):
         todo = [i for i, ts in enumerate(out) if ts is None]
         if not todo:
             return out  # type: ignore[return-value]
-        prefixes = [self.key_prefix(generation, m) for m in members]
+        context = self._job_context()
+        jobs = [
+            RolloutJob(m, generation, self.key_prefix(generation, m), self.name, round_index, "train", context)
+            for m in members
+        ]
         if self.config.perturbation == "lowrank":
-            if self.pool is not None:
-                fresh = self.pool.evaluate_population(
-                    members,
-                    prefixes,
-                    rank=self.config.rank,
-                    generation=generation,
-                    evolver=self.name,
-                    round_index=round_index,
-                    context=self._job_context(),
-                )
-            else:
-                with self.replica.population(members, self.config.rank) as pop:
-                    fresh = self.rollout.run_population(
-                        pop,
-                        members,
-                        generation=generation,
-                        key_prefixes=prefixes,
-                        split="train",
-                        evolver=self.name,
-                        round_index=round_index,
-                    )
+            fresh = self.placement.evaluate_population(self.rollout, self.replica, members, jobs, self.config.rank)
             for i in todo:
-                out[i] = self._record(prefixes[i], fresh[i], members[i])
-        elif self.pool is not None:
-            jobs = [
-                {
-                    "member": asdict(members[i]),
-                    "generation": generation,
-                    "round_index": round_index,
-                    "key_prefix": prefixes[i],
-                    "evolver": self.name,
-                    "context": self._job_context(),
-                }
-                for i in todo
-            ]
-            # each member is stored as soon as it is back: an actor lost mid-generation leaves the finished ones
-            what = f"generation {generation}'s members"
-            for j, ts in self.pool.evaluate_iter(jobs, what, between=lambda: self.ctx.sample_boundary(0)):
-                out[todo[j]] = self._record(prefixes[todo[j]], ts, members[todo[j]])
+                out[i] = self._record(jobs[i].key_prefix, fresh[i], members[i])
         else:
-            for i in todo:
-                out[i] = self._record(prefixes[i], self._run_member(members[i], generation, round_index), members[i])
+            # each member is stored as soon as it is back: a replica lost mid-generation leaves the finished ones
+            between = functools.partial(self.ctx.sample_boundary, 0)
+            for j, ts in self.placement.evaluate_members(self.rollout, self.replica, [jobs[i] for i in todo], between):
+                out[todo[j]] = self._record(jobs[todo[j]].key_prefix, ts, members[todo[j]])
         return out  # type: ignore[return-value]
 
     def _job_context(self) -> dict[str, dict[str, Any]]:
@@ -428,21 +322,8 @@ class ESEvolver(Evolver):
         if ts is None:
             if self.replica.active:
                 raise RuntimeError("a perturbation is active: the centre cannot be evaluated now")
-            if self.engine_model is not None:  # on engine 0, under the current context
-                job = {"member": None, "generation": generation, "round_index": round_index, "key_prefix": prefix}
-                job.update(evolver=self.name, split="test", context=self._job_context())
-                ts = self._record(prefix, self.pool.evaluate_on(0, job, "the centre's evaluation"), None)
-                return ts, self.rollout.member_reward(ts)
-            ts = self.rollout.run(
-                self.replica.policy,
-                generation=generation,
-                member=None,
-                key_prefix=prefix,
-                split="test",
-                evolver=self.name,
-                round_index=round_index,
-            )
-            ts = self._record(prefix, ts, None)
+            job = RolloutJob(None, generation, prefix, self.name, round_index, "test", self._job_context())
+            ts = self._record(prefix, self.placement.evaluate_centre(self.rollout, self.replica, job), None)
         return ts, self.rollout.member_reward(ts)
 
     def _cached(self, prefix: str) -> list[Trajectory] | None:
@@ -495,7 +376,6 @@ class ESEvolver(Evolver):
                     f"({need} samples: {len(members)} members x {self.rollout.n_cases('train') or 1} cases + evaluation)"
                 ),
             )
-        pool = self.pool  # created (and synchronised) before any weight change of this step
         eval_before, eval_after = self._evals_due(g)
         rep = StepReport()
         if eval_before:
@@ -524,9 +404,7 @@ class ESEvolver(Evolver):
             rank=cfg.rank if cfg.perturbation == "lowrank" else None,
         )
         before = self.replica.weights_hash() if self.weights_hash is None else self.weights_hash
-        stats, after = self.replica.apply(record)  # engine pool: every engine applies it, hashes checked equal
-        if pool is not None and self.engine_model is None:
-            pool.apply(record, expected=after)  # the actors apply the same update; hashes compared
+        stats, after = self.replica.apply(record)  # on every copy of the weights, hashes checked equal
         record.weight_hash_after = after
         self._write_history(record, before, stats.to_dict(), rep.metrics.get("test_reward"), round_index)
         self.generation, self.weights_hash = g + 1, after
@@ -568,7 +446,7 @@ class ESEvolver(Evolver):
             "update": update,
             "test_reward_before": test_reward,
             "round": round_index,
-            "workers": self.config.workers,
+            "workers": self.placement.workers,
         }
         if not self.ctx.store.add_es_history(self.ctx.run_id, self.name, record.generation, row):
             stored = {r["generation"]: r for r in self.ctx.store.es_history(self.ctx.run_id, self.name)}
@@ -641,21 +519,14 @@ class ESEvolver(Evolver):
         self.weights_hash, self.last_snapshot = digest, pointer.get("snapshot")
 
     def close(self) -> None:
-        """Write the final weight snapshot (if not written yet) and stop the Ray actors."""
+        """Write the final weight snapshot (if not written yet); the loop closes the placement after."""
         if (
             self._replica is not None
             and self.generation > 0
             and (self.last_snapshot is None or self.last_snapshot["generation"] != self.generation)
         ):
             self.snapshot()
-        self.release()
         self.rollout.close()
-
-    def release(self) -> None:
-        """Stop the Ray actors and their engines (no process left); idempotent."""
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            pool.close()
 
     def _kept_weights(self) -> str:
         """The report's sentence on what the run keeps of its weights (``weight_snapshots``) and how to get them."""

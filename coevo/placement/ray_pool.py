@@ -1,6 +1,7 @@
-"""A pool of ES replicas on Ray actors: HF replicas, or one vLLM engine per actor.
+"""A pool of ES replicas on Ray actors: HF replicas, or one vLLM engine per actor (what the Ray placements of
+:mod:`coevo.placement` hold).
 
-:class:`RayReplicaPool` holds ``workers`` replicas on Ray actors, each built from the same model config through
+:class:`RayReplicaPool` holds ``workers`` replicas on Ray actors, each built from the same model section through
 the backend factory (:func:`coevo.backends.factory.make_policy`), so the same pool serves
 :class:`~coevo.backends.hf_replica.HFReplica` and :class:`~coevo.backends.vllm_engine.VLLMReplica` (as in OpenAI ES,
 Salimans et al. 2017 §2.1, Agentic-ESOpt's multi-engine setup, and Qiu et al.'s ES at scale: one vLLM engine per
@@ -13,9 +14,9 @@ otherwise). Noise is drawn on the CPU from (seed, name, chunk) and updates are d
 Placement: every actor gets its own placement group (one bundle: ``num_cpus`` CPUs and ``num_gpus`` GPUs,
 ``STRICT_PACK``), and the engine's own processes (vLLM's engine core and worker) inherit the actor's GPU
 (``CUDA_VISIBLE_DEVICES``, set by Ray). A vLLM engine on vLLM's CPU build computes on a slice of cores of its
-own: actor ``i`` of a pool with ``k = num_cpus`` cores per actor binds its worker's OpenMP threads to cores
-``i*k .. i*k+k-1`` of the cores its process may use (``VLLM_CPU_OMP_THREADS_BIND``; no core reserved for the
-scheduler), so two engines on two cores never share one.
+own: actor ``i`` of a pool with ``k = num_cpus`` cores per actor computes on cores ``i*k .. i*k+k-1`` of the
+cores its process may use (:func:`coevo.backends.vllm_env.cpu_slice` / ``bind_cpu_slice``), so two engines on
+two cores never share one.
 
 Before any engine starts (:func:`preflight`), one small Ray task per placement group checks the node it lands
 on: the model folder exists there, vLLM imports there (vllm backend), and the pool fits (``workers`` x
@@ -58,7 +59,6 @@ from typing import Any
 
 import torch
 
-from coevo.backends.base import Policy
 from coevo.errors import ConfigError, UserError
 from coevo.es import GenerationRecord, ScopeSpec, UpdateStats
 from coevo.types import ESMember, Trajectory
@@ -80,36 +80,14 @@ class EngineLostError(UserError):
     """A replica's Ray actor (and its engine) died; the message names it and what it was doing (one line)."""
 
 
-def model_section(spec: dict[str, Any]) -> dict[str, Any]:
-    """The ``ModelConfig`` fields of an actor spec: ``spec["model"]`` when it is a mapping (any backend), else
-    the HF replica's legacy keys (``model`` reference, ``dtype``, ``device``, ``batch_size``, ``cpu_linear``)."""
-    if isinstance(spec["model"], dict):
-        return dict(spec["model"])
-    return {
-        "name": str(spec["model"]),
-        "backend": "hf",
-        "dtype": spec.get("dtype", "bfloat16"),
-        "device": spec.get("device", "cpu"),
-        "batch_size": int(spec.get("batch_size", 8)),
-        "cpu_linear": spec.get("cpu_linear", "auto"),
-    }
-
-
-def cpu_slice(index: int, per_actor: int, cores: Sequence[int]) -> list[int]:
-    """The cores actor ``index`` binds its engine to: ``per_actor`` consecutive ones of ``cores`` (sorted),
-    wrapping around when the pool asks for more than there are (:func:`preflight` refuses that locally)."""
-    ordered = sorted(cores)
-    return [ordered[(index * per_actor + j) % len(ordered)] for j in range(per_actor)]
-
-
 class ReplicaWorker:
     """The object a Ray actor holds (wrapped with ``ray.remote`` by :class:`RayReplicaPool`); plain-data API.
 
-    ``spec`` keys: ``model`` (a ``ModelConfig`` mapping, or an HF model reference with the legacy keys of
-    :func:`model_section`), optional ``lora`` (``(max_loras, max_rank)`` of a low-rank population on vLLM),
+    ``spec`` keys: ``model`` (a ``ModelConfig`` mapping, any backend), optional ``lora`` (``(max_loras, max_rank)`` of a low-rank population on vLLM),
     ``rollout`` (rollout config mapping, built with ``ctx=None``), ``scope`` (``ScopeSpec`` dict),
     ``master_weights``, ``restore_mode``, optional ``torch_threads``, ``index`` (the actor's place in the
-    pool) and ``cores_per_actor`` (vLLM's CPU build: the size of its core slice, :func:`cpu_slice`).
+    pool) and ``cores_per_actor`` (vLLM's CPU build: the size of its core slice,
+    :func:`coevo.backends.vllm_env.cpu_slice`).
     """
 
     def __init__(self, spec: dict[str, Any]) -> None:
@@ -117,14 +95,14 @@ class ReplicaWorker:
         from coevo.backends.spec import ModelConfig
         from coevo.rollouts.base import build_rollout
 
-        model = ModelConfig.model_validate(model_section(spec))
+        model = ModelConfig.model_validate(spec["model"])
         self.pid = os.getpid()
         self.cores: list[int] = []
         if model.backend == "vllm" and spec.get("cores_per_actor"):
+            from coevo.backends.vllm_env import bind_cpu_slice, cpu_slice
+
             self.cores = cpu_slice(int(spec.get("index", 0)), int(spec["cores_per_actor"]), os.sched_getaffinity(0))
-            # read by vLLM's CPU platform when the engine starts (coevo.backends.vllm_env keeps a user's binding)
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, self.cores))
-            os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+            bind_cpu_slice(self.cores)
         if spec.get("torch_threads"):
             torch.set_num_threads(int(spec["torch_threads"]))
         before = _children()
@@ -296,32 +274,57 @@ def _node_problem(model: dict[str, Any], need_gpus: float) -> str | None:
     return None
 
 
-def preflight(model: dict[str, Any], workers: int, num_cpus: float, num_gpus: float, vllm_cpu: bool) -> None:
-    """Refuse a pool that cannot start, before any placement group or engine (one ``ConfigError`` line).
+def machine_problem(backend: str | None, workers: int, num_cpus: float, num_gpus: float, where: str) -> str | None:
+    """What this machine cannot give a pool, read without Ray (``coevo run --check`` and :func:`preflight`): for
+    vLLM's CPU build (``backend`` vllm, no GPU per actor) ``workers`` x ``num_cpus`` whole cores of this machine
+    (the engines' core slices must not overlap), and without a cluster (no ``RAY_ADDRESS``) ``workers`` x
+    ``num_gpus`` CUDA GPUs visible here. Returns one line naming the field (``where``: ``evolvers.<name>``), or
+    None."""
+    local = not os.environ.get("RAY_ADDRESS")
+    if backend == "vllm" and num_gpus == 0:
+        if num_cpus != int(num_cpus):
+            return f"{where}.worker_num_cpus: a vLLM-CPU engine needs whole cores, got {num_cpus:g}"
+        cores = len(os.sched_getaffinity(0))
+        if local and workers * int(num_cpus) > cores:
+            return (
+                f"{where}.workers: {workers} vLLM-CPU engines x {int(num_cpus)} core(s) need "
+                f"{workers * int(num_cpus)} cores, this machine gives the run {cores}: lower workers or worker_num_cpus"
+            )
+    if local and num_gpus > 0:
+        try:
+            have = torch.cuda.device_count()
+        except Exception:  # noqa: BLE001 - a broken CUDA counts as none
+            have = 0
+        if workers * num_gpus > have:
+            return (
+                f"{where}.workers: {workers} engines x {num_gpus:g} GPU need {workers * num_gpus:g} GPUs, this "
+                f"machine has {have}: lower workers, or start on a machine / cluster (RAY_ADDRESS) with more"
+            )
+    return None
+
+
+def preflight(
+    model: dict[str, Any], workers: int, num_cpus: float, num_gpus: float, vllm_cpu: bool, where: str = "evolvers.es"
+) -> None:
+    """Refuse a pool that cannot start, before any placement group or engine (one ``ConfigError`` line naming
+    ``where``'s field).
 
     Checks ``workers`` x ``num_gpus`` against the Ray cluster's GPUs, and for vLLM's CPU build ``workers`` x
     ``num_cpus`` whole cores against this machine's (a local cluster: the engines' core slices must not overlap).
     """
     import ray
 
-    if vllm_cpu:
-        if num_cpus != int(num_cpus):
-            raise ConfigError(f"evolvers.es.worker_num_cpus: a vLLM-CPU engine needs whole cores, got {num_cpus:g}")
-        cores = len(os.sched_getaffinity(0))
-        if not os.environ.get("RAY_ADDRESS") and workers * int(num_cpus) > cores:
-            raise ConfigError(
-                f"evolvers.es.workers: {workers} vLLM-CPU engines x {int(num_cpus)} core(s) need "
-                f"{workers * int(num_cpus)} cores, this machine gives the run {cores}: lower workers or worker_num_cpus"
-            )
+    if vllm_cpu and (problem := machine_problem("vllm", workers, num_cpus, 0.0, where)):
+        raise ConfigError(problem)
     if num_gpus > 0:
         have = ray.cluster_resources().get("GPU", 0.0)
         if workers * num_gpus > have:
             raise ConfigError(
-                f"evolvers.es.workers: {workers} engines x {num_gpus:g} GPU need {workers * num_gpus:g} GPUs, "
+                f"{where}.workers: {workers} engines x {num_gpus:g} GPU need {workers * num_gpus:g} GPUs, "
                 f"the Ray cluster has {have:g}: lower workers, or start on a machine / cluster (RAY_ADDRESS) with more"
             )
     elif model.get("backend") == "vllm" and not vllm_cpu:
-        raise ConfigError("evolvers.es.worker_num_gpus: vLLM's CUDA build needs worker_num_gpus >= 1 per engine")
+        raise ConfigError(f"{where}.worker_num_gpus: vLLM's CUDA build needs worker_num_gpus >= 1 per engine")
     # what is free now, after what the cluster has at all (another pool of this process may hold CPUs). Ray's
     # view of free resources lags a closed pool's placement-group removal, so a short wait before refusing.
     deadline = time.monotonic() + RESOURCE_SETTLE_S
@@ -331,7 +334,7 @@ def preflight(model: dict[str, Any], workers: int, num_cpus: float, num_gpus: fl
         free = ray.available_resources().get("CPU", 0.0)
     if workers * num_cpus > free:
         raise ConfigError(
-            f"evolvers.es.workers: {workers} actors x {num_cpus:g} CPU need {workers * num_cpus:g} Ray CPUs, the Ray "
+            f"{where}.workers: {workers} actors x {num_cpus:g} CPU need {workers * num_cpus:g} Ray CPUs, the Ray "
             f"cluster has {free:g} free: lower workers or worker_num_cpus"
         )
 
@@ -345,6 +348,7 @@ class RayReplicaPool:
         spec: the actors' spec (:class:`ReplicaWorker`), plain data.
         workers: number of actors (>= 1).
         num_cpus, num_gpus: Ray resources per actor (a GPU actor runs its model on ``cuda``).
+        where: the config section the pool's settings come from, named in errors (``evolvers.<name>``).
 
     Raises:
         ValueError: workers < 1. ConfigError: the pool cannot start here (:func:`preflight`, or a node lacks
@@ -352,7 +356,14 @@ class RayReplicaPool:
         to start (its one line). ReplicaDivergenceError: the actors start from different weights.
     """
 
-    def __init__(self, spec: dict[str, Any], workers: int, num_cpus: float = 1.0, num_gpus: float = 0.0) -> None:
+    def __init__(
+        self,
+        spec: dict[str, Any],
+        workers: int,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+        where: str = "evolvers.es",
+    ) -> None:
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -362,17 +373,17 @@ class RayReplicaPool:
         self.actors: list[Any] = []
         self.groups: list[Any] = []
         self.infos: list[dict[str, Any]] = []
-        model = model_section(spec)
+        model = dict(spec["model"])
         vllm_cpu = model.get("backend") == "vllm" and num_gpus == 0
         self._started = ensure_ray(max(1, math.ceil(workers * num_cpus)))
         try:
-            preflight(model, workers, num_cpus, num_gpus, vllm_cpu)
+            preflight(model, workers, num_cpus, num_gpus, vllm_cpu, where)
             bundle = {"CPU": float(num_cpus), **({"GPU": float(num_gpus)} if num_gpus > 0 else {})}
             self.groups = [placement_group([bundle], strategy="STRICT_PACK") for _ in range(workers)]
             ready, _ = ray.wait([g.ready() for g in self.groups], num_returns=workers, timeout=PLACEMENT_TIMEOUT_S)
             if len(ready) < workers:
                 raise ConfigError(
-                    f"evolvers.es.workers: only {len(ready)} of {workers} placement groups ({bundle}) could be "
+                    f"{where}.workers: only {len(ready)} of {workers} placement groups ({bundle}) could be "
                     f"placed in {PLACEMENT_TIMEOUT_S:.0f} s: the Ray cluster lacks the resources"
                 )
             strategies = [
@@ -383,10 +394,10 @@ class RayReplicaPool:
                 [check.options(num_cpus=0, scheduling_strategy=s).remote(model, num_gpus) for s in strategies]
             )
             if problem := next((p for p in problems if p), None):
-                raise ConfigError(f"evolvers.es.workers: {problem}")
-            base = {**spec, "device": "cuda" if num_gpus > 0 else spec.get("device", "cpu")}
-            if isinstance(base["model"], dict) and num_gpus > 0 and model.get("backend") == "hf":
-                base["model"] = {**base["model"], "device": "cuda"}
+                raise ConfigError(f"{where}.workers: {problem}")
+            base = dict(spec)
+            if num_gpus > 0 and model.get("backend") == "hf":  # a GPU actor runs its HF replica on cuda
+                base["model"] = {**model, "device": "cuda"}
             base.setdefault("torch_threads", max(1, int(num_cpus)))
             if vllm_cpu:
                 base["cores_per_actor"] = int(num_cpus)
@@ -623,92 +634,12 @@ def _kill_leftovers(pids: Sequence[int], timeout_s: float = 10.0) -> None:
             os.kill(p, signal.SIGKILL)
 
 
-class RemotePolicy(Policy):
-    """The centre served by actor ``index`` of a pool: ``generate`` / ``logprob`` run there (the run's policy
-    when the ES evolver's vLLM engines live in the pool and the driver holds none); the tokenizer is loaded
-    here from the model folder.
-
-    Attributes: pool, index, model_id, dtype, tokenizer; the flags of the backend (vLLM's).
-    """
-
-    def __init__(self, pool: RayReplicaPool, model: dict[str, Any], index: int = 0) -> None:
-        from coevo.backends.base import torch_dtype
-        from coevo.backends.models import load_tokenizer, resolve_model
-
-        self.pool, self.index = pool, index
-        self.model_id = str(model["name"])
-        self.dtype = torch_dtype(model.get("dtype", "bfloat16"))
-        self.tokenizer = load_tokenizer(resolve_model(self.model_id))
-        vllm = model.get("backend") == "vllm"
-        self.can_continue_final_message = vllm
-        self.can_constrain = vllm
-
-    def generate(self, conversations, params):
-        actor = self.pool.actors[self.index]
-        return self.pool._get(actor.generate.remote(conversations, params), "a generation of the centre")
-
-    def logprob(self, conversations, targets):
-        actor = self.pool.actors[self.index]
-        return self.pool._get(actor.logprob.remote(conversations, targets), "a log-probability of the centre")
-
-
-class PoolReplica:
-    """The :class:`coevo.es.replica.ESReplica` of a pool whose actors hold the only engines (the driver none):
-    every weight operation runs on all actors with their hashes checked equal; ``perturbed`` perturbs actor 0
-    (which also serves ``policy``, a :class:`RemotePolicy`); members are evaluated through the pool."""
-
-    def __init__(self, pool: RayReplicaPool, policy: RemotePolicy) -> None:
-        self.pool, self.policy = pool, policy
-        self._active = False
-
-    @property
-    def active(self) -> bool:
-        return self._active
-
-    @contextlib.contextmanager
-    def perturbed(self, member: ESMember) -> Iterator[Any]:
-        actor = self.pool.actors[self.policy.index]
-        self.pool._get(actor.perturb.remote(asdict(member)), "a perturbation")
-        self._active = True
-        try:
-            yield self.policy
-        finally:
-            self._active = False
-            self.pool._get(actor.restore.remote(), "a restore")
-
-    def population(self, members: Sequence[ESMember], rank: int) -> Any:
-        raise NotImplementedError(
-            "a low-rank population of a Ray engine pool is rolled out on the actors (RayReplicaPool.evaluate_population)"
-        )
-
-    def weights_hash(self) -> str:
-        return self.pool.weights_hash()
-
-    def noise_hash(self, member: ESMember) -> str:
-        return self.pool.check(self.pool.noise_hashes(member), None, "a noise check")[0]
-
-    def apply(self, record: GenerationRecord) -> tuple[UpdateStats, str]:
-        return self.pool.update(record)
-
-    def load(self, snapshot: str | Path | None, records: Sequence[GenerationRecord]) -> str:
-        return self.pool.load(snapshot, records)
-
-    def save_snapshot(self, path: str | Path, meta: dict[str, Any] | None = None) -> str:
-        return self.pool.save_snapshot(path, meta)
-
-    def rebuild(self, run_dir: str | Path, rows: Sequence[dict[str, Any]], generation: int) -> tuple[str, int | None]:
-        return self.pool.rebuild(run_dir, rows, generation)
-
-
 __all__ = [
     "EngineLostError",
-    "PoolReplica",
     "RayReplicaPool",
-    "RemotePolicy",
     "ReplicaDivergenceError",
     "ReplicaWorker",
-    "cpu_slice",
     "ensure_ray",
-    "model_section",
+    "machine_problem",
     "preflight",
 ]
