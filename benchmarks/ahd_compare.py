@@ -266,9 +266,11 @@ def run_settings(problem: str, method: str, seed: int, args: argparse.Namespace)
 
 def heldout_rows(ev) -> dict[int, dict[str, Any]]:
     """Held-out size -> the seed's and the best heuristic's objective and gap, and the reference, of an AHD
-    evolver (its :meth:`~coevo.evolvers.ahd_common.AHDEvolver.comparison_rows`)."""
+    evolver (:func:`coevo.report.ahd.comparison_rows`)."""
+    from coevo.report.ahd import comparison_rows
+
     rows = {}
-    for size, _n, seed_obj, seed_gap, best_obj, best_gap, ref, _beats in ev.comparison_rows():
+    for size, _n, seed_obj, seed_gap, best_obj, best_gap, ref, _beats in comparison_rows(ev):
         rows[int(size)] = {
             "seed_objective": seed_obj,
             "seed_gap": seed_gap,

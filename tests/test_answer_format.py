@@ -25,11 +25,10 @@ from coevo.ahd.answer import (
 )
 from coevo.ahd.problem import load_problem
 from coevo.ahd.prompts import answer_format, build_messages, free_format_messages, prefill_format, repair_messages
-from coevo.ahd.sampler import HeuristicSampler
+from coevo.ahd.sampler import HeuristicSampler, SamplerSettings
 from coevo.backends.base import Completion, Policy, SamplingParams, render_chat
 from coevo.budget import Budget
 from coevo.config import ConfigError, parse_config
-from coevo.sandbox.runner import SandboxLimits
 from coevo.store import TrajectoryStore
 
 PROBLEMS = ("tsp_construct", "kp_construct", "cvrp_construct", "bpp_online")
@@ -167,16 +166,14 @@ def test_sampler_on_hf_prefills_glues_and_records(tmp_path, hf_policy, private_c
     store = TrajectoryStore(tmp_path / "s.sqlite")
     sampler = HeuristicSampler(
         load_problem("tsp_construct"),
+        SamplerSettings(
+            train_size=6, train_count=1, train_seed=1, eval_timeout_s=10, eval_memory_mb=1024, eval_workers=1
+        ),
         owner="eoh",
         run_id="r",
         store=store,
         budget=Budget(store, "r", None),
         sampling=SamplingParams(max_new_tokens=16, temperature=1.0, seed=1),
-        train_size=6,
-        train_count=1,
-        train_seed=1,
-        limits=SandboxLimits(timeout_s=10, memory_mb=1024),
-        workers=1,
     )
     jobs = [sampler.job("i1", key=sampler.key("i1", k), seed=5) for k in range(2)]
     trajs = sampler.sample(jobs, round_index=0, generation=0, policy=hf_policy)
@@ -216,17 +213,14 @@ def _sampler(tmp_path, **kw):
     store = TrajectoryStore(tmp_path / "s.sqlite")
     return HeuristicSampler(
         load_problem("tsp_construct"),
+        SamplerSettings(
+            train_size=6, train_count=2, train_seed=1, eval_timeout_s=10, eval_memory_mb=1024, eval_workers=1, **kw
+        ),
         owner="eoh",
         run_id="r",
         store=store,
         budget=Budget(store, "r", None),
         sampling=SamplingParams(max_new_tokens=64, stop=("\n```\n",)),
-        train_size=6,
-        train_count=2,
-        train_seed=1,
-        limits=SandboxLimits(timeout_s=10, memory_mb=1024),
-        workers=1,
-        **kw,
     )
 
 
