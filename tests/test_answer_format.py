@@ -317,3 +317,21 @@ def test_answer_settings_out_of_range_name_the_field(fields, needle):
     with pytest.raises(ConfigError, match=needle) as info:
         parse_config(data)
     assert sum(needle in line for line in str(info.value).splitlines()) == 1  # one line names the field
+
+
+def test_sampler_settings_read_the_config_by_field_name_and_check_once():
+    """``SamplerSettings.of``: every sampler field of an AHD config by its name (resolved sizes and seeds given),
+    the checks in one place."""
+    from coevo.evolvers.eoh import EoHConfig
+
+    cfg = EoHConfig(
+        problem="tsp_construct", train_count=3, parse_retries=2, repair=True, operator_temperature={"m1": 0.5}
+    )
+    s = SamplerSettings.of(cfg, train_size=20, train_seed=9)
+    assert (s.train_size, s.train_count, s.train_seed, s.parse_retries, s.repair) == (20, 3, 9, 2, True)
+    assert s.operator_temperature == {"m1": 0.5} and s.limits.timeout_s == cfg.eval_timeout_s
+    for bad, field in (({"parse_retries": -1}, "parse_retries"), ({"answer_format": "json"}, "answer_format")):
+        with pytest.raises(ValueError, match=field):
+            SamplerSettings(train_size=5, train_count=1, train_seed=0, **bad)
+    with pytest.raises(ValueError, match="answer_grammar"):
+        SamplerSettings(train_size=5, train_count=1, train_seed=0, answer_format="free", answer_grammar=True)
