@@ -1,8 +1,9 @@
-"""AHD comparison: EoH, Sample and their ES variants (Agentic ESOpt), and the (1+1)-EPS hill climber, at matched
-LLM-sample budgets.
+"""AHD comparison: EoH, Sample and their ES variants (Agentic ESOpt), the (1+1)-EPS hill climber and ReEvo, at
+matched LLM-sample budgets.
 
 For every problem, method (``eoh``, ``sample``, ``eoh_es``, ``sample_es``, ``hillclimb``: LLM4AD's (1+1)-EPS,
-Zhang et al., PPSN 2024, one incumbent improved by m1 variants, :mod:`coevo.evolvers.hillclimb`; the shipped
+Zhang et al., PPSN 2024, one incumbent improved by m1 variants, :mod:`coevo.evolvers.hillclimb`; ``reevo``: ReEvo,
+Ye et al., NeurIPS 2024, :mod:`coevo.evolvers.reevo`, whose reflections count against the same budget; the shipped
 configs ``configs/ahd/<method>/<problem>.yaml``; and the noise-only controls ``eoh_es_noise``, ``sample_es_noise``:
 the ES arm's config with ``evolvers.es.alpha=0``, members perturbed but never updated) and seed, one real run
 (:class:`coevo.loop.CoEvolutionLoop`) with ``budget.max_samples`` set to the same ``--max-samples`` for every
@@ -99,9 +100,9 @@ def main_tune_settings() -> dict[str, Any]:
     return {**spec.params.model_dump(exclude={"evolver"}), "elites": POSTHOC_ELITES}
 
 
-METHODS = ("eoh", "sample", "eoh_es", "sample_es", "hillclimb", "eoh_es_noise", "sample_es_noise")
+METHODS = ("eoh", "sample", "eoh_es", "sample_es", "hillclimb", "reevo", "eoh_es_noise", "sample_es_noise")
 #: the heuristic-design evolver types an arm's config may hold
-AHD_TYPES = ("eoh", "sample", "hillclimb")
+AHD_TYPES = ("eoh", "sample", "hillclimb", "reevo")
 BASELINE = {"eoh_es": "eoh", "sample_es": "sample"}
 #: the noise-only controls of the ES arms: the ES arm's config with ``evolvers.es.alpha=0`` (members perturbed,
 #: never updated; the seed paper's ablation, docs/field-notes §8); no config file of their own
@@ -172,6 +173,12 @@ def plan_steps(cfg: RunConfig) -> list[tuple[str, int]]:
                 p = ahd.params
                 if ahd.type in ("sample", "hillclimb"):
                     n = p.batch
+                elif ahd.type == "reevo":  # pairs' reflections and crossovers, the long-term one, mutations
+                    n = (
+                        p.init_population_size
+                        if ahd_done == 0
+                        else 2 * p.population_size + 1 + max(1, int(p.population_size * p.mutation_rate))
+                    )
                 else:
                     n = (
                         2 * p.population_size
@@ -266,9 +273,11 @@ def run_settings(problem: str, method: str, seed: int, args: argparse.Namespace)
 
 def heldout_rows(ev) -> dict[int, dict[str, Any]]:
     """Held-out size -> the seed's and the best heuristic's objective and gap, and the reference, of an AHD
-    evolver (its :meth:`~coevo.evolvers.ahd_common.AHDEvolver.comparison_rows`)."""
+    evolver (:func:`coevo.report.ahd.comparison_rows`)."""
+    from coevo.report.ahd import comparison_rows
+
     rows = {}
-    for size, _n, seed_obj, seed_gap, best_obj, best_gap, ref, _beats in ev.comparison_rows():
+    for size, _n, seed_obj, seed_gap, best_obj, best_gap, ref, _beats in comparison_rows(ev):
         rows[int(size)] = {
             "seed_objective": seed_obj,
             "seed_gap": seed_gap,

@@ -84,11 +84,10 @@ def _novel(valid, sampler) -> int:
 
 def run_arm(problem_name, arm, policy, args, samples_out) -> dict:
     """One arm on one problem: ``--prompts`` sampler calls, their trajectories summarised."""
-    from coevo.ahd.sampler import HeuristicSampler
+    from coevo.ahd.sampler import HeuristicSampler, SamplerSettings
     from coevo.budget import Budget
     from coevo.config import load_config
     from coevo.context import RunContext
-    from coevo.sandbox.runner import SandboxLimits
     from coevo.store import TrajectoryStore
 
     cfg, _ = load_config(ROOT / "configs" / "ahd" / f"{problem_name}.yaml")
@@ -116,22 +115,20 @@ def run_arm(problem_name, arm, policy, args, samples_out) -> dict:
         from coevo.ahd.problem import load_problem
 
         problem = load_problem(problem_name)
-        sampler = HeuristicSampler(
-            problem,
-            owner="eoh",
-            run_id=arm,
-            store=store,
-            budget=Budget(store, arm, None),
-            sampling=params,
+        settings = SamplerSettings(  # the config's training set and limits; no retries, repairs or dedup
             train_size=ev.train_size or problem.default_size,
             train_count=ev.train_count,
             train_seed=ev.train_seed if ev.train_seed is not None else args.seed,
-            limits=SandboxLimits(timeout_s=ev.eval_timeout_s, memory_mb=ev.eval_memory_mb),
-            workers=ev.eval_workers,
+            eval_timeout_s=ev.eval_timeout_s,
+            eval_memory_mb=ev.eval_memory_mb,
+            eval_workers=ev.eval_workers,
             reject_duplicates=False,
             answer_format=fmt,
             answer_grammar=grammar,
             change_marks=base == "change",
+        )
+        sampler = HeuristicSampler(
+            problem, settings, owner="eoh", run_id=arm, store=store, budget=Budget(store, arm, None), sampling=params
         )
         seed = sampler.seed_individual()
         starts = [seed]

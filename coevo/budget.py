@@ -49,6 +49,12 @@ class Budget:
         """LLM samples consumed so far (from the store; failed samples included)."""
         return self.store.count_llm_calls(self.run_id)
 
+    def text_calls_used(self) -> int:
+        """Of :meth:`samples_used`, the free-text calls (reflections, critiques: :func:`coevo.types.is_text`)."""
+        from coevo.types import is_text
+
+        return sum(t.llm_calls for t in self.store.query(run_id=self.run_id, with_steps=False) if is_text(t))
+
     def remaining(self) -> int | None:
         """Samples left (>= 0), or None when unlimited."""
         if self.max_samples is None:

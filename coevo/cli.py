@@ -238,9 +238,13 @@ def _cmd_runs_export(args: argparse.Namespace) -> int:
         raise UsageError(f"{out} exists and is not a regular file; give a new .jsonl path")
     if not out.parent.is_dir():
         raise UsageError(f"folder {out.parent} does not exist")
+    from coevo.store.export import context_path, export_context_jsonl
+
     with _open_store(db, readonly=True) as store:
         n = store.export_jsonl(args.out)
-    print(f"wrote {n} trajectories to {args.out}")
+        side = context_path(args.out)
+        m = export_context_jsonl(store, side) if not side.is_symlink() else 0
+    print(f"wrote {n} trajectories to {args.out}" + (f" and {m} published context values to {side}" if m else ""))
     return 0
 
 

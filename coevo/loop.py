@@ -556,7 +556,12 @@ class CoEvolutionLoop:
                     "resume" if self.resumed else "new run",
                     " ".join(sys.argv),
                 )
-                self.progress.start(self.round, self.budget.samples_used())
+                self.progress.start(
+                    self.round,
+                    self.budget.samples_used(),
+                    text_calls=self.budget.text_calls_used(),
+                    elapsed_s=self.budget.wall_used_s,
+                )
                 if self.resumed:
                     self.progress.note(self.resumed)
                 steps_before = self.steps_done

@@ -3,7 +3,8 @@
 :class:`RunProgress` is fed by the loop (rounds, steps) and, through the run context's ``progress``
 callback (:meth:`coevo.evolvers.base.RunContext.report_progress`), from inside a step: ``"sampling"`` before
 a batch of LLM samples, ``"samples"`` when the batch is drawn, ``"trajectories"`` when a trajectory (an
-evaluated candidate, a member's case) is recorded. So the counters move per batch of samples and per
+evaluated candidate, a member's case) is recorded, ``"text"`` when free-text calls (reflections: they are LLM
+samples that make no candidate) are recorded, so the line says how many of the samples were text. So the counters move per batch of samples and per
 candidate, not once per evolver step.
 
 Modes:
@@ -135,6 +136,9 @@ class RunProgress:
         self.samples_base = 0  # samples in the store when the step started
         self.step_samples = 0  # drawn in the current step (reported by the policy hook)
         self.step_trajectories = 0
+        self.text_base = 0  # free-text calls in the store when the session started
+        self.text_calls = 0  # free-text calls recorded in this session
+        self.step_text = 0  # of them in the current step
         self.pending = 0  # samples being drawn right now
         self.model = model
         self.loading: str | None = None  # what is being loaded (the line says it), None when nothing is
@@ -154,9 +158,12 @@ class RunProgress:
         self._tasks: dict[str, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, round_index: int, samples_used: int) -> None:
-        """Begin showing progress (a run at ``round_index`` with ``samples_used`` samples in the store)."""
-        self.round, self.samples_base = round_index, samples_used
+    def start(self, round_index: int, samples_used: int, *, text_calls: int = 0, elapsed_s: float = 0.0) -> None:
+        """Begin showing progress (a run at ``round_index`` with ``samples_used`` samples in the store, of them
+        ``text_calls`` free-text calls; ``elapsed_s``: wall seconds of the run's earlier sessions, so ``elapsed``
+        counts from the run's start on a resume, as the report's wall clock does)."""
+        self.round, self.samples_base, self.text_base = round_index, samples_used, text_calls
+        self.started = time.monotonic() - max(0.0, elapsed_s)
         if self.mode == "bar":
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -227,7 +234,7 @@ class RunProgress:
     def step_started(self, round_index: int, evolver: str, space: str, samples_used: int) -> None:
         with self._lock:
             self.round, self.step, self.samples_base = round_index, (evolver, space), samples_used
-            self.step_samples = self.step_trajectories = self.pending = 0
+            self.step_samples = self.step_trajectories = self.step_text = self.pending = 0
             self._refresh()
             self._line()
 
@@ -243,6 +250,9 @@ class RunProgress:
                 self.pending = self.batch_rows = 0
             elif kind == "trajectories":
                 self.step_trajectories += n
+            elif kind == "text":
+                self.step_text += n
+                self.text_calls += n
             elif kind == "loading":
                 self.loading = loading_text(self.model)
                 self._hold_stderr()
@@ -289,12 +299,14 @@ class RunProgress:
         parts = [f"round {rounds}"]
         if self.step is not None:
             parts.append(f"{self.step[0]} ({self.step[1]})")
-        parts.append(f"LLM samples {samples}")
+        text = self.text_base + self.text_calls
+        parts.append(f"LLM samples {samples}" + (f" ({text} text calls)" if text else ""))
         if self.loading:
             parts.append(self.loading + (f" ({self._sink.bar})" if self._sink is not None and self._sink.bar else ""))
         elif self.step is not None:
+            text = f" ({self.step_text} text calls)" if self.step_text else ""
             parts.append(
-                f"this step: {self.step_samples} samples, {self.step_trajectories} trajectories{self._drawing()}"
+                f"this step: {self.step_samples} samples{text}, {self.step_trajectories} trajectories" + self._drawing()
             )
         if self.best:
             parts.append("best " + " ".join(f"{k}={v:.4g}" for k, v in self.best.items()))
@@ -317,7 +329,8 @@ class RunProgress:
             completed=self.round,
             info=f"round {self.round} · {self.step[0]} ({self.step[1]})" if self.step else "",
         )
-        step = f"step: {self.step_samples} samples, {self.step_trajectories} traj." if self.step else ""
+        text = f" ({self.step_text} text)" if self.step_text else ""
+        step = f"step: {self.step_samples} samples{text}, {self.step_trajectories} traj." if self.step else ""
         if self.batch_rows:  # short, for a terminal's width: the decoding counters first
             step = f"decoding {self.rows_done}/{self.batch_rows} rows, {self.tokens} tokens · {step}"
         elif self.pending:

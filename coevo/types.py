@@ -11,6 +11,7 @@ without touching the store; only the loop's process writes to the store.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -35,6 +36,18 @@ FAILURE_KINDS = (
     "sandbox",  # the sandbox could not start or died without a result
     "other",
 )
+
+
+#: ``Trajectory.meta["output"]`` of a free-text LLM call (a reflection, a critique, a plan;
+#: :meth:`coevo.ahd.sampler.HeuristicSampler.text`): its text is what it made, nothing was scored. Reports count
+#: such trajectories apart from the samples that make candidates (heuristics, answers).
+TEXT_OUTPUT = "text"
+
+
+def is_text(t: Trajectory) -> bool:
+    """Whether ``t`` is a free-text call (:data:`TEXT_OUTPUT`; also the reflections recorded before that mark,
+    ``meta["kind"] == "reflection"``)."""
+    return t.meta.get("output") == TEXT_OUTPUT or t.meta.get("kind") == "reflection"
 
 
 @dataclass
@@ -144,6 +157,69 @@ class Trajectory:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_completion(
+        cls,
+        completion: Any,
+        *,
+        key: str,
+        run_id: str,
+        evolver: str,
+        space: Space,
+        prompt: str | None,
+        action: str | None = None,
+        tool_result: str | None = None,
+        reward: float | None = None,
+        failure: str | None = None,
+        failure_detail: str | None = None,
+        earlier: Sequence[Any] = (),
+        started_at: float | None = None,
+        **fields: Any,
+    ) -> Trajectory:
+        """The trajectory of one LLM call: one :class:`Step` (``prompt`` -> the completion's text, ``action``,
+        ``tool_result``, ``reward``), the call's tokens, ``llm_calls`` 1.
+
+        Args:
+            completion: the call's answer (:class:`coevo.backends.base.Completion`: ``text``, ``prompt_tokens``,
+                ``completion_tokens``, ``error``).
+            key, run_id, evolver, space: as :class:`Trajectory`. prompt: the conversation as text (the step's
+                observation).
+            action, tool_result, reward: the step's (``reward`` is also the trajectory's).
+            failure, failure_detail: the failure kind (:data:`FAILURE_KINDS`) and its reason; when ``failure`` is
+                None and the completion has an ``error``, the call is recorded as ``llm_error`` with that error.
+                ``valid`` is ``failure is None``.
+            earlier: answers this call replaced (re-asks of the same prompt: parse or duplicate retries); each
+                counts one more LLM call and its tokens are added.
+            started_at: UNIX time (s) the call started (default now); ``duration_s`` runs from it to now.
+            fields: the other :class:`Trajectory` fields (``round``, ``generation``, ``task_id``, ``member``,
+                ``context``, ``meta``, ...).
+        """
+        if failure is None and getattr(completion, "error", None) is not None:
+            failure, failure_detail = "llm_error", failure_detail or completion.error
+        calls = [*earlier, completion]
+        now = time.time()
+        start = now if started_at is None else started_at
+        step = Step(
+            observation=prompt, model_output=completion.text, action=action, tool_result=tool_result, reward=reward
+        )
+        return cls(
+            key=key,
+            run_id=run_id,
+            evolver=evolver,
+            space=space,
+            steps=[step],
+            reward=reward,
+            valid=failure is None,
+            failure=failure,
+            failure_detail=failure_detail,
+            llm_calls=len(calls),
+            prompt_tokens=sum(c.prompt_tokens for c in calls),
+            completion_tokens=sum(c.completion_tokens for c in calls),
+            started_at=start,
+            duration_s=now - start,
+            **fields,
+        )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trajectory:

@@ -14,7 +14,7 @@ from coevo.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1] / "configs" / "ahd"
 PROBLEMS = ("tsp_construct", "kp_construct", "cvrp_construct", "bpp_online")
-METHODS = ("eoh", "sample", "eoh_es", "sample_es", "hillclimb")
+METHODS = ("eoh", "sample", "eoh_es", "sample_es", "hillclimb", "reevo")
 PAIRS = {"eoh_es": "eoh", "sample_es": "sample"}
 ALL = sorted(ROOT.rglob("*.yaml"))
 
@@ -29,7 +29,7 @@ def _load(rel: str):
 
 
 def _ahd(cfg):
-    return next(e for e in cfg.evolvers if e.type in ("eoh", "sample", "hillclimb"))
+    return next(e for e in cfg.evolvers if e.type in ("eoh", "sample", "hillclimb", "reevo"))
 
 
 def _es(cfg):

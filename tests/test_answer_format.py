@@ -26,12 +26,11 @@ from coevo.ahd.answer import (
 )
 from coevo.ahd.problem import load_problem
 from coevo.ahd.prompts import answer_format, build_messages, free_format_messages, prefill_format, repair_messages
-from coevo.ahd.sampler import HeuristicSampler
+from coevo.ahd.sampler import HeuristicSampler, SamplerSettings
 from coevo.backends import cut_at_stop
 from coevo.backends.base import Completion, Policy, SamplingParams, render_chat
 from coevo.budget import Budget
 from coevo.config import ConfigError, parse_config
-from coevo.sandbox.runner import SandboxLimits
 from coevo.store import TrajectoryStore
 
 PROBLEMS = ("tsp_construct", "kp_construct", "cvrp_construct", "bpp_online")
@@ -183,16 +182,14 @@ def test_sampler_on_hf_prefills_glues_and_records(tmp_path, hf_policy, private_c
     store = TrajectoryStore(tmp_path / "s.sqlite")
     sampler = HeuristicSampler(
         load_problem("tsp_construct"),
+        SamplerSettings(
+            train_size=6, train_count=1, train_seed=1, eval_timeout_s=10, eval_memory_mb=1024, eval_workers=1
+        ),
         owner="eoh",
         run_id="r",
         store=store,
         budget=Budget(store, "r", None),
         sampling=SamplingParams(max_new_tokens=16, temperature=1.0, seed=1),
-        train_size=6,
-        train_count=1,
-        train_seed=1,
-        limits=SandboxLimits(timeout_s=10, memory_mb=1024),
-        workers=1,
     )
     jobs = [sampler.job("i1", key=sampler.key("i1", k), seed=5) for k in range(2)]
     trajs = sampler.sample(jobs, round_index=0, generation=0, policy=hf_policy)
@@ -232,17 +229,14 @@ def _sampler(tmp_path, **kw):
     store = TrajectoryStore(tmp_path / "s.sqlite")
     return HeuristicSampler(
         load_problem("tsp_construct"),
+        SamplerSettings(
+            train_size=6, train_count=2, train_seed=1, eval_timeout_s=10, eval_memory_mb=1024, eval_workers=1, **kw
+        ),
         owner="eoh",
         run_id="r",
         store=store,
         budget=Budget(store, "r", None),
         sampling=SamplingParams(max_new_tokens=64, stop=("\n```\n",)),
-        train_size=6,
-        train_count=2,
-        train_seed=1,
-        limits=SandboxLimits(timeout_s=10, memory_mb=1024),
-        workers=1,
-        **kw,
     )
 
 
@@ -339,3 +333,21 @@ def test_answer_settings_out_of_range_name_the_field(fields, needle):
     with pytest.raises(ConfigError, match=needle) as info:
         parse_config(data)
     assert sum(needle in line for line in str(info.value).splitlines()) == 1  # one line names the field
+
+
+def test_sampler_settings_read_the_config_by_field_name_and_check_once():
+    """``SamplerSettings.of``: every sampler field of an AHD config by its name (resolved sizes and seeds given),
+    the checks in one place."""
+    from coevo.evolvers.eoh import EoHConfig
+
+    cfg = EoHConfig(
+        problem="tsp_construct", train_count=3, parse_retries=2, repair=True, operator_temperature={"m1": 0.5}
+    )
+    s = SamplerSettings.of(cfg, train_size=20, train_seed=9)
+    assert (s.train_size, s.train_count, s.train_seed, s.parse_retries, s.repair) == (20, 3, 9, 2, True)
+    assert s.operator_temperature == {"m1": 0.5} and s.limits.timeout_s == cfg.eval_timeout_s
+    for bad, field in (({"parse_retries": -1}, "parse_retries"), ({"answer_format": "json"}, "answer_format")):
+        with pytest.raises(ValueError, match=field):
+            SamplerSettings(train_size=5, train_count=1, train_seed=0, **bad)
+    with pytest.raises(ValueError, match="answer_grammar"):
+        SamplerSettings(train_size=5, train_count=1, train_seed=0, answer_format="free", answer_grammar=True)

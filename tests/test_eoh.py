@@ -750,7 +750,7 @@ def test_reflection_is_one_recorded_call_per_generation_passed_to_the_parent_ope
     children = policy.prompts[n + 1 :]
     assert len(children) == 2 and all(note in p and "x=1" not in p for p in children)
     (refl,) = [t for t in ctx.store.query(run_id="r") if t.meta.get("kind") == "reflection"]
-    assert refl.llm_calls == 1 and refl.reward is None and refl.meta["reflection"] == note
+    assert refl.llm_calls == 1 and refl.reward is None and refl.meta["text"] == note and refl.meta["output"] == "text"
     assert refl.meta["parent_ids"] == [best.id, worst.id] and refl.task_id.endswith("/reflection")
     assert ctx.budget.samples_used() == 4 + 1 + 2
     assert all(t.meta.get("kind") != "reflection" for t in eoh.sampler.recorded())
@@ -807,4 +807,4 @@ def test_tiny_model_runs_reflection_and_operator_temperature(tmp_path, tiny_mode
         assert kinds["i1"] == 4 and kinds["reflection"] == 1 and kinds["e1"] + kinds["m1"] + kinds["m2"] == 4
         child = next(t for t in trajs if t.meta.get("operator") == "m1")
         refl = next(t for t in trajs if t.meta.get("kind") == "reflection")
-        assert refl.meta["reflection"] is None or refl.meta["reflection"] in child.steps[0].observation
+        assert not refl.meta["text"] or refl.meta["text"] in child.steps[0].observation

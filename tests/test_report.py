@@ -74,10 +74,10 @@ def test_report_names_reward_units_and_only_reads_the_store(tmp_path):
         assert len(store.list_artifacts(run_id="run")) == n_art
     assert hashlib.sha256((run / "store.sqlite").read_bytes()).hexdigest() == before  # nothing written
     assert (
-        "| evolver | space | trajectories | LLM samples | valid | mean trajectory reward | best trajectory reward "
-        "| trajectory reward unit |" in report
+        "| evolver | space | trajectories | LLM samples | valid | text calls | text tokens | mean trajectory reward "
+        "| best trajectory reward | trajectory reward unit |" in report
     )
-    assert f"| es | parameter | 1 | 1 | 100.0% | -18 | -18 | {UNIT} |" in report  # ES rows: child scores, named
+    assert f"| es | parameter | 1 | 1 | 100.0% | 0 | 0 | -18 | -18 | {UNIT} |" in report  # ES rows: child scores
     assert f"| 0 | eoh | context | 2 | 2 | -17.31 | best child's {UNIT} |" in report
     assert "| 0 | es | parameter | 2 | 2 | 0.2112 | best ES member reward R_i of the generation |" in report
     assert "## eoh" in report and "EoH section text" in report

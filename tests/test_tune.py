@@ -16,6 +16,7 @@ from coevo.ahd.population import Individual
 from coevo.config import ConfigError, parse_config
 from coevo.evolvers.eoh import EoHConfig, EoHEvolver
 from coevo.evolvers.tune import TUNED_MARK, TuneConfig, TuneEvolver, tuned_thought
+from coevo.report.ahd import published_seed_lines
 from coevo.sandbox.extract import CandidateParseError
 from tests.test_eoh import NN, SMALL, TOWARD_HOME, ScriptedPolicy, _ctx, make_loop, reply
 
@@ -311,7 +312,7 @@ def test_published_seed_heuristic_starts_the_population_and_tune_searches_it(tmp
     ev.step(0)
     rec = next(r for r in ev.tried.values() if r["parent"] == "seed:eoh_ael")
     eoh.publish_best()
-    lines = "\n".join(eoh._published_seed_lines())
+    lines = "\n".join(published_seed_lines(eoh))
     assert "| published seed | size | seed objective | best objective | best beats it |" in lines
     assert lines.count("| eoh_ael |") == len(eoh.test_sizes()) == 2
     assert rec["constants_before"] == [0.7, 0.4, 0.3, 0.2, 0.1] and rec["status"] in ("improved", "no_gain")

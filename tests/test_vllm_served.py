@@ -18,12 +18,11 @@ from support import start_vllm_server, stop_process_group
 
 from coevo.ahd.answer import answer_prefix, cut_after_function
 from coevo.ahd.problem import load_problem
-from coevo.ahd.sampler import HeuristicSampler
+from coevo.ahd.sampler import HeuristicSampler, SamplerSettings
 from coevo.backends.base import SamplingParams
 from coevo.backends.openai_api import OpenAIPolicy
 from coevo.budget import Budget
 from coevo.errors import EndpointError
-from coevo.sandbox.runner import SandboxLimits
 from coevo.store import TrajectoryStore
 
 pytestmark = [
@@ -71,16 +70,14 @@ def test_prefilled_tsp_answers_from_vllm_server_with_4_stop_strings_are_valid_he
     store = TrajectoryStore(tmp_path / "store.sqlite")
     sampler = HeuristicSampler(
         problem,
+        SamplerSettings(
+            train_size=20, train_count=2, train_seed=2024, eval_timeout_s=30, eval_memory_mb=1024, eval_workers=2
+        ),
         owner="eoh",
         run_id="served",
         store=store,
         budget=Budget(store, "served", None),
         sampling=SamplingParams(max_new_tokens=256, temperature=1.0, top_p=0.98, stop=("\n```\n",)),
-        train_size=20,
-        train_count=2,
-        train_seed=2024,
-        limits=SandboxLimits(timeout_s=30, memory_mb=1024),
-        workers=2,
     )
     policy = OpenAIPolicy(NAME, served, vllm_server=True, concurrency=8)
     parent = sampler.seed_individual()

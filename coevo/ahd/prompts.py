@@ -196,12 +196,16 @@ def _instruction(operator: str, n_parents: int) -> str:
     }[operator]
 
 
-def reflection_block(reflection: str) -> str:
-    """The part of a parent operator's prompt that passes on a reflection (see the module docstring)."""
-    return (
-        "A note from comparing a better and a worse heuristic of the current population (use it where it helps):\n"
-        f"{reflection.strip()}"
-    )
+#: the label of the reflection block when the caller names none: what EoH's ``reflection`` option passes on
+REFLECTION_LABEL = (
+    "A note from comparing a better and a worse heuristic of the current population (use it where it helps):"
+)
+
+
+def reflection_block(reflection: str, label: str | None = None) -> str:
+    """The part of a parent operator's prompt that passes on a reflection: ``label`` (default
+    :data:`REFLECTION_LABEL`) on its own line, then the reflection."""
+    return f"{(label or REFLECTION_LABEL).strip()}\n{reflection.strip()}"
 
 
 def reflection_messages(spec: dict[str, Any], better: ParentHeuristic, worse: ParentHeuristic) -> list[Message]:
@@ -230,14 +234,22 @@ def build_messages(
     reflection: str | None = None,
     answer: str = "free",
     change_marks: bool = False,
+    *,
+    reflection_label: str | None = None,
+    instruction: str | None = None,
 ) -> list[Message]:
-    """The chat messages of one EoH operator call.
+    """The chat messages of one EoH operator call, or of an operator of the caller's own (``instruction``).
 
     Args:
-        operator: one of :data:`OPERATORS`.
+        operator: one of :data:`OPERATORS`; with ``instruction``, any name (recorded as the sample's operator).
         spec: the problem's :meth:`~coevo.ahd.problem.HeuristicProblem.prompt_spec`.
-        parents: the parent heuristics (none for i1; one for m1-m3; one or more for e1/e2).
-        reflection: a reflection to pass on (:func:`reflection_block`, after the parents); ignored for i1.
+        parents: the parent heuristics (none for i1; one for m1-m3; one or more for e1/e2; any number with
+            ``instruction``), shown in order as "Heuristic 1", "Heuristic 2", ... with their objectives.
+        reflection: a reflection to pass on (:func:`reflection_block`, after the parents); ignored without parents.
+        reflection_label: the line that introduces it (default :data:`REFLECTION_LABEL`, "A note from comparing
+            a better and a worse heuristic ..."); name what the text is, e.g. "Long-term reflection:".
+        instruction: what to write, in place of the operator's own instruction (after the parents and the
+            reflection, before the answer format).
         answer: the answer format, one of :data:`coevo.ahd.answer.ANSWER_FORMATS` (module docstring).
         change_marks: under ``prefill``, open m1 / m2 / m3 answers with their change mark
             (:data:`coevo.ahd.answer.CHANGE_MARKS`: the variant's change, not an idea, on the first line) instead
@@ -253,12 +265,12 @@ def build_messages(
     """
     if answer not in ANSWER_FORMATS:
         raise ValueError(f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {answer!r}")
-    if operator not in OPERATORS:
+    if operator not in OPERATORS and instruction is None:
         raise ValueError(f"operator: unknown EoH operator {operator!r}; known: {', '.join(OPERATORS)}")
     for key in ("task", "function_name", "inputs", "template"):
         if key not in spec:
             raise ValueError(f"spec: missing field {key!r} (use HeuristicProblem.prompt_spec())")
-    need = OPERATORS[operator][0]
+    need = OPERATORS[operator][0] if instruction is None else len(parents)
     if (need == 0 and parents) or (need == 1 and len(parents) != 1) or (need is None and not parents):
         want = "no parents" if need == 0 else "exactly 1 parent" if need == 1 else "at least 1 parent"
         raise ValueError(f"parents: operator {operator} takes {want}, got {len(parents)}")
@@ -266,10 +278,10 @@ def build_messages(
     if parents:
         blocks.append(_describe(parents))
         if reflection and reflection.strip():
-            blocks.append(reflection_block(reflection))
+            blocks.append(reflection_block(reflection, reflection_label))
     mark = CHANGE_MARKS.get(operator, IDEA_MARK) if change_marks else IDEA_MARK
     blocks += [
-        _instruction(operator, len(parents)),
+        instruction.strip() if instruction is not None else _instruction(operator, len(parents)),
         prefill_format(spec, mark) if answer == "prefill" else answer_format(spec),
     ]
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(blocks)}]

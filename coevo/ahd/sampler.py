@@ -54,6 +54,11 @@ which writes children of an evolver's population under perturbed weights with th
   ``meta["repaired_failure"]`` / ``meta["repaired_error"]`` and ``meta["repeats_failure"]`` (its own failure
   has the failed sample's kind). It is evaluated and recorded like any sample (a repair that fails again is a
   recorded invalid sample; repairs are not repaired) and returned after the sample it repairs;
+* free text: :meth:`HeuristicSampler.text` / :meth:`HeuristicSampler.texts` make LLM calls with the evolver's own
+  messages (reflections, critiques, plans; :class:`TextCall`), keyed for resume, counted against the sample
+  budget like any call, recorded as text (``meta["output"] = "text"``, :data:`coevo.types.TEXT_OUTPUT`), which
+  reports count apart from heuristics; :meth:`HeuristicSampler.reflect` is one of them (ReEvo's short-term
+  reflection on a better and a worse heuristic);
 * record: one trajectory per call, valid or not (failure kinds ``llm_error``, ``parse``, ``duplicate`` or
   the evaluator's), counted against the budget. Reward is the evaluator's score (``-objective`` for minimisation
   problems, higher is better); the raw objective, code, thought and parents go to ``Trajectory.meta``, with
@@ -74,7 +79,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from coevo.ahd.answer import (
@@ -87,6 +92,7 @@ from coevo.ahd.answer import (
 from coevo.ahd.evaluate import evaluate_many
 from coevo.ahd.population import Individual, code_key, select_parents
 from coevo.ahd.prompts import (
+    OPERATORS,
     REPAIR,
     build_messages,
     free_format_messages,
@@ -98,7 +104,7 @@ from coevo.backends.base import continues_final_message, request_seed
 from coevo.errors import DeadlineReached
 from coevo.sandbox import pool
 from coevo.sandbox.runner import Sandbox, SandboxLimits
-from coevo.types import ContextRef, ESMember, EvalResult, Step, Trajectory
+from coevo.types import TEXT_OUTPUT, ContextRef, ESMember, EvalResult, Trajectory, is_text
 
 if TYPE_CHECKING:
     from coevo.ahd.instances import InstanceSet
@@ -163,28 +169,66 @@ class ParallelSandbox:
         return pool.evaluate_many(self.sandbox, requests, max_workers=self.workers)
 
 
-def _reflection_text(text: str, limit: int = 600) -> str:
-    """A reflection answer as prompt text: fenced code dropped, whitespace folded, cut to ``limit`` characters."""
-    prose = re.sub(r"```.*?(```|$)", " ", text, flags=re.DOTALL)
-    return " ".join(prose.split())[:limit]
+def prose(text: str) -> str:
+    """``text`` as prose for a prompt: fenced code dropped, white space folded to single spaces."""
+    return " ".join(re.sub(r"```.*?(```|$)", " ", text, flags=re.DOTALL).split())
+
+
+#: the ``kind`` of a text call may not be one of these: they name heuristic samples (EoH's operators, ``repair``,
+#: ``seed``, ``tune``), which reports count as heuristics, not text
+HEURISTIC_KINDS = (*OPERATORS, REPAIR, "seed", "tune", "heuristic")
+#: longest text (characters) :meth:`HeuristicSampler.reflect` passes on
+REFLECTION_CHARS = 600
+
+
+@dataclass
+class TextCall:
+    """One free-text LLM call with the evolver's own messages (:meth:`HeuristicSampler.texts`).
+
+    Attributes:
+        key: the trajectory key (deterministic, from the evolver's own parts: ``sampler.key(name, round, ...)``);
+            a stored one is reused without a call (resume).
+        messages: the chat messages (``[{"role": ..., "content": ...}, ...]``).
+        kind: what the text is (``"reflection"``, ``"long_term_reflection"``, ``"critique"``, ...), recorded as
+            ``meta["kind"]`` and in the task id ``<training tag>/<kind>``; not a heuristic kind
+            (:data:`HEURISTIC_KINDS`).
+        seed: the sampling seed (default: from the key, so the same call samples the same way on every re-run).
+        max_new_tokens: the call's token cap (default the sampler's ``max_new_tokens``).
+        max_chars: the longest text passed on (characters); a longer answer is cut there and recorded with
+            ``meta["cut_from_chars"]`` (its full length; the full answer stays in the step's ``model_output``).
+        prose: drop fenced code and fold white space (:func:`prose`) before cutting; False: the answer stripped.
+        meta: extra ``Trajectory.meta`` (JSON), e.g. the ids of the heuristics the text is about.
+    """
+
+    key: str
+    messages: list[dict[str, str]]
+    kind: str = "text"
+    seed: int | None = None
+    max_new_tokens: int | None = None
+    max_chars: int | None = None
+    prose: bool = True
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def call_seed(self) -> int:
+        """:attr:`seed`, or a 63-bit seed derived from :attr:`key`."""
+        if self.seed is not None:
+            return self.seed
+        return int.from_bytes(hashlib.sha256(self.key.encode()).digest()[:8], "big") >> 1
 
 
 def _messages_text(messages: list[dict[str, str]]) -> str:
     return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in messages)
 
 
-class HeuristicSampler:
-    """prompt -> sample -> extract -> evaluate -> record for one problem and training set (module docstring).
+@dataclass(frozen=True)
+class SamplerSettings:
+    """How a :class:`HeuristicSampler` draws, checks and evaluates: the sampler's fields of
+    :class:`coevo.evolvers.ahd_common.AHDConfig`, by the same names (:meth:`of` reads them from it).
 
-    Args:
-        problem: the heuristic problem.
-        owner: name of the evolver this sampler serves (recorded as ``meta["sampler"]``).
-        run_id: the run's id. store: the run's trajectory store. budget: the run's sample budget.
-        sampling: decoding settings of every call (the per-call seed is set from the job).
+    Attributes:
         train_size, train_count, train_seed: the training instances (generated once, deterministically).
-        limits: limits of one sandboxed evaluation. workers: evaluations run in parallel.
-        default_policy: returns the policy used when :meth:`sample` gets none (called only when a call is
-            actually made, so a fully cached re-run never loads a model).
+        eval_timeout_s: wall-clock limit of one sandboxed evaluation (s). eval_memory_mb: its address-space limit
+            (MiB). eval_workers: evaluations run in parallel.
         reject_duplicates: record copies of existing individuals as ``duplicate`` without evaluating them.
         parse_retries: further calls for an answer without the problem's function (module docstring);
             retry ``r`` of a batch seeded ``s`` is seeded ``request_seed(s, -r)``.
@@ -208,59 +252,106 @@ class HeuristicSampler:
             answer format, or ``answer_grammar`` with the free format.
     """
 
+    train_size: int
+    train_count: int
+    train_seed: int
+    eval_timeout_s: float = 30.0
+    eval_memory_mb: int = 2048
+    eval_workers: int = 2
+    reject_duplicates: bool = True
+    parse_retries: int = 0
+    duplicate_retries: int = 0
+    operator_temperature: dict[str, float] = field(default_factory=dict)
+    repair: bool = False
+    reject_same_behaviour: bool = True
+    answer_format: str = "prefill"
+    answer_grammar: bool = False
+    change_marks: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("parse_retries", "duplicate_retries"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for op, temp in self.operator_temperature.items():
+            if not (isinstance(temp, (int, float)) and math.isfinite(temp) and temp >= 0):
+                raise ValueError(f"operator_temperature.{op}: must be a finite number >= 0, got {temp!r}")
+        if self.answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {self.answer_format!r}")
+        if self.answer_grammar and self.answer_format != "prefill":
+            raise ValueError("answer_grammar constrains prefilled answers only: set answer_format to prefill")
+
+    @classmethod
+    def of(cls, config: Any, **given: Any) -> SamplerSettings:
+        """The settings of ``config`` (any object, e.g. an ``AHDConfig``): each field read from the attribute of
+        the same name where it has one, ``given`` (e.g. ``train_size=``, ``train_seed=`` once resolved) taking
+        precedence. Raises ``TypeError`` when a field without a default is in neither."""
+        values = {f.name: getattr(config, f.name) for f in fields(cls) if getattr(config, f.name, None) is not None}
+        return cls(**{**values, **given})
+
+    @property
+    def limits(self) -> SandboxLimits:
+        """The limits of one sandboxed evaluation."""
+        return SandboxLimits(timeout_s=self.eval_timeout_s, memory_mb=self.eval_memory_mb)
+
+
+@dataclass
+class _Batch:
+    """How one batch of calls is made and recorded: ``generate(pending, params)`` (a policy's or an ES
+    population's), the batch seed (None: the first pending job's), the round and generation recorded, the
+    author recorded (None: the owner) and the individuals a sample must not copy."""
+
+    generate: Callable[[list[tuple[SampleJob, ESMember | None, int]], SamplingParams], list[Any]]
+    seed: int | None
+    round_index: int
+    generation: int
+    evolver: str | None
+    existing: Sequence[Individual]
+
+
+class HeuristicSampler:
+    """prompt -> sample -> extract -> evaluate -> record for one problem and training set (module docstring).
+
+    Args:
+        problem: the heuristic problem.
+        settings: the training set, the evaluation limits and the sampling options (:class:`SamplerSettings`).
+        owner: name of the evolver this sampler serves (recorded as ``meta["sampler"]``).
+        run_id: the run's id. store: the run's trajectory store. budget: the run's sample budget.
+        sampling: decoding settings of every call (the per-call seed is set from the job).
+        default_policy: returns the policy used when :meth:`sample` gets none (called only when a call is
+            actually made, so a fully cached re-run never loads a model).
+        progress: called as ``progress(kind, n)`` when trajectories are recorded: ``"trajectories"`` (n new ones),
+            and ``"text"`` (n of them free-text calls); the run context's ``report_progress``.
+    """
+
     def __init__(
         self,
         problem: HeuristicProblem,
+        settings: SamplerSettings,
         *,
         owner: str,
         run_id: str,
         store: TrajectoryStore,
         budget: Budget,
         sampling: SamplingParams,
-        train_size: int,
-        train_count: int,
-        train_seed: int,
-        limits: SandboxLimits,
-        workers: int,
         default_policy: Callable[[], Policy] | None = None,
-        reject_duplicates: bool = True,
-        parse_retries: int = 0,
-        duplicate_retries: int = 0,
-        operator_temperature: dict[str, float] | None = None,
-        repair: bool = False,
-        reject_same_behaviour: bool = True,
-        answer_format: str = "prefill",
-        answer_grammar: bool = False,
-        change_marks: bool = False,
+        progress: Callable[[str, int], None] | None = None,
     ) -> None:
         self.problem = problem
+        self.settings = settings
         self.owner = owner
         self.run_id = run_id
         self.store = store
         self.budget = budget
         self.sampling = sampling
-        self.train_size, self.train_count, self.train_seed = train_size, train_count, train_seed
-        self.train_tag = f"{problem.name}/n{train_size}x{train_count}/s{train_seed}"
-        self.sandbox = ParallelSandbox(Sandbox(limits), workers)
+        self.train_size, self.train_count, self.train_seed = (
+            settings.train_size,
+            settings.train_count,
+            settings.train_seed,
+        )
+        self.train_tag = f"{problem.name}/n{self.train_size}x{self.train_count}/s{self.train_seed}"
+        self.sandbox = ParallelSandbox(Sandbox(settings.limits), settings.eval_workers)
         self.default_policy = default_policy
-        self.reject_duplicates = reject_duplicates
-        if parse_retries < 0:
-            raise ValueError(f"parse_retries must be >= 0, got {parse_retries}")
-        self.parse_retries = parse_retries
-        if duplicate_retries < 0:
-            raise ValueError(f"duplicate_retries must be >= 0, got {duplicate_retries}")
-        self.duplicate_retries = duplicate_retries
-        self.operator_temperature = dict(operator_temperature or {})
-        for op, temp in self.operator_temperature.items():
-            if not (isinstance(temp, (int, float)) and math.isfinite(temp) and temp >= 0):
-                raise ValueError(f"operator_temperature.{op}: must be a finite number >= 0, got {temp!r}")
-        if answer_format not in ANSWER_FORMATS:
-            raise ValueError(f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}")
-        if answer_grammar and answer_format != "prefill":
-            raise ValueError("answer_grammar constrains prefilled answers only: set answer_format to prefill")
-        self.answer_format = answer_format
-        self.answer_grammar = bool(answer_grammar)
-        self.change_marks = bool(change_marks)
+        self.progress = progress
         self._told_free = False  # the line saying a policy cannot continue a message was logged
         sign = "-" if problem.direction == "minimize" else "+"
         #: what a trajectory's reward is (recorded as ``meta["reward_unit"]``)
@@ -268,8 +359,6 @@ class HeuristicSampler:
         self._train: InstanceSet | None = None
         self._known: dict[str, str] = {}  # code_key -> id of a valid recorded heuristic
         self._known_cursor = 0  # largest trajectory id folded into _known
-        self.repair = repair
-        self.reject_same_behaviour = reject_same_behaviour
         self._behaviours: dict[str, str] = {}  # behaviour_key -> id of a valid recorded heuristic
         self._behaviour_cursor = 0  # largest trajectory id folded into _behaviours
         self._seed_behaviours: dict[str, str | None] = {}  # code_key of a seed individual -> its behaviour_key
@@ -348,20 +437,36 @@ class HeuristicSampler:
         parents: Sequence[Individual] = (),
         extra_meta: dict[str, Any] | None = None,
         reflection: str | None = None,
+        reflection_label: str | None = None,
+        instruction: str | None = None,
     ) -> SampleJob:
-        """One call of ``operator`` on ``parents`` (prompt from :func:`coevo.ahd.prompts.build_messages`, with
-        ``reflection`` passed on to a parent operator).
+        """One heuristic call of ``operator`` on ``parents`` (prompt from :func:`coevo.ahd.prompts.build_messages`).
+
+        Args:
+            operator: an EoH operator (``i1``, ``e1``, ``e2``, ``m1``, ``m2``, ``m3``), or with ``instruction`` a
+                name of your own (recorded as the sample's operator, e.g. ``"crossover"``).
+            key: the trajectory key (:meth:`key`); a stored one is reused (resume). seed: the sampling seed.
+            parents: the parent heuristics, shown in order with their objectives (EoH's counts per operator; any
+                number with ``instruction``).
+            extra_meta: extra ``Trajectory.meta`` of the sample.
+            reflection: a text to pass on after the parents (e.g. from :meth:`reflect` or :meth:`text`).
+            reflection_label: the line introducing it; default "A note from comparing a better and a worse
+                heuristic of the current population (use it where it helps):" (:data:`coevo.ahd.prompts.
+                REFLECTION_LABEL`), which fits :meth:`reflect`'s answers only: name what your text is.
+            instruction: what the model is asked to write, replacing the operator's own instruction.
 
         Raises:
-            ValueError: unknown operator or a parent count it cannot take.
+            ValueError: unknown operator (without ``instruction``) or a parent count it cannot take.
         """
         messages = build_messages(
             operator,
             self.problem.prompt_spec(),
             list(parents),
             reflection=reflection,
-            answer=self.answer_format,
-            change_marks=self.change_marks,
+            answer=self.settings.answer_format,
+            change_marks=self.settings.change_marks,
+            reflection_label=reflection_label,
+            instruction=instruction,
         )
         return SampleJob(
             key=key,
@@ -467,7 +572,7 @@ class HeuristicSampler:
             return self._glue_prefix(jobs, target.generate([job.messages for job in jobs], params))
 
         entries = [(job, member, k) for k, job in enumerate(jobs)]
-        made = self._sample_entries(entries, generate, None, round_index, generation, evolver, existing)
+        made = self._sample_entries(entries, _Batch(generate, None, round_index, generation, evolver, existing))
         return self._in_job_order(jobs, made)
 
     def sample_population(
@@ -504,7 +609,7 @@ class HeuristicSampler:
             rows = [(member, job.messages) for job, member, _ in pending]
             return self._glue_prefix(jobs, population.generate(rows, params, seed_indices=[k for _, _, k in pending]))
 
-        made = self._sample_entries(entries, generate, seed, round_index, generation, evolver, existing)
+        made = self._sample_entries(entries, _Batch(generate, seed, round_index, generation, evolver, existing))
         return [self._in_job_order(jobs, made) for _, jobs in groups]
 
     def _default(self) -> Policy:
@@ -515,16 +620,11 @@ class HeuristicSampler:
     def _sample_entries(
         self,
         entries: list[tuple[SampleJob, ESMember | None, int]],
-        generate: Callable[[list[tuple[SampleJob, ESMember | None, int]], SamplingParams], list[Any]],
-        seed: int | None,
-        round_index: int,
-        generation: int,
-        evolver: str | None,
-        existing: Sequence[Individual],
+        batch: _Batch,
     ) -> dict[str, Trajectory]:
         """Stored or freshly sampled trajectories of ``entries`` ``(job, member, seed index)``: the pending ones
-        cut to the budget, generated in one ``generate(pending, params)`` call (``params.seed``: ``seed``, or
-        the first pending job's seed), parsed, checked for copies, evaluated together, checked for behavioural
+        cut to the budget, generated in one ``batch.generate(pending, params)`` call (``params.seed``:
+        ``batch.seed``, or the first pending job's seed), parsed, checked for copies, evaluated together, checked for behavioural
         copies and recorded; then the failed ones are repaired (:meth:`_repairs`). Returns job key -> trajectory
         for every entry that has one (entries the budget cut have none) and for their repairs."""
         found = [(entry, self.store.get_by_key(entry[0].key)) for entry in entries]
@@ -532,34 +632,24 @@ class HeuristicSampler:
         pending = pending[: self.budget.allow(len(pending))]
         made: dict[str, Trajectory] = {entry[0].key: t for entry, t in found if t is not None}
         if pending:
-            params = self.sampling.with_seed(pending[0][0].seed if seed is None else seed)
+            params = self.sampling.with_seed(pending[0][0].seed if batch.seed is None else batch.seed)
             started = time.time()
-            completions = self._generate(generate, pending, params)
+            completions = self._generate(batch.generate, pending, params)
             jobs = [job for job, _, _ in pending]
             extractions = [self._extract(c) for c in completions]
-            calls = self._retry_unparsed(pending, generate, params, completions, extractions, existing)
+            calls = self._retry_unparsed(pending, batch.generate, params, completions, extractions, batch.existing)
             coded = [i for i, e in enumerate(extractions) if e is not None and e.code is not None]
-            copies = self._duplicates(jobs, [extractions[i].code for i in coded], coded, existing)
+            copies = self._duplicates(jobs, [extractions[i].code for i in coded], coded, batch.existing)
             to_eval = [i for i in coded if i not in copies]
             results = dict(zip(to_eval, self.evaluate([extractions[i].code for i in to_eval])))
-            same = self._same_behaviour(jobs, results, existing)
+            same = self._same_behaviour(jobs, results, batch.existing)
             for i, (job, member, _) in enumerate(pending):
                 t = self._trajectory(
-                    job,
-                    calls[i],
-                    extractions[i],
-                    results.get(i),
-                    round_index,
-                    generation,
-                    evolver or self.owner,
-                    member,
-                    started,
-                    params.seed,
-                    copies.get(i),
+                    job, calls[i], extractions[i], results.get(i), batch, member, started, params.seed, copies.get(i)
                 )
                 t = self._checked(t, job, same.get(i))
-                made[job.key] = self.store.add_trajectory(t)[0]
-        made.update(self._repairs(entries, made, generate, seed, round_index, generation, evolver, existing))
+                made[job.key] = self._record(t)
+        made.update(self._repairs(entries, made, batch))
         return made
 
     # ------------------------------------------------------------------ behavioural duplicates and repair
@@ -574,7 +664,7 @@ class HeuristicSampler:
         that position repeats exactly (``reject_same_behaviour``). Existing: the valid recorded heuristics of
         this problem and training set, the seed individuals in ``existing`` (evaluated once when this sampler
         has not seen them: a resumed run) and the earlier valid samples of the batch."""
-        if not self.reject_same_behaviour or not any(r.valid for r in results.values()):
+        if not self.settings.reject_same_behaviour or not any(r.valid for r in results.values()):
             return {}
         for t in self.recorded(since_id=self._behaviour_cursor):
             k = behaviour_key((t.meta.get("metrics") or {}).get("objectives"))
@@ -626,18 +716,13 @@ class HeuristicSampler:
         self,
         entries: list[tuple[SampleJob, ESMember | None, int]],
         made: dict[str, Trajectory],
-        generate: Callable[[list[tuple[SampleJob, ESMember | None, int]], SamplingParams], list[Any]],
-        seed: int | None,
-        round_index: int,
-        generation: int,
-        evolver: str | None,
-        existing: Sequence[Individual],
+        batch: _Batch,
     ) -> dict[str, Trajectory]:
         """With ``repair``: one repair call (:func:`coevo.ahd.prompts.repair_messages`) per entry whose recorded
         sample failed with a :data:`REPAIRABLE` kind, under the same ES member, all in one batched call (seeded
         ``request_seed(seed, REPAIR_SEED_INDEX)``, or from the first repair's seed) cut to the sample budget;
         stored repairs are reused (resume). Repairs are not repaired. Returns repair key -> trajectory."""
-        if not self.repair:
+        if not self.settings.repair:
             return {}
         todo = []
         for job, member, k in entries:
@@ -647,8 +732,8 @@ class HeuristicSampler:
             todo.append((self._repair_job(job, t), member, k))
         if not todo:
             return {}
-        batch_seed = None if seed is None else request_seed(seed, REPAIR_SEED_INDEX)
-        return self._sample_entries(todo, generate, batch_seed, round_index, generation, evolver, existing)
+        seed = None if batch.seed is None else request_seed(batch.seed, REPAIR_SEED_INDEX)
+        return self._sample_entries(todo, replace(batch, seed=seed))
 
     def _repair_job(self, job: SampleJob, failed: Trajectory) -> SampleJob:
         """The repair call of ``job``, whose recorded trajectory ``failed`` failed (parents and meta kept)."""
@@ -683,7 +768,7 @@ class HeuristicSampler:
         batched ``generate`` per round, each cut to the sample budget left after the calls in flight.
         Returns every position's completions, oldest first (the last one is in ``completions``)."""
         calls = [[c] for c in completions]
-        rounds = max(self.parse_retries, self.duplicate_retries)
+        rounds = max(self.settings.parse_retries, self.settings.duplicate_retries)
         if not rounds:
             return calls
         jobs = [job for job, _, _ in pending]
@@ -691,13 +776,13 @@ class HeuristicSampler:
         left = None if left is None else left - len(pending)
         for attempt in range(1, rounds + 1):
             redo = []
-            if attempt <= self.parse_retries:
+            if attempt <= self.settings.parse_retries:
                 redo = [
                     i
                     for i, (c, e) in enumerate(zip(completions, extractions))
                     if c.error is None and e is not None and e.code is None and e.error in NO_FUNCTION_KINDS
                 ]
-            if attempt <= self.duplicate_retries and self.reject_duplicates:
+            if attempt <= self.settings.duplicate_retries and self.settings.reject_duplicates:
                 coded = [i for i, e in enumerate(extractions) if e is not None and e.code is not None]
                 copies = self._duplicates(jobs, [extractions[i].code for i in coded], coded, existing)
                 redo = sorted(set(redo) | set(copies))
@@ -730,12 +815,147 @@ class HeuristicSampler:
         ``operator_temperature`` gives the entries' operators different ones; completions in entry order."""
         groups: dict[float, list[int]] = {}
         for i, (job, _, _) in enumerate(entries):
-            groups.setdefault(float(self.operator_temperature.get(job.operator, params.temperature)), []).append(i)
+            groups.setdefault(
+                float(self.settings.operator_temperature.get(job.operator, params.temperature)), []
+            ).append(i)
         out: list[Any] = [None] * len(entries)
         for temperature, index in groups.items():
             for i, comp in zip(index, generate([entries[i] for i in index], replace(params, temperature=temperature))):
                 out[i] = comp
         return out
+
+    # ------------------------------------------------------------------ free-text calls
+    def text(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        key: str,
+        round_index: int,
+        generation: int,
+        kind: str = "text",
+        seed: int | None = None,
+        max_new_tokens: int | None = None,
+        max_chars: int | None = None,
+        prose: bool = True,
+        meta: dict[str, Any] | None = None,
+        policy: Policy | None = None,
+    ) -> str | None:
+        """One free-text LLM call with your own ``messages`` (a reflection, a critique, a plan): :meth:`texts` for
+        one :class:`TextCall` of these fields. Returns its text, or None (budget spent, failed or empty call)."""
+        call = TextCall(key, messages, kind, seed, max_new_tokens, max_chars, prose, dict(meta or {}))
+        return self.texts([call], round_index=round_index, generation=generation, policy=policy)[0]
+
+    def texts(
+        self,
+        calls: Sequence[TextCall],
+        *,
+        round_index: int,
+        generation: int,
+        evolver: str | None = None,
+        policy: Policy | None = None,
+    ) -> list[str | None]:
+        """Free-text LLM calls with the evolver's own messages, made in one batched ``generate`` (one per token cap).
+
+        Each call is one LLM sample: it is recorded as one trajectory (``llm_calls`` 1, its tokens; task
+        ``<training tag>/<kind>``, ``meta["output"] = "text"`` (:data:`coevo.types.TEXT_OUTPUT`), ``meta["kind"]``,
+        ``meta["text"]``; no reward) and counts against ``budget.max_samples`` like a heuristic sample, valid or
+        not. A call whose key is stored is not made again (resume: the stored text is returned). Calls beyond the
+        samples left are not made and not recorded: their text is None, with one warning line naming the
+        evolver and the first key cut. An answer that failed is recorded as ``llm_error``, an empty one as
+        ``parse`` (detail "empty answer"); both return None and the run goes on. An answer longer than the call's
+        ``max_chars`` is cut there (``meta["cut_from_chars"]``: its length before).
+
+        Args:
+            calls: the calls (:class:`TextCall`), keys unique.
+            round_index, generation: recorded on the trajectories.
+            evolver: the author recorded (default the sampler's owner).
+            policy: the model (default ``default_policy()``).
+
+        Returns:
+            per call, in order: its text, or None.
+
+        Raises:
+            ValueError: a call's ``kind`` names a heuristic (:data:`HEURISTIC_KINDS`): reports would count the text
+                as a heuristic sample; the message names the evolver.
+        """
+        author = evolver or self.owner
+        for call in calls:
+            if call.kind in HEURISTIC_KINDS or not call.kind:
+                raise ValueError(
+                    f"evolver {author!r}: text call {call.key!r} has kind {call.kind!r}, a heuristic kind "
+                    f"({', '.join(HEURISTIC_KINDS)}); a text call records text, not a heuristic: name what the text "
+                    "is (e.g. 'reflection', 'critique')"
+                )
+        found = {call.key: self.store.get_by_key(call.key) for call in calls}
+        pending = [call for call in calls if found[call.key] is None]
+        allowed = self.budget.allow(len(pending))
+        if allowed < len(pending):
+            log.warning(
+                "%s: the sample budget is spent (budget.max_samples = %s): %d text call(s) not made, the first %s",
+                author,
+                self.budget.max_samples,
+                len(pending) - allowed,
+                pending[allowed].key,
+            )
+        groups: dict[int, list[TextCall]] = {}
+        for call in pending[:allowed]:
+            groups.setdefault(call.max_new_tokens or self.sampling.max_new_tokens, []).append(call)
+        for max_new, group in groups.items():
+            params = replace(self.sampling, max_new_tokens=max_new, stop=(), regex=None)
+            params = params.with_seed(group[0].call_seed())
+            started = time.time()
+            completions = (policy or self._default()).generate([c.messages for c in group], params)
+            for call, comp in zip(group, completions, strict=True):
+                found[call.key] = self._record(
+                    self._text_trajectory(call, comp, round_index, generation, author, started)
+                )
+        return [(t.meta.get("text") or None) if t is not None else None for t in (found[c.key] for c in calls)]
+
+    def _record(self, t: Trajectory) -> Trajectory:
+        """Store ``t`` (idempotent on its key) and tell :attr:`progress` when it is new."""
+        stored, inserted = self.store.add_trajectory(t)
+        if inserted and self.progress is not None:
+            self.progress("trajectories", 1)
+            if is_text(stored):
+                self.progress("text", stored.llm_calls)
+        return stored
+
+    def _text_trajectory(
+        self, call: TextCall, comp: Any, round_index: int, generation: int, evolver: str, started: float
+    ) -> Trajectory:
+        """The trajectory of one text call (:meth:`texts`)."""
+        text = "" if comp.error is not None else prose(comp.text) if call.prose else comp.text.strip()
+        meta: dict[str, Any] = {
+            **call.meta,
+            "output": TEXT_OUTPUT,
+            "kind": call.kind,
+            "problem": self.problem.name,
+            "sampler": self.owner,
+            "seed": call.call_seed(),
+            "finish_reason": comp.finish_reason,
+        }
+        if call.max_chars is not None and len(text) > call.max_chars:
+            meta["cut_from_chars"] = len(text)
+            text = text[: call.max_chars].rstrip()
+        meta["text"] = text
+        parents = ",".join(meta.get("parent_ids") or []) or None
+        return Trajectory.from_completion(
+            comp,
+            key=call.key,
+            run_id=self.run_id,
+            evolver=evolver,
+            space="context",
+            prompt=_messages_text(call.messages),
+            action=text or None,
+            failure=None if text or comp.error is not None else "parse",
+            failure_detail=None if text or comp.error is not None else "empty answer",
+            round=round_index,
+            generation=generation,
+            task_id=f"{self.train_tag}/{call.kind}",
+            context=ContextRef(heuristic_id=parents, prompt=call.kind),
+            started_at=started,
+            meta=meta,
+        )
 
     def reflect(
         self,
@@ -749,53 +969,25 @@ class HeuristicSampler:
         max_new_tokens: int,
         policy: Policy | None = None,
     ) -> str | None:
-        """One reflection call (:func:`coevo.ahd.prompts.reflection_messages`): why ``better`` beats ``worse``.
+        """One reflection call (:func:`coevo.ahd.prompts.reflection_messages`): why ``better`` beats ``worse``, in
+        at most two sentences: a :meth:`text` call of kind ``"reflection"`` (``meta["parent_ids"]``: the two ids).
 
-        The call is recorded as a trajectory (task ``<training tag>/reflection``, ``meta["kind"] = "reflection"``,
-        no reward) so it counts against the sample budget; a stored one (same ``key``, e.g. on resume) is reused.
-        Returns the reflection's text (code fences dropped, at most 600 characters), or None when the budget is
-        spent, the call failed or the answer is empty (then recorded as failure ``llm_error`` / ``parse``).
+        Pass the answer on with ``job(..., reflection=answer)``: the block's default label says it compares a
+        better and a worse heuristic. Returns the reflection's text (code fences dropped, at most
+        :data:`REFLECTION_CHARS` characters), or None (budget spent, failed or empty call).
         """
-        stored = self.store.get_by_key(key)
-        if stored is None:
-            if self.budget.allow(1) < 1:
-                return None
-            messages = reflection_messages(self.problem.prompt_spec(), better, worse)
-            params = replace(self.sampling, max_new_tokens=max_new_tokens, stop=()).with_seed(seed)
-            started = time.time()
-            (comp,) = (policy or self._default()).generate([messages], params)
-            text = _reflection_text(comp.text) if comp.error is None else ""
-            failure = "llm_error" if comp.error is not None else None if text else "parse"
-            stored = self.store.add_trajectory(
-                Trajectory(
-                    key=key,
-                    run_id=self.run_id,
-                    evolver=self.owner,
-                    space="context",
-                    round=round_index,
-                    generation=generation,
-                    task_id=f"{self.train_tag}/reflection",
-                    steps=[Step(observation=_messages_text(messages), model_output=comp.text, action=text or None)],
-                    valid=failure is None,
-                    failure=failure,
-                    failure_detail=comp.error if failure == "llm_error" else "empty reflection" if failure else None,
-                    context=ContextRef(heuristic_id=f"{better.id},{worse.id}", prompt="reflection"),
-                    llm_calls=1,
-                    prompt_tokens=comp.prompt_tokens,
-                    completion_tokens=comp.completion_tokens,
-                    started_at=started,
-                    duration_s=time.time() - started,
-                    meta={
-                        "kind": "reflection",
-                        "problem": self.problem.name,
-                        "sampler": self.owner,
-                        "parent_ids": [better.id, worse.id],
-                        "reflection": text,
-                        "seed": seed,
-                    },
-                )
-            )[0]
-        return stored.meta.get("reflection") or None
+        return self.text(
+            reflection_messages(self.problem.prompt_spec(), better, worse),
+            key=key,
+            seed=seed,
+            round_index=round_index,
+            generation=generation,
+            kind="reflection",
+            max_new_tokens=max_new_tokens,
+            max_chars=REFLECTION_CHARS,
+            meta={"parent_ids": [better.id, worse.id]},
+            policy=policy,
+        )
 
     def _extract(self, comp: Any) -> Any:
         """The :class:`~coevo.sandbox.extract.Extraction` of a completion (:func:`coevo.ahd.answer.read_answer`;
@@ -840,13 +1032,13 @@ class HeuristicSampler:
             return params
         if not prefilled:
             return params
-        if self.answer_grammar and not getattr(target, "can_constrain", False):
+        if self.settings.answer_grammar and not getattr(target, "can_constrain", False):
             raise ConfigError(
                 f"evolvers.{self.owner}.answer_grammar: {type(target).__name__} cannot constrain decoding "
                 "(the vllm backend or model.vllm_server can)"
             )
         stop = answer_stops([job.messages[-1]["content"] for job in prefilled], params.stop)
-        return replace(params, stop=stop, regex=BODY_REGEX if self.answer_grammar else params.regex)
+        return replace(params, stop=stop, regex=BODY_REGEX if self.settings.answer_grammar else params.regex)
 
     @staticmethod
     def _glue_prefix(jobs: Sequence[SampleJob], completions: list[Any]) -> list[Any]:
@@ -864,7 +1056,7 @@ class HeuristicSampler:
         self, jobs: Sequence[SampleJob], codes: list[str], index: list[int], existing: Sequence[Individual]
     ) -> dict[int, str]:
         """Batch position -> id of the individual it copies, for the samples ``codes`` (at ``index``)."""
-        if not self.reject_duplicates:
+        if not self.settings.reject_duplicates:
             return {}
         for t in self.recorded(since_id=self._known_cursor):
             self._known.setdefault(code_key(t.meta["code"]), t.key.split("/", 1)[-1])
@@ -879,9 +1071,7 @@ class HeuristicSampler:
                 known[k] = jobs[i].key.split("/", 1)[-1]  # a later sample of this batch copying it is a duplicate
         return copies
 
-    def _trajectory(
-        self, job, calls, extraction, result, round_index, generation, evolver, member, started, seed, copy_of=None
-    ):
+    def _trajectory(self, job, calls, extraction, result, batch: _Batch, member, started, seed, copy_of=None):
         comp = calls[-1]  # ``calls``: every completion of this call (parse retries), the answer recorded last
         best = max(job.parents, key=lambda p: p.reward) if job.parents else None  # the child's best parent
         meta: dict[str, Any] = {
@@ -925,33 +1115,25 @@ class HeuristicSampler:
             else:
                 failure, detail = result.error_kind or "other", result.error
         reward = result.score if failure is None else None
-        step = Step(
-            observation=_messages_text(job.messages),
-            model_output=comp.text,
+        return Trajectory.from_completion(
+            comp,
+            earlier=calls[:-1],
+            key=job.key,
+            run_id=self.run_id,
+            evolver=batch.evolver or self.owner,
+            space="parameter" if member else "context",
+            prompt=_messages_text(job.messages),
             action=None if extraction is None else extraction.code,
             tool_result=feedback or detail,
             reward=reward,
-        )
-        return Trajectory(
-            key=job.key,
-            run_id=self.run_id,
-            evolver=evolver,
-            space="parameter" if member else "context",
-            round=round_index,
-            generation=generation,
-            task_id=self.train_tag,
-            steps=[step],
-            reward=reward,
-            valid=failure is None,
             failure=failure,
             failure_detail=detail,
+            round=batch.round_index,
+            generation=batch.generation,
+            task_id=self.train_tag,
             member=member,
             context=ContextRef(heuristic_id=",".join(meta["parent_ids"]) or None, prompt=job.operator),
-            llm_calls=len(calls),
-            prompt_tokens=sum(c.prompt_tokens for c in calls),
-            completion_tokens=sum(c.completion_tokens for c in calls),
             started_at=started,
-            duration_s=time.time() - started,
             meta=meta,
         )
 

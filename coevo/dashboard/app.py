@@ -169,7 +169,8 @@ def overview_panel(reader: RunReader) -> list[Any]:
             e["space"],
             e["trajectories"],
             e["samples"],
-            f"{e['valid_percent']:.1f}%",
+            f"{e['valid_percent']:.1f}%" if e["valid_percent"] is not None else None,
+            e["text_calls"],
             e["mean_reward"],
             e["best_reward"],
         ]
@@ -183,7 +184,7 @@ def overview_panel(reader: RunReader) -> list[Any]:
         graph(figures.reward_vs_samples(reader.reward_curves()), "ov-reward-graph"),
         html.H3("Evolvers"),
         table(
-            ["evolver", "space", "trajectories", "LLM samples", "valid", "mean reward", "best reward"],
+            ["evolver", "space", "trajectories", "LLM samples", "valid", "text calls", "mean reward", "best reward"],
             ev_rows,
             "ov-evolvers",
         ),

@@ -32,7 +32,7 @@ import yaml
 from coevo.store import SCHEMA_VERSION, TrajectoryStore
 from coevo.store.schema import read_version
 from coevo.tables import mean
-from coevo.types import Trajectory
+from coevo.types import Trajectory, is_text
 
 #: artifact kinds written by other parts of coevo (kept as literals so that reading a run imports no
 #: evolver, model or sandbox code): the loop's per-step records (``coevo.report.writer.STEP_KIND``), the
@@ -228,7 +228,8 @@ class RunReader:
         Returns:
             ``{run_id, name, status, stop_reason, rounds_completed, max_rounds, samples, max_samples,
             wall_s, max_wall_s, trajectories, steps, evolvers: [{evolver, space, trajectories, samples,
-            valid_percent, mean_reward, best_reward}]}`` (``None`` where unknown); ``wall_s`` is the loop's
+            valid_percent, text_calls, mean_reward, best_reward}]}`` (``None`` where unknown; ``valid_percent``
+            leaves free-text calls out, ``text_calls`` counts them: :func:`coevo.types.is_text`); ``wall_s`` is the loop's
             summed evolver-step time (s).
         """
         cfg = self.config()
@@ -242,13 +243,15 @@ class RunReader:
         evolvers = []
         for name, ts in sorted(per.items()):
             rewards = [t.reward for t in ts if t.valid and _finite(t.reward) is not None]
+            made = [t for t in ts if not is_text(t)]
             evolvers.append(
                 {
                     "evolver": name,
                     "space": ts[0].space,
                     "trajectories": len(ts),
                     "samples": sum(t.llm_calls for t in ts),
-                    "valid_percent": 100.0 * sum(t.valid for t in ts) / len(ts),
+                    "valid_percent": 100.0 * sum(t.valid for t in made) / len(made) if made else None,
+                    "text_calls": sum(t.llm_calls for t in ts if is_text(t)),
                     "mean_reward": mean(rewards) if rewards else None,
                     "best_reward": max(rewards) if rewards else None,
                 }

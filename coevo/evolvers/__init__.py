@@ -1,4 +1,4 @@
-"""Evolvers: the base class, the registry and the built-in evolvers (es, eoh, sample, hillclimb, tune,
+"""Evolvers: the base class, the registry and the built-in evolvers (es, eoh, sample, hillclimb, reevo, tune,
 trace2skill).
 
 :class:`AHDEvolver` / :class:`AHDConfig` (the public base of heuristic-design evolvers,

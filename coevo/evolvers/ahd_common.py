@@ -2,9 +2,10 @@
 
 Subclass :class:`AHDEvolver` to write an automatic-heuristic-design (AHD) search of your own: it gives you the
 problem (:attr:`AHDEvolver.problem`), the sampler service (:attr:`AHDEvolver.sampler`: prompt -> sample ->
-extract -> evaluate -> record, :class:`coevo.ahd.sampler.HeuristicSampler`), the best-heuristic tracking, the
-report section and resume; you write :meth:`~coevo.evolvers.base.Evolver.step`. docs/extending.md shows a
-complete one, the (1+1)-EPS hill climber (:mod:`coevo.evolvers.hillclimb`); ``eoh`` and ``sample`` are built
+extract -> evaluate -> record, free-text calls; :class:`coevo.ahd.sampler.HeuristicSampler`), the best-heuristic
+tracking, the held-out measurement behind the report section (rendered by :mod:`coevo.report.ahd`) and resume;
+you write :meth:`~coevo.evolvers.base.Evolver.step`. docs/extending.md shows a
+complete one, the (1+1)-EPS hill climber (:mod:`coevo.evolvers.hillclimb`); ``eoh``, ``sample`` and ``reevo`` are built
 on it too. What a subclass may use and override:
 
 * :attr:`~AHDEvolver.population` (a property, ranked best first): the heuristics parent operators draw from,
@@ -35,7 +36,6 @@ import hashlib
 import logging
 import math
 import time
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
@@ -44,22 +44,15 @@ from pydantic import Field, field_validator, model_validator
 from coevo.ahd.population import Individual, survivors
 from coevo.ahd.problem import HeuristicProblem, load_problem
 from coevo.ahd.prompts import parents_needed
-from coevo.ahd.sampler import HeuristicSampler, SampleJob
+from coevo.ahd.sampler import HeuristicSampler, SampleJob, SamplerSettings
 from coevo.ahd.seeds import check_instance_key, run_instance_seed
 from coevo.artifacts import HEURISTIC
 from coevo.errors import ConfigError
 from coevo.evolvers.base import Evolver, EvolverConfig, RunContext
-from coevo.sandbox.runner import SandboxLimits
-from coevo.tables import md_table
+from coevo.report.ahd import failure_text
 from coevo.types import EvalResult
 
 log = logging.getLogger(__name__)
-
-
-def _failure_text(r: EvalResult, limit: int) -> str:
-    """``kind: detail`` of an invalid result on one line, the detail cut to ``limit`` characters."""
-    detail = " ".join((r.error or r.feedback or "").split())[:limit]
-    return (r.error_kind or "invalid") + (f": {detail}" if detail else "")
 
 
 class AHDConfig(EvolverConfig):
@@ -308,6 +301,7 @@ class AHDEvolver(Evolver):
             self.validation_seed += 1
         self.sampler = HeuristicSampler(
             self.problem,
+            SamplerSettings.of(c, train_size=self.train_size, train_seed=self.train_seed),
             owner=name,
             run_id=ctx.run_id,
             store=ctx.store,
@@ -315,21 +309,8 @@ class AHDEvolver(Evolver):
             sampling=ctx.sampling_params(
                 temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, max_new_tokens=c.max_new_tokens
             ),
-            train_size=self.train_size,
-            train_count=c.train_count,
-            train_seed=self.train_seed,
-            limits=SandboxLimits(timeout_s=c.eval_timeout_s, memory_mb=c.eval_memory_mb),
-            workers=c.eval_workers,
             default_policy=lambda: ctx.policy,
-            reject_duplicates=c.reject_duplicates,
-            parse_retries=c.parse_retries,
-            duplicate_retries=c.duplicate_retries,
-            operator_temperature=c.operator_temperature,
-            repair=c.repair,
-            reject_same_behaviour=c.reject_same_behaviour,
-            answer_format=c.answer_format,
-            answer_grammar=c.answer_grammar,
-            change_marks=c.change_marks,
+            progress=ctx.report_progress,
         )
         self.train_tag = self.sampler.train_tag
         self._population: list[Individual] = []
@@ -536,32 +517,19 @@ class AHDEvolver(Evolver):
                     timeout_basis=(self.train_size, self.config.train_count),
                 )[0]
                 if not r.valid:
-                    why = f"n={size}: {_failure_text(r, 160)}"
+                    why = f"n={size}: {failure_text(r, 160)}"
                     break
             self.validation[key] = why
         return self.validation[key]
 
-    def _rejected_best_lines(self) -> list[str]:
-        """Report lines: heuristics better on the training set than the best that failed validation."""
-        if not self.rejected_best:
-            return []
-        rows = [[r["id"], r["objective"], r["reason"]] for r in self.rejected_best]
-        return [
-            "",
-            (
-                f"Better on the training set than the best, but invalid on the validation instances "
-                f"({self.config.validation_count} per held-out size, seed {self.validation_seed}; not the held-out "
-                "ones), so not taken as the best (`validation_count`):"
-            ),
-            "",
-            md_table(["heuristic", "training objective", "why (first failing size)"], rows),
-        ]
-
-    # ------------------------------------------------------------------ report
+    # ------------------------------------------------------------------ held-out measurement (the report's)
     def test_sizes(self) -> list[int]:
+        """The held-out sizes: ``test_sizes``, else the problem's first three sizes."""
         return list(self.config.test_sizes or self.problem.sizes[:3] or [self.train_size])
 
-    def _test_result(self, code: str, size: int) -> EvalResult:
+    def heldout_result(self, code: str, size: int) -> EvalResult:
+        """``code`` evaluated on the held-out instances of ``size`` (``test_count``, seed :attr:`test_seed`),
+        once per (code, size); the time spent is added to :attr:`heldout_s`."""
         key = (hashlib.sha256(code.encode()).hexdigest(), size)
         if key not in self._test_cache:
             t0 = time.perf_counter()
@@ -572,72 +540,16 @@ class AHDEvolver(Evolver):
             self.heldout_s += time.perf_counter() - t0
         return self._test_cache[key]
 
-    def _heldout_results(self) -> list[tuple[int, EvalResult, EvalResult | None]]:
+    def heldout_results(self) -> list[tuple[int, EvalResult, EvalResult | None]]:
         """Per test size: (size, the seed heuristic's result, the best heuristic's result or None when there is
-        no best). Evaluated once per (code, size) (:meth:`_test_result` caches)."""
+        no best). Evaluated once per (code, size) (:meth:`heldout_result` caches)."""
         seed = self.problem.seed_heuristic_code()
         return [
-            (size, self._test_result(seed, size), self._test_result(self.best.code, size) if self.best else None)
+            (size, self.heldout_result(seed, size), self.heldout_result(self.best.code, size) if self.best else None)
             for size in self.test_sizes()
         ]
 
-    def comparison_rows(self) -> list[list[Any]]:
-        """Per test size: [size, instances, seed mean objective, seed gap %, best mean objective, best gap %,
-        reference, best beats seed ("yes" / "no" / "tie", in the problem's direction)]. Invalid results show
-        as ``None``."""
-        rows = []
-        for size, rs, rb in self._heldout_results():
-            ref = rs.metrics.get("reference") or (rb.metrics.get("reference") if rb else None)
-            rows.append(
-                [
-                    size,
-                    self.config.test_count,
-                    rs.objective,
-                    rs.metrics.get("gap_percent"),
-                    rb.objective if rb else None,
-                    rb.metrics.get("gap_percent") if rb else None,
-                    ref,
-                    self._beats(rb.objective if rb and rb.valid else None, rs.objective if rs.valid else None),
-                ]
-            )
-        return rows
-
-    def _invalid_heldout_lines(self) -> list[str]:
-        """One line per held-out size where the seed or the best heuristic is invalid, naming the failure kind
-        and the start of its detail (one line, at most 200 characters), so a "–" in the table has a reason."""
-        out = []
-        for size, rs, rb in self._heldout_results():
-            for label, r in (("seed", rs), ("best", rb)):
-                if r is None or r.valid:
-                    continue
-                out.append(f"- Held-out n={size}: the {label} heuristic is invalid ({_failure_text(r, 200)}).")
-        return ["", *out] if out else []
-
-    def _beats(self, best: float | None, seed: float | None) -> str | None:
-        if best is None or seed is None:
-            return None
-        if best == seed:
-            return "tie"
-        return "yes" if (best < seed) == (self.problem.direction == "minimize") else "no"
-
-    def _seed_population_lines(self) -> list[str]:
-        """Report lines: that the problem's seed heuristic was not in the population (``include_seed_heuristic``
-        off), and each published seed heuristic left out because it was invalid on the training instances."""
-        out = []
-        seen = [*self.population, *([self.best] if self.best is not None else [])]
-        if not self.config.include_seed_heuristic and not any(i.id == "seed" for i in seen):
-            # (a search of its own may start from the seed anyway, e.g. a hill climber's first incumbent)
-            out.append(
-                "- The seed heuristic was not in the population (`include_seed_heuristic: false`): the best "
-                "heuristic can be worse than it, on the training set too."
-            )
-        out += [
-            f"- The published seed heuristic `{name}` was not in the population: {why}."
-            for name, why in self.skipped_seeds.items()
-        ]
-        return ["", *out] if out else []
-
-    def _peer_result(self, code: str, key: str) -> EvalResult:
+    def peer_result(self, code: str, key: str) -> EvalResult:
         """``code`` evaluated on the peer instance set ``key`` (:data:`coevo.ahd.references.PEER_SETS`), cached."""
         from coevo.ahd.references import PEER_SETS
 
@@ -651,230 +563,15 @@ class AHDEvolver(Evolver):
             self.heldout_s += time.perf_counter() - t0
         return self._test_cache[cache_key]
 
-    def _peer_lines(self) -> list[str]:
-        """Report lines: the values peers published for this problem (:func:`coevo.ahd.references.published_values`),
-        each with its instance set and how coevo's instances compare; on the peer sets coevo regenerates exactly,
-        the run's seed and best heuristics evaluated there too."""
-        from coevo.ahd.references import published_values
-
-        values = published_values(self.problem.name)
-        if not values:
-            return []
-        rows = [[v.method, v.instances, v.size, str(v.value), v.unit, v.source, v.comparable] for v in values]
-        lines = [
-            "",
-            (
-                "Published values on comparable instances (the peers' own instance sets, not this run's: compare "
-                "with the held-out table above only where the distribution and capacity match):"
-            ),
-            "",
-            md_table(["method", "instances", "size", "value", "unit", "source", "vs coevo's instances"], rows),
-        ]
-        sets = list(dict.fromkeys(v.peer_set for v in values if v.peer_set))
-        if not sets or self.best is None:
-            return lines
-        peer_rows = []
-        for key in sets:
-            named = next(v.instances for v in values if v.peer_set == key)
-            for label, code in (("seed", self.problem.seed_heuristic_code()), ("best", self.best.code)):
-                r = self._peer_result(code, key)
-                peer_rows.append([named, label, f"{r.objective:.5f}" if r.valid else _failure_text(r, 120)])
-        return lines + [
-            "",
-            (
-                "The same peer instance sets, regenerated here from the peers' generators: this run's seed and best "
-                "heuristics on them, to set against the published values above:"
-            ),
-            "",
-            md_table(["instances", "heuristic", "objective"], peer_rows),
-        ]
-
-    def _published_seed_lines(self) -> list[str]:
-        """Report lines: each published seed heuristic (``seed_heuristics``) vs the best, on the held-out sets, and
-        one line per held-out size where a published seed is invalid."""
-        if not self.config.seed_heuristics or self.best is None:
-            return []
-        rows, invalid = [], []
-        for name in self.config.seed_heuristics:
-            if name in self.skipped_seeds:
-                continue
-            code = self.problem.published_heuristic_code(name)
-            for size in self.test_sizes():
-                rs, rb = self._test_result(code, size), self._test_result(self.best.code, size)
-                if not rs.valid:
-                    invalid.append(
-                        f"- Held-out n={size}: the published seed `{name}` is invalid ({_failure_text(rs, 200)})."
-                    )
-                rows.append(
-                    [
-                        name,
-                        size,
-                        rs.objective,
-                        rb.objective,
-                        self._beats(rb.objective if rb.valid else None, rs.objective if rs.valid else None),
-                    ]
-                )
-        return [
-            "",
-            (
-                "The search started from published heuristics too (`seed_heuristics`); the best heuristic against "
-                "each of them on the same held-out instances:"
-            ),
-            "",
-            md_table(["published seed", "size", "seed objective", "best objective", "best beats it"], rows),
-            *(["", *invalid] if invalid else []),
-        ]
-
-    def best_sentence(self) -> str:
-        """The report's sentence on the best heuristic: its id, training objective and who made it, with its
-        thought in quotes; the problem's seed heuristic is named as such, with the first line of its docstring."""
-        from coevo.sandbox.extract import function_docstring
-
-        b = self.best
-        assert b is not None
-        head = f"Best heuristic `{b.id}` (training objective {b.objective:.6g})"
-        if b.operator == "seed" and b.id != "seed":
-            return (
-                f"{head} is the published seed heuristic `{b.id.split(':', 1)[-1]}` (config `seed_heuristics`): no "
-                "sampled or tuned heuristic beat it on the training set."
-            )
-        if b.operator == "seed":
-            doc = function_docstring(b.code, self.problem.function_name) or ""
-            what = f" ({doc.splitlines()[0].rstrip('.')})" if doc.strip() else ""
-            return f"{head} is the problem's seed heuristic{what}: no sampled heuristic beat it on the training set."
-        thought = " ".join(b.thought.split())
-        return f"{head}, made by {b.provenance()}" + (f'; its thought: "{thought}".' if thought else ".")
-
-    def tie_sentence(self) -> str:
-        """The report's sentence on the heuristics that tie with the best (the same training reward, other code),
-        or "" when none does: the earliest of equal heuristics stays the best."""
-        b = self.best
-        if b is None:
-            return ""
-        ties = [c for c in self.best_candidates() if c.reward == b.reward and c.code_hash != b.code_hash]
-        if not ties:
-            return ""
-        names = ", ".join(f"`{c.id}`" for c in ties[:3]) + (f" and {len(ties) - 3} more" if len(ties) > 3 else "")
-        return (
-            f"Tie: {len(ties)} other heuristic(s) reach the same training objective ({b.objective:.6g}): {names}; "
-            f"the earliest, `{b.id}`, stays the best."
-        )
-
-    def es_children_rows(self) -> list[list[Any]]:
-        """Per ES evolver and generation, the children its members wrote for this search (read from the store):
-        [ES evolver, generation, sigma, children, valid, valid %, best child objective, mean objective of the
-        valid children, valid children better than their best parent, invalid kinds ("kind: count, ...")].
-        Objectives are the problem's (training set), best in the problem's direction; None when no child is
-        valid. Empty when no ES member wrote children for this search."""
-        groups: dict[tuple[str, int], list] = {}
-        for t in self.ctx.store.query(run_id=self.ctx.run_id, with_steps=False):
-            if t.member is not None and t.meta.get("sampler") == self.name:
-                groups.setdefault((t.evolver, t.generation), []).append(t)
-        pick = min if self.problem.direction == "minimize" else max
-        rows = []
-        for (es_name, gen), ts in sorted(groups.items()):
-            objs = [t.meta["objective"] for t in ts if t.valid and t.meta.get("objective") is not None]
-            better = sum(
-                1
-                for t in ts
-                if t.valid
-                and t.meta.get("objective") is not None
-                and t.meta.get("parent_objective") is not None
-                and self._beats(t.meta["objective"], t.meta["parent_objective"]) == "yes"
-            )
-            kinds = Counter(t.failure or "invalid" for t in ts if not t.valid)
-            rows.append(
-                [
-                    es_name,
-                    gen,
-                    ts[0].member.sigma,
-                    len(ts),
-                    len(objs),
-                    f"{100 * len(objs) / len(ts):.0f}%",
-                    pick(objs) if objs else None,
-                    sum(objs) / len(objs) if objs else None,
-                    better,
-                    ", ".join(f"{k}: {n}" for k, n in sorted(kinds.items())) or None,
-                ]
-            )
-        return rows
-
     def report_markdown(self) -> str:
-        """Seed heuristic vs best evolved heuristic on held-out instances (mean objective, gap %), and the
-        children ES members wrote for this search per ES generation (valid-child rate, child objective)."""
+        """The report section (:func:`coevo.report.ahd.ahd_section`): seed vs best heuristic on held-out instances
+        (mean objective, gap %), the best's provenance and ties, and the children ES members wrote for this
+        search per ES generation. A subclass adds a section of its own with
+        ``super().report_markdown() + "\n\n" + ...`` (docs/extending.md)."""
+        from coevo.report.ahd import ahd_section
+
         self.publish_best()
-        p = self.problem
-        rows = self.comparison_rows()
-        better = "lower" if p.direction == "minimize" else "higher"
-        lines = [
-            (
-                f"Problem `{p.name}`: objective = {p.objective_name} ({p.direction}, {better} is better); the "
-                f"rewards of this evolver's samples and EoH children in the run tables are the {self.sampler.reward_unit}. "
-                f"Training set {self.train_tag}; held-out instances: {self.config.test_count} per size, seed "
-                f"{self.test_seed}. Per held-out size: the seed heuristic vs the best heuristic (mean "
-                f"objective), each with its gap to the reference named in the `reference` column."
-            ),
-            "",
-            md_table(
-                [
-                    "size",
-                    "instances",
-                    "seed objective",
-                    "seed gap %",
-                    "best objective",
-                    "best gap %",
-                    "reference",
-                    "best beats seed",
-                ],
-                rows,
-            ),
-        ]
-        lines += self._invalid_heldout_lines()
-        lines += self._seed_population_lines()
-        lines += self._published_seed_lines()
-        compared = [r[-1] for r in rows if r[-1] is not None]
-        if compared:
-            lines += [
-                "",
-                f"The best heuristic beats the seed heuristic on {compared.count('yes')} of {len(compared)} "
-                "held-out sizes" + (f" (ties: {compared.count('tie')})." if "tie" in compared else "."),
-            ]
-        if self.best is not None:
-            lines += [
-                "",
-                " ".join(filter(None, [self.best_sentence(), self.tie_sentence(), "Code: `best_heuristic.py`."])),
-            ]
-        else:
-            lines += ["", "No valid heuristic was found."]
-        lines += self._rejected_best_lines()
-        es_rows = self.es_children_rows()
-        if es_rows:
-            lines += [
-                "",
-                (
-                    f"Children ES members wrote for this search, per ES generation (objective: {p.objective_name} "
-                    f"on the training set, {better} is better; `better than parent`: valid children that beat "
-                    "their best parent):"
-                ),
-                "",
-                md_table(
-                    [
-                        "ES evolver",
-                        "gen",
-                        "sigma",
-                        "children",
-                        "valid",
-                        "valid rate",
-                        "best child objective",
-                        "mean valid child objective",
-                        "better than parent",
-                        "invalid kinds",
-                    ],
-                    es_rows,
-                ),
-            ]
-        lines += self._peer_lines()
-        return "\n".join(lines)
+        return ahd_section(self)
 
     def close(self) -> None:
         """Publish the best heuristic a last time and write ``best_heuristic.py``."""

@@ -37,7 +37,7 @@ from coevo.ahd.population import Individual, survivors
 from coevo.ahd.prompts import OPERATORS
 from coevo.evolvers.ahd_common import AHDConfig, AHDEvolver
 from coevo.evolvers.base import StepReport, register_evolver
-from coevo.tables import md_table
+from coevo.report.ahd import population_lines
 from coevo.types import Trajectory
 
 DEFAULT_OPERATORS = {"e1": 1.0, "e2": 1.0, "m1": 1.0, "m2": 1.0, "m3": 0.5}
@@ -221,20 +221,5 @@ class EoHEvolver(AHDEvolver):
         self.init_attempts = state.get("init_attempts", 0)
 
     def report_markdown(self) -> str:
-        rows = [[i.id, i.operator, i.source, i.objective, i.thought[:100]] for i in self.population]
-        pop = md_table(["id", "operator", "from", "objective", "thought"], rows) if rows else "(empty population)"
-        return f"{super().report_markdown()}\n\nFinal population (generation {self.generation}):\n\n{pop}{self._best_outside_note()}"
-
-    def _best_outside_note(self) -> str:
-        """A sentence when the reported best heuristic is not in the final population (why it is missing), else ""."""
-        b = self.best
-        if b is None or any(i.id == b.id for i in self.population):
-            return ""
-        twin = next((i for i in self.population if i.objective == b.objective), None)
-        why = (
-            f"`{twin.id}` has the same training objective ({b.objective:.6g}) and took its place (survivors keep one "
-            "heuristic per objective value, the first by id)"
-            if twin is not None
-            else "the survivors of a later generation did not keep it"
-        )
-        return f"\n\nThe best heuristic `{b.id}` is not in this table: {why}."
+        """The base section (:func:`coevo.report.ahd.ahd_section`) and the final population."""
+        return "\n".join([super().report_markdown(), *population_lines(self, self.generation)])

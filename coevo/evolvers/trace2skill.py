@@ -81,7 +81,7 @@ from coevo.skills import prompts as P
 from coevo.skills.patch import edit_to_dict
 from coevo.skills.spec import NAME_PATTERN
 from coevo.tables import md_table
-from coevo.types import ContextRef, Step, Trajectory
+from coevo.types import ContextRef, Trajectory
 
 
 class GateConfig(BaseModel):
@@ -409,31 +409,22 @@ class Trace2SkillEvolver(Evolver):
         action = None
         if out.failure is None:
             action = P.patch_json(out.value) if isinstance(out.value, Patch) else "\n".join(out.value.lessons)
-        return Trajectory(
+        return Trajectory.from_completion(
+            comp,
             key=call.key,
             run_id=self.ctx.run_id,
             evolver=self.name,
             space="context",
+            prompt=P.messages_text(call.messages),
+            action=action,
+            tool_result="\n".join(out.rejected) or out.detail,
+            failure=out.failure,
+            failure_detail=out.detail,
             round=round_index,
             generation=self.steps_done,
             task_id=call.task_id,
-            steps=[
-                Step(
-                    observation=P.messages_text(call.messages),
-                    model_output=comp.text,
-                    action=action,
-                    tool_result="\n".join(out.rejected) or out.detail,
-                )
-            ],
-            valid=out.failure is None,
-            failure=out.failure,
-            failure_detail=out.detail,
             context=ContextRef(skill_name=self.config.skill, skill_version=self.version, prompt=call.role),
-            llm_calls=1,
-            prompt_tokens=comp.prompt_tokens,
-            completion_tokens=comp.completion_tokens,
             started_at=started,
-            duration_s=time.time() - started,
             meta={
                 "t2s_role": call.role,
                 "seed": seed,

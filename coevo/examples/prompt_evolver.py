@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from coevo.errors import ConfigError
 from coevo.evolvers import Evolver, EvolverConfig, StepReport, register_evolver
-from coevo.types import Step, Trajectory
+from coevo.types import Trajectory
 
 META_PROMPT = (
     "You write the system prompt of an assistant. Current system prompt:\n{current}\n\n"
@@ -59,17 +59,15 @@ class PromptEvolver(Evolver):
                 seed = ctx.rng(self.name, round_index, i).getrandbits(31)
                 out = ctx.policy.generate([conv], ctx.sampling_params(max_new_tokens=cfg.max_new_tokens, seed=seed))[0]
                 traj = ctx.record(
-                    Trajectory(
+                    Trajectory.from_completion(  # one LLM call: llm_error when it failed, its tokens counted
+                        out,
                         key=key,
                         run_id=ctx.run_id,
                         evolver=self.name,
                         space=self.space,
+                        prompt=conv[0]["content"],
                         round=round_index,
                         generation=g,
-                        steps=[Step(observation=conv[0]["content"], model_output=out.text)],
-                        valid=out.error is None,
-                        failure="llm_error" if out.error else None,
-                        llm_calls=1,
                         meta={"seed": seed},
                     )
                 )

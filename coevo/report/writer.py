@@ -14,9 +14,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coevo.artifacts import LOOP_STEP, REPORT_SECTION
+from coevo.artifacts import CONTEXT, LOOP_STEP, REPORT_SECTION
 from coevo.report.web import web_report
 from coevo.tables import fmt, md_table, mean, step_table
+from coevo.types import Trajectory, is_text
 
 if TYPE_CHECKING:
     from coevo.store import TrajectoryStore
@@ -115,6 +116,71 @@ def metric_keys(recs: list[dict[str, Any]]) -> tuple[list[str], dict[str, float]
     return varying, constant
 
 
+#: the columns of the report's per-evolver table (:func:`evolver_rows`)
+EVOLVER_COLUMNS = [
+    "evolver",
+    "space",
+    "trajectories",
+    "LLM samples",
+    "valid",
+    "text calls",
+    "text tokens",
+    "mean trajectory reward",
+    "best trajectory reward",
+    "trajectory reward unit",
+]
+
+
+def evolver_rows(trajectories: list[Trajectory]) -> list[list[Any]]:
+    """Per evolver (by name): [evolver, space, trajectories, LLM samples, valid % of its trajectories that are not
+    free-text calls (:func:`coevo.types.is_text`; None when it made only text), text calls, their tokens (prompt +
+    completion), mean and best reward, reward unit]."""
+    per: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        per[t.evolver].append(t)
+    rows = []
+    for name, ts in sorted(per.items()):
+        text = [t for t in ts if is_text(t)]
+        made = [t for t in ts if not is_text(t)]
+        valid = [t for t in made if t.valid]  # a usable sample, rewarded or not (a skill patch has no reward)
+        rewards = [t.reward for t in valid if t.reward is not None]
+        rows.append(
+            [
+                name,
+                ts[0].space,
+                len(ts),
+                sum(t.llm_calls for t in ts),
+                f"{100 * len(valid) / len(made):.1f}%" if made else None,
+                sum(t.llm_calls for t in text),
+                sum(t.prompt_tokens + t.completion_tokens for t in text),
+                mean(rewards) if rewards else None,
+                max(rewards) if rewards else None,
+                trajectory_reward_unit(made or ts),
+            ]
+        )
+    return rows
+
+
+def context_rows(store: TrajectoryStore, run_id: str) -> list[list[Any]]:
+    """Every value published on the context channel (``ctx.publish``), oldest first: [key, version, evolver,
+    round, value (on one line, at most 300 characters)]."""
+    rows = []
+    for art in sorted(store.list_artifacts(kind=CONTEXT, run_id=run_id), key=lambda a: a.id):
+        value = art.content.get("value")
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+        text = " ".join(text.split())
+        rows.append(
+            [
+                art.content.get("key", art.name),
+                art.version,
+                art.content.get("evolver"),
+                art.content.get("round"),
+                text[:300] + (" ..." if len(text) > 300 else ""),
+            ]
+        )
+    return rows
+
+
 def _run_facts(run_dir: Path, store: TrajectoryStore, run_id: str, summary: dict[str, Any] | None) -> list[str]:
     """The report's top lines after the stop reason: the wall clock against its budget (and by how much a
     batch ran past it) and, per ES evolver, how many of its generations ran. Read from ``summary.json``,
@@ -183,57 +249,28 @@ def write_report(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool
     lines = [f"# Run report: {run_id}", ""]
     summary_path = run_dir / "summary.json"
     s = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    trajs = store.query(run_id=run_id, with_steps=False)
+    text_calls = sum(t.llm_calls for t in trajs if is_text(t))
     if s is not None:
         lines += [
             f"- stop reason: {s['stop_reason']}",
-            f"- rounds completed: {s['rounds_completed']}, evolver steps: {s['steps']}, LLM samples: {s['samples']}",
+            f"- rounds completed: {s['rounds_completed']}, evolver steps: {s['steps']}, LLM samples: {s['samples']}"
+            + (f" ({text_calls} of them free-text calls)" if text_calls else ""),
         ]
     facts = _run_facts(run_dir, store, run_id, s)
     lines += [*facts, ""] if s is not None or facts else []
-    trajs = store.query(run_id=run_id)
-    per: dict[str, list] = defaultdict(list)
-    for t in trajs:
-        per[t.evolver].append(t)
-    rows = []
-    for name, ts in sorted(per.items()):
-        valid = [t for t in ts if t.valid]  # a usable sample, rewarded or not (a skill patch has no reward)
-        rewards = [t.reward for t in valid if t.reward is not None]
-        rows.append(
-            [
-                name,
-                ts[0].space,
-                len(ts),
-                sum(t.llm_calls for t in ts),
-                f"{100 * len(valid) / len(ts):.1f}%",
-                mean(rewards) if rewards else None,
-                max(rewards) if rewards else None,
-                trajectory_reward_unit(ts),
-            ]
-        )
     lines += ["## Evolvers", ""]
     lines += [
         (
             "Rewards of the evolver's trajectories (one per LLM sample or episode; higher is better), in the "
-            "unit named in the last column; `valid`: the share of its trajectories that were usable (a skill "
-            "evolver's analyses and patches have no reward, they count when valid)."
+            "unit named in the last column; `valid`: the share of its trajectories that were usable, free-text "
+            "calls left out (a skill evolver's analyses and patches have no reward, they count when valid); "
+            "`text calls`: its free-text LLM calls (reflections, critiques: `meta.output = text`), with their "
+            "tokens (prompt + completion), counted apart; `LLM samples` counts both, as the sample budget does."
         ),
         "",
     ]
-    lines += [
-        md_table(
-            [
-                "evolver",
-                "space",
-                "trajectories",
-                "LLM samples",
-                "valid",
-                "mean trajectory reward",
-                "best trajectory reward",
-                "trajectory reward unit",
-            ],
-            rows,
-        )
-    ]
+    lines += [md_table(EVOLVER_COLUMNS, evolver_rows(trajs))]
     lines += ["", "## Steps", ""]
     lines += [
         (
@@ -244,6 +281,17 @@ def write_report(run_dir: Path, store: TrajectoryStore, run_id: str, plots: bool
         "",
     ]
     lines += [md_table(*step_table(steps))]
+    published = context_rows(store, run_id)
+    if published:
+        lines += ["", "## Published context", ""]
+        lines += [
+            (
+                "Values evolvers published on the context channel (`ctx.publish`), every version, oldest first "
+                "(values on one line, cut at 300 characters; `coevo runs export` writes them whole)."
+            ),
+            "",
+            md_table(["key", "version", "evolver", "round", "value"], published),
+        ]
     for name, section in _evolver_sections(store, run_id):
         lines += ["", f"## {name}", "", section]
     for section in _domain_sections(run_dir, store, run_id, plots):

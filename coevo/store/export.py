@@ -57,6 +57,43 @@ def export_jsonl(
     return n
 
 
+def context_path(path: str | os.PathLike[str]) -> Path:
+    """Where :func:`export_context_jsonl` writes beside a trajectory export ``path``: ``<stem>.context.jsonl``."""
+    out = Path(path)
+    return out.with_name(f"{out.stem}.context.jsonl")
+
+
+def export_context_jsonl(store: TrajectoryStore, path: str | os.PathLike[str], run_id: str | None = None) -> int:
+    """Write every value published on the context channel (``ctx.publish``; artifacts of kind ``context``, of
+    ``run_id`` or all runs) to ``path`` as JSON Lines, oldest first: ``{"run_id", "key", "version", "value",
+    "evolver", "round", "meta"}`` per version, the value whole. Written to a temporary sibling and renamed into
+    place. Returns the number of lines."""
+    from coevo.artifacts import CONTEXT
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    arts = sorted(store.list_artifacts(kind=CONTEXT, run_id=run_id), key=lambda a: a.id)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for a in arts:
+                row = {
+                    "run_id": a.run_id,
+                    "key": a.content.get("key", a.name),
+                    "version": a.version,
+                    "value": a.content.get("value"),
+                    "evolver": a.content.get("evolver"),
+                    "round": a.content.get("round"),
+                    "meta": a.meta,
+                }
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return len(arts)
+
+
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """Add the export arguments (``store``, ``out``, ``--run-id``) to ``parser`` (a new one if None)."""
     p = parser or argparse.ArgumentParser(
