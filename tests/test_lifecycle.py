@@ -87,7 +87,7 @@ def _es_hashes(run_dir: Path) -> list[str]:
 @pytest.mark.slow
 def test_sigint_on_a_tiny_model_es_run_then_resume_equals_the_uninterrupted_run(tmp_path):
     cfg = str(ROOT / "configs" / "es" / "tiny.yaml")
-    small = ["--set", "evolvers.es.total_generations=3", "--set", "budget.max_rounds=4"]  # cut in 1, resumed to 3
+    small = ["--set", "evolvers.es.total_generations=6", "--set", "budget.max_rounds=7"]
     rc, out, err = _finish(_spawn(cfg, *small, "--out", str(tmp_path / "ref"), "--quiet"))
     assert rc == 0, err
 
