@@ -1,5 +1,5 @@
 """Evolvers: the base class, the registry and the built-in evolvers (es, eoh, sample, hillclimb, tune,
-trace2skill).
+trace2skill, grpo_ahd, dpo_ahd).
 
 :class:`AHDEvolver` / :class:`AHDConfig` (the public base of heuristic-design evolvers,
 :mod:`coevo.evolvers.ahd_common`) are imported on first use, so ``import coevo.evolvers`` stays light.

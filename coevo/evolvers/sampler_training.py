@@ -111,7 +111,7 @@ class SamplerTrainingConfig(EvolverConfig):
         errors = []
         types = {spec.name: spec.type for spec in run_config.evolvers}
         target = types.get(self.evolver)
-        if target is not None and not issubclass(resolve_evolver(target), AHDEvolver):
+        if target is not None and self.evolver != name and not issubclass(resolve_evolver(target), AHDEvolver):
             errors.append(f"evolvers.{name}.evolver: {self.evolver!r} ({target}) is not a heuristic-design evolver")
         others = [n for n, t in types.items() if n != name and resolve_evolver(t).space == "parameter"]
         if others:
@@ -210,7 +210,8 @@ class SamplerTrainingEvolver(Evolver):
             from coevo.backends.adapters import AdapterError
             from coevo.training.lora import attach_lora, load_adapter
 
-            self._peft = attach_lora(policy.model, self.config.lora, self.base_ref(policy))
+            seed = self.ctx.rng(self.name, "lora").getrandbits(63)
+            self._peft = attach_lora(policy.model, self.config.lora, self.base_ref(policy), seed)
             policy.model.eval()
             if self.config.init_adapter:
                 try:

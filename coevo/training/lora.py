@@ -56,8 +56,11 @@ class LoRASettings(BaseModel):
         )
 
 
-def attach_lora(model, settings: LoRASettings, base_ref: str):
+def attach_lora(model, settings: LoRASettings, base_ref: str, seed: int = 0):
     """Inject a fresh LoRA adapter into ``model`` (in place) and return the ``peft.PeftModel`` around it.
+
+    ``A`` is drawn by PEFT (Kaiming uniform) from torch's RNG seeded with ``seed`` inside a forked RNG (the global
+    state is left as it was), so the same seed gives the same adapter: a run and its resumed copy train the same one.
 
     Raises:
         AdapterError: PEFT cannot adapt this model with these settings (e.g. no module matches
@@ -65,8 +68,12 @@ def attach_lora(model, settings: LoRASettings, base_ref: str):
     """
     from peft import get_peft_model
 
+    import torch
+
     try:
-        return get_peft_model(model, settings.peft_config(base_ref))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            return get_peft_model(model, settings.peft_config(base_ref))
     except (ValueError, RuntimeError) as e:
         raise AdapterError(f"lora.target_modules: PEFT cannot adapt this model: {first_line(e)}") from e
 
