@@ -235,7 +235,7 @@ def measure_all(args) -> int:
     rows = []
     for method in args.methods.split(","):
         cmd = [sys.executable, __file__, "measure", "--variant", method, *args.passthrough]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, cwd=ROOT)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
         if proc.returncode != 0 or not lines:
             raise SystemExit(f"{method}: exit {proc.returncode}\n{proc.stderr[-3000:]}")

@@ -24,16 +24,16 @@ import yaml
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-from sampler_doubles import SCRIPTS  # noqa: E402
+from sampler_doubles import SCRIPTS
 
-from coevo.artifacts import REPORT_SECTION, SAMPLER_UPDATE  # noqa: E402
-from coevo.backends.adapters import AdapterError  # noqa: E402
-from coevo.backends.base import SamplingParams, request_seed  # noqa: E402
-from coevo.config import ConfigError, load_config, parse_config  # noqa: E402
-from coevo.loop import CoEvolutionLoop  # noqa: E402
-from coevo.store import TrajectoryStore  # noqa: E402
-from coevo.training.ahd_rewards import messages_from_observation, typed_reward  # noqa: E402
-from coevo.types import Step, Trajectory  # noqa: E402
+from coevo.artifacts import REPORT_SECTION, SAMPLER_UPDATE
+from coevo.backends.adapters import AdapterError
+from coevo.backends.base import SamplingParams, request_seed
+from coevo.config import ConfigError, load_config, parse_config
+from coevo.loop import CoEvolutionLoop
+from coevo.store import TrajectoryStore
+from coevo.training.ahd_rewards import messages_from_observation, typed_reward
+from coevo.types import Step, Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
 GRPO_TINY = ROOT / "configs" / "ahd" / "grpo" / "tsp_construct_tiny.yaml"
@@ -65,7 +65,9 @@ def updates(run_dir: Path, evolver: str) -> list[dict]:
 def lora_b_norm(folder: Path) -> float:
     from safetensors.torch import load_file
 
-    return float(sum(t.float().norm() for k, t in load_file(str(folder / "adapter_model.safetensors")).items() if "lora_B" in k))
+    return float(
+        sum(t.float().norm() for k, t in load_file(str(folder / "adapter_model.safetensors")).items() if "lora_B" in k)
+    )
 
 
 # ------------------------------------------------------------------------------------------ typed rewards
@@ -89,7 +91,9 @@ def _answer(valid=True, reward=None, failure=None, parent=None, reference=None, 
 def test_typed_rewards_order_invalid_copy_worse_better():
     """CALM's order: every failure < a copy < a valid answer not better than its best parent < a better one; the
     failure kinds keep CALM's own penalties (no code -0.95, no function -0.90, runtime -0.85, wrong answer -0.75)."""
-    kinds = {k: typed_reward(_answer(False, failure=k)) for k in ("llm_error", "parse", "syntax", "runtime", "infeasible")}
+    kinds = {
+        k: typed_reward(_answer(False, failure=k)) for k in ("llm_error", "parse", "syntax", "runtime", "infeasible")
+    }
     assert kinds == {"llm_error": -1.0, "parse": -0.95, "syntax": -0.90, "runtime": -0.85, "infeasible": -0.75}
     copy = typed_reward(_answer(False, failure="behavioural_duplicate"))
     worse = typed_reward(_answer(reward=-7.5, parent=-7.0))  # a longer tour than its parent's (score = -length)
@@ -144,7 +148,11 @@ def test_grpo_updates_the_adapter_and_its_answers_join_the_search(grpo_run):
         assert len(answers) == 16 and all(t.meta["sampler"] == "eoh" and t.meta["trainer"] == "grpo" for t in answers)
         section = s.get_artifact(REPORT_SECTION, f"{run_dir.name}/grpo")
     # the search sees them: its pooling cursor read them (EoH folds the valid ones into its population)
-    assert section is not None and "GRPO `grpo`" in section.content["markdown"] and "peak RSS MiB" in section.content["markdown"]
+    assert (
+        section is not None
+        and "GRPO `grpo`" in section.content["markdown"]
+        and "peak RSS MiB" in section.content["markdown"]
+    )
 
 
 def test_grpo_samples_come_from_the_trained_adapter_which_loads_as_model_name(grpo_run, tiny_model_dir):
@@ -152,7 +160,7 @@ def test_grpo_samples_come_from_the_trained_adapter_which_loads_as_model_name(gr
     ``model.name``, samples for the same prompts and seeds, and not what the frozen model samples."""
     from coevo.backends.hf import HFPolicy
 
-    run_dir, data, _ = grpo_run
+    run_dir, _, _ = grpo_run
     first = updates(run_dir, "grpo")[0]
     assert first["skipped"] is None
     with TrajectoryStore(run_dir / "store.sqlite", readonly=True) as s:
@@ -179,14 +187,19 @@ def test_resume_after_kill_9_mid_update_equals_uninterrupted(grpo_run, tiny_mode
     adapters, update by update, as the uninterrupted run."""
     ref_dir, data, _ = grpo_run
     marker = tmp_path / "killed"
-    data = {**data, "evolvers": [data["evolvers"][0], {**data["evolvers"][1], "kill_at_update": 1, "marker": str(marker)}]}
+    data = {
+        **data,
+        "evolvers": [data["evolvers"][0], {**data["evolvers"][1], "kill_at_update": 1, "marker": str(marker)}],
+    }
     run_dir = tmp_path / "killed_run" / "run"
     run_dir.parent.mkdir()
     (run_dir.parent / "config.yaml").write_text(yaml.safe_dump(data))
     # one torch thread, as this process's tests (one_torch_thread): the same float summation order, the same adapters
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "coevo.cli", "run", str(run_dir.parent / "config.yaml"), "--out", str(run_dir)]
-    proc = subprocess.run([*cmd, "--no-progress"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [*cmd, "--no-progress"], check=False, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert marker.exists() and [r["update"] for r in updates(run_dir, "grpo")] == [0]
     run(run_dir, data, resume=True)
@@ -283,4 +296,6 @@ def test_an_adapter_of_another_model_is_one_line(grpo_run, tmp_path):
     bad = tiny_data(GRPO_TINY, Path(data["model"]["name"]), init_adapter=str(folder), lora={"r": 2, "alpha": 4})
     with pytest.raises(ConfigError) as err:
         run(tmp_path / "run", bad)
-    assert str(err.value).startswith("evolvers.grpo.init_adapter: ") and "another base model or another rank" in str(err.value)
+    assert str(err.value).startswith("evolvers.grpo.init_adapter: ") and "another base model or another rank" in str(
+        err.value
+    )

@@ -66,9 +66,8 @@ def attach_lora(model, settings: LoRASettings, base_ref: str, seed: int = 0):
         AdapterError: PEFT cannot adapt this model with these settings (e.g. no module matches
             ``target_modules``): one line.
     """
-    from peft import get_peft_model
-
     import torch
+    from peft import get_peft_model
 
     try:
         with torch.random.fork_rng(devices=[]):
