@@ -125,8 +125,9 @@ def test_messages_read_back_from_the_recorded_prompt():
 def grpo_run(tiny_model_dir, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("grpo") / "run"
     data = tiny_data(GRPO_TINY, tiny_model_dir, type="sampler_doubles:MixedGRPO")
-    os.environ.setdefault("COEVO_CACHE", str(tmp_path_factory.mktemp("cache")))
-    summary = run(run_dir, data)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COEVO_CACHE", str(tmp_path_factory.mktemp("cache")))
+        summary = run(run_dir, data)
     return run_dir, data, summary
 
 
@@ -182,7 +183,7 @@ def test_grpo_samples_come_from_the_trained_adapter_which_loads_as_model_name(gr
     assert [frozen[i].text for i in real] != [recorded[i] for i in real]
 
 
-def test_resume_after_kill_9_mid_update_equals_uninterrupted(grpo_run, tiny_model_dir, tmp_path):
+def test_resume_after_kill_9_mid_update_equals_uninterrupted(grpo_run, tiny_model_dir, tmp_path, private_cache):
     """``coevo run`` SIGKILLed inside GRPO update 1 (after its answers were recorded), then resumed: the same
     adapters, update by update, as the uninterrupted run."""
     ref_dir, data, _ = grpo_run
@@ -209,7 +210,9 @@ def test_resume_after_kill_9_mid_update_equals_uninterrupted(grpo_run, tiny_mode
 
 
 # ------------------------------------------------------------------------------------------ fallbacks
-def test_grpo_groups_that_all_score_alike_skip_the_update_and_the_run_goes_on(tiny_model_dir, tmp_path, caplog):
+def test_grpo_groups_that_all_score_alike_skip_the_update_and_the_run_goes_on(
+    tiny_model_dir, tmp_path, caplog, private_cache
+):
     data = tiny_data(GRPO_TINY, tiny_model_dir, total_updates=1)
     with caplog.at_level(logging.WARNING):
         summary = run(tmp_path / "run", data)
@@ -224,7 +227,9 @@ def test_grpo_groups_that_all_score_alike_skip_the_update_and_the_run_goes_on(ti
 def dpo_run(tiny_model_dir, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("dpo") / "run"
     data = tiny_data(DPO_TINY, tiny_model_dir, type="sampler_doubles:MixedDPO", max_pairs=4)
-    return run_dir, run(run_dir, data)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COEVO_CACHE", str(tmp_path_factory.mktemp("cache")))
+        return run_dir, run(run_dir, data)
 
 
 def test_dpo_trains_on_pairs_from_the_store(dpo_run):
@@ -237,7 +242,7 @@ def test_dpo_trains_on_pairs_from_the_store(dpo_run):
     assert not (run_dir / rows[-1]["adapter"] / "ref").exists()  # TRL's frozen reference copy is not kept
 
 
-def test_dpo_without_usable_pairs_skips_with_the_reason(tiny_model_dir, tmp_path, caplog):
+def test_dpo_without_usable_pairs_skips_with_the_reason(tiny_model_dir, tmp_path, caplog, private_cache):
     data = tiny_data(DPO_TINY, tiny_model_dir, total_updates=1, pairs="evotune")
     with caplog.at_level(logging.WARNING):
         run(tmp_path / "run", data)
@@ -276,7 +281,7 @@ def test_a_second_weight_evolver_and_a_remote_backend_are_refused(tiny_model_dir
         parse_config(data)
 
 
-def test_an_adapter_of_another_model_is_one_line(grpo_run, tmp_path):
+def test_an_adapter_of_another_model_is_one_line(grpo_run, tmp_path, private_cache):
     """An adapter trained on the tiny model (hidden size 32) given with a base of hidden size 64: as ``model.name``
     (the policy refuses it) and as ``init_adapter`` of a run of another rank (the step refuses it), one line each."""
     import json

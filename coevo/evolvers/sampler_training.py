@@ -229,11 +229,11 @@ class SamplerTrainingEvolver(Evolver):
     def base_ref(self, policy) -> str:
         """The model reference recorded as the adapters' base: the config's ``model.name`` when the run has a model
         section (a registry name stays a name), else the policy's folder."""
-        model = getattr(self.ctx.policy_factory, "model", None)
-        name = getattr(model, "name", None)
-        if name and (not Path(name).expanduser().exists() or Path(name).expanduser().is_dir()):
-            return str(Path(name).expanduser().resolve()) if Path(name).expanduser().is_dir() else name
-        return str(Path(policy.path).resolve())
+        name = getattr(getattr(self.ctx.policy_factory, "model", None), "name", None)
+        if not name:
+            return str(Path(policy.path).resolve())
+        folder = Path(name).expanduser()
+        return str(folder.resolve()) if folder.is_dir() else name
 
     @property
     def tokenizer(self):
