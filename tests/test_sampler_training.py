@@ -304,3 +304,21 @@ def test_an_adapter_of_another_model_is_one_line(grpo_run, tmp_path, private_cac
     assert str(err.value).startswith("evolvers.grpo.init_adapter: ") and "another base model or another rank" in str(
         err.value
     )
+
+
+# ------------------------------------------------------------------------------------------ shipped configs
+@pytest.mark.parametrize("method", ["grpo", "dpo"])
+def test_shipped_configs_match_the_es_config_on_prompts_and_problem(method):
+    """configs/ahd/{grpo,dpo}/tsp_construct.yaml: the EoH search, problem settings and decoding of
+    configs/ahd/eoh_es/tsp_construct.yaml, the trainer on EoH's m1 / m2 prompts (ES members' prompts there), hf."""
+    cfg, _ = load_config(ROOT / "configs" / "ahd" / method / "tsp_construct.yaml")
+    es_cfg, _ = load_config(ROOT / "configs" / "ahd" / "eoh_es" / "tsp_construct.yaml")
+    eoh = next(e for e in cfg.evolvers if e.type == "eoh")
+    assert eoh.params == next(e for e in es_cfg.evolvers if e.type == "eoh").params
+    assert cfg.sampling == es_cfg.sampling and cfg.model.backend == "hf" and cfg.model.name == es_cfg.model.name
+    trainer = next(e for e in cfg.evolvers if e.type == f"{method}_ahd").params
+    assert trainer.evolver == "eoh" and trainer.operators == ["m1", "m2"]
+    per_update = trainer.prompts_per_step * trainer.answers_per_prompt
+    init = 2 * eoh.params.population_size
+    children = sum(eoh.params.operators.values()) * eoh.params.offspring_per_operator
+    assert cfg.budget.max_samples == init + trainer.total_updates * (per_update + children)
