@@ -108,6 +108,23 @@ def test_typed_rewards_order_invalid_copy_worse_better():
         typed_reward(_answer(reward=1.0), improvement_scale=0)
 
 
+def test_the_meter_sees_the_peak_of_its_window_only():
+    import numpy as np
+
+    from coevo.training.meter import measure
+
+    big = np.ones(64 * 2**20 // 8)  # 64 MiB touched before the window, freed
+    del big
+    with measure() as usage:
+        small = np.ones(2**20 // 8)
+    assert usage.wall_s > 0 and usage.peak_scope == "window"
+    assert usage.peak_rss_mib < usage.rss_before_mib + 32  # the 64 MiB before the window is not its peak
+    with measure() as usage:
+        big = np.ones(96 * 2**20 // 8)
+        del big
+    assert usage.peak_rss_mib >= usage.rss_before_mib + 90 and small.sum() > 0
+
+
 def test_messages_read_back_from_the_recorded_prompt():
     from coevo.ahd.sampler import _messages_text
 

@@ -86,11 +86,13 @@ def adapter_state(peft_model) -> dict[str, Any]:
 
 def adapter_hash(peft_model) -> str:
     """SHA-256 over the adapter's tensors (sorted names, dtype, shape, bytes): equal adapters, equal hashes."""
+    import torch
+
     h = hashlib.sha256()
     for name, t in sorted(adapter_state(peft_model).items()):
         arr = t.detach().cpu().contiguous()
         h.update(f"{name}|{arr.dtype}|{tuple(arr.shape)}|".encode())
-        h.update(arr.view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes())
+        h.update(arr.view(-1).view(dtype=torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
