@@ -339,3 +339,26 @@ def test_shipped_configs_match_the_es_config_on_prompts_and_problem(method):
     init = 2 * eoh.params.population_size
     children = sum(eoh.params.operators.values()) * eoh.params.offspring_per_operator
     assert cfg.budget.max_samples == init + trainer.total_updates * (per_update + children)
+
+
+def test_an_adapter_folder_naming_an_unknown_base_is_a_model_field_error(tiny_model_dir, tmp_path):
+    import json
+
+    from coevo.backends.factory import choose_engine
+    from coevo.backends.models import check_model_ref, model_head_size
+    from coevo.backends.spec import ModelConfig
+
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "no-such-model"}))
+    with pytest.raises(ValueError, match="adapter folder .* names base model 'no-such-model', which is not usable"):
+        check_model_ref(folder)
+    data = tiny_data(GRPO_TINY, tiny_model_dir)
+    data["model"]["name"] = str(folder)
+    with pytest.raises(ConfigError, match="model"):
+        parse_config(data)
+    (folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(tiny_model_dir)}))
+    check_model_ref(folder)  # a base coevo resolves: fine
+    assert model_head_size(folder) == model_head_size(tiny_model_dir) == 8
+    choice = choose_engine(ModelConfig(name=str(folder), backend="auto", dtype="auto"))
+    assert choice.backend == "hf" and "LoRA adapter folder" in choice.reason
