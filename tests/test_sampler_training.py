@@ -164,6 +164,7 @@ def test_grpo_updates_the_adapter_and_its_answers_join_the_search(grpo_run):
     with TrajectoryStore(run_dir / "store.sqlite", readonly=True) as s:
         answers = s.query(run_id=run_dir.name, evolver="grpo")
         assert len(answers) == 16 and all(t.meta["sampler"] == "eoh" and t.meta["trainer"] == "grpo" for t in answers)
+        assert all(t.space == "parameter" for t in answers)
         section = s.get_artifact(REPORT_SECTION, f"{run_dir.name}/grpo")
     # the search sees them: its pooling cursor read them (EoH folds the valid ones into its population)
     assert (

@@ -936,7 +936,8 @@ class HeuristicSampler:
             key=job.key,
             run_id=self.run_id,
             evolver=evolver,
-            space="parameter" if member else "context",
+            # an ES member's child, or an answer a weight-training evolver asked for (meta "space": grpo_ahd, dpo_ahd)
+            space="parameter" if member or job.extra_meta.get("space") == "parameter" else "context",
             round=round_index,
             generation=generation,
             task_id=self.train_tag,

@@ -260,6 +260,7 @@ class SamplerTrainingEvolver(Evolver):
             meta = {
                 **base.extra_meta,
                 "trainer": self.method,
+                "space": "parameter",  # recorded as parameter-space samples, as ES members' children are
                 "update": update,
                 "group": p,
                 "reference_score": reference,
