@@ -363,3 +363,29 @@ def test_an_adapter_folder_naming_an_unknown_base_is_a_model_field_error(tiny_mo
     assert model_head_size(folder) == model_head_size(tiny_model_dir) == 8
     choice = choose_engine(ModelConfig(name=str(folder), backend="auto", dtype="auto"))
     assert choice.backend == "hf" and "LoRA adapter folder" in choice.reason
+
+
+def test_dpo_pairs_follow_evotune_and_the_typed_rule():
+    """evotune: every failed or copied answer against a valid one (in turn), the better half of the valid ones against
+    the worse half; typed: any two answers of different typed rewards. Newest prompts first, capped."""
+    from types import SimpleNamespace
+
+    from coevo.evolvers.dpo_ahd import DPOAHDConfig, DPOAHDEvolver
+    from coevo.evolvers.sampler_training import Answer
+
+    def ans(name, valid, reward, failure=None):
+        t = _answer(valid, reward=1.0 if valid else None, failure=failure, key=name)
+        return Answer(trajectory=t, prompt="p", completion=name, reward=reward)
+
+    a, b, c = ans("a", True, 0.9), ans("b", True, 0.7), ans("c", True, -0.2)
+    syntax, copy, runtime = ans("s", False, -0.9, "syntax"), ans("d", False, -0.6, "duplicate"), ans("r", False, -0.85)
+    old_prompt = [ans("x", True, 0.6), ans("y", False, -0.95, "parse")]
+    evo = SimpleNamespace(config=DPOAHDConfig(evolver="eoh"))
+    pairs = DPOAHDEvolver.make_pairs(evo, [old_prompt, [a, b, c, syntax, copy]])
+    names = [(p.completion, q.completion) for p, q in pairs]
+    assert names == [("a", "s"), ("b", "d"), ("a", "c"), ("x", "y")]  # newest prompt first; a > c across the halves
+    typed = SimpleNamespace(config=DPOAHDConfig(evolver="eoh", pairs="typed", max_pairs_per_prompt=3, max_pairs=4))
+    pairs = DPOAHDEvolver.make_pairs(typed, [old_prompt, [syntax, runtime, copy]])
+    assert [(p.completion, q.completion) for p, q in pairs] == [("d", "r"), ("d", "s"), ("r", "s"), ("x", "y")]
+    none = SimpleNamespace(config=DPOAHDConfig(evolver="eoh"))
+    assert DPOAHDEvolver.make_pairs(none, [[syntax, copy], [ans("e", True, 0.5), ans("f", True, 0.5)]]) == []
