@@ -9,7 +9,7 @@ each in a fresh interpreter (so one method's peak memory is not another's), on t
   ``eoh_children`` rollout runs it: every member answers EoH's m1 / m2 prompts on the population (nearest
   neighbour + EoH's published AEL heuristic) in one batched population call, the answers are evaluated, rank
   rewards, one update (:class:`coevo.es.GenerationRecord` applied by the HF replica). Measured: the generation
-  (sampling + evaluation + update);
+  (sampling + evaluation, then the update in a window of its own);
 * ``grpo`` / ``dpo``: one step of the ``grpo_ahd`` / ``dpo_ahd`` evolver (:mod:`coevo.evolvers.sampler_training`):
   ``--prompts`` m1 / m2 prompts on the same population x ``--answers`` answers, sampled, evaluated, then one update
   (GRPO: one optimizer step; DPO: one pass over typed pairs from those answers, at most ``--pairs``). Measured: the
@@ -130,11 +130,11 @@ def _es(ctx, eoh, args) -> dict[str, Any]:
     rollout = EoHChildrenRollout(
         EoHChildrenConfig(evolver="eoh", operators=["m1", "m2"], children_per_operator=1, reward="rank"), ctx
     )
-    with measure() as usage:
-        with replica.population(members, args.rank) as pop:
-            trajs = rollout.run_population(
-                pop, members, generation=0, key_prefixes=[f"measure/es/g00000/m{m.index:03d}" for m in members]
-            )
+    with measure() as usage, replica.population(members, args.rank) as pop:
+        trajs = rollout.run_population(
+            pop, members, generation=0, key_prefixes=[f"measure/es/g00000/m{m.index:03d}" for m in members]
+        )
+    with measure() as update:  # a window of its own (a nested one would reset the outer peak)
         rewards = rollout.population_rewards(trajs)
         record = GenerationRecord(
             generation=0,
@@ -154,11 +154,12 @@ def _es(ctx, eoh, args) -> dict[str, Any]:
     return {
         "samples": samples,
         "valid": sum(t.valid for ts in trajs for t in ts),
-        "window_wall_s": usage.wall_s,
-        "window_peak_rss_mib": usage.peak_rss_mib,
+        "window_wall_s": usage.wall_s + update.wall_s,
+        "window_peak_rss_mib": max(usage.peak_rss_mib, update.peak_rss_mib),
         "rss_before_mib": usage.rss_before_mib,
-        "update_wall_s": None,
-        "update_peak_rss_mib": None,
+        "update_wall_s": update.wall_s,
+        "update_peak_rss_mib": update.peak_rss_mib,
+        "update_rss_before_mib": update.rss_before_mib,
         "members": len(members),
         "rank": args.rank,
     }
@@ -194,7 +195,9 @@ def _trainer(method: str, ctx, eoh, args) -> dict[str, Any]:
         "samples": rep.samples,
         "valid": int(rep.metrics.get("valid_answers", 0)),
         "window_wall_s": usage.wall_s,
-        "window_peak_rss_mib": usage.peak_rss_mib,
+        # the update's own window reset VmHWM: the sampling's peak is what it read just before
+        "window_peak_rss_mib": max(usage.peak_rss_mib, row.get("peak_before_mib") or 0.0),
+        "sampling_peak_rss_mib": row.get("peak_before_mib"),
         "rss_before_mib": usage.rss_before_mib,
         "update_wall_s": row.get("wall_s"),
         "update_peak_rss_mib": row.get("peak_rss_mib"),

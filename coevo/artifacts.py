@@ -140,7 +140,7 @@ ARTIFACT_KINDS: dict[str, ArtifactKind] = {
                 "pairs, prompts_with_pairs": "dpo: preference pairs trained on",
                 "skipped": "why the update was skipped (one line), or None",
                 "loss": "the trainer's mean training loss",
-                "wall_s, rss_before_mib, peak_rss_mib, peak_scope, peak_cuda_mib": "the update's cost (coevo.training.meter)",
+                "wall_s, rss_before_mib, peak_rss_mib, peak_scope, peak_cuda_mib, peak_before_mib": "the update's cost (coevo.training.meter)",
                 "adapter, adapter_hash": "the adapter folder after the update (relative to the run folder), its hash",
             },
         ),

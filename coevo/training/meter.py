@@ -60,6 +60,8 @@ class Usage:
         peak_rss_mib: peak resident memory during the block (MiB; ``peak_scope`` says over which window).
         peak_scope: ``"window"`` (the block only) or ``"process"`` (the process's lifetime peak: reset refused).
         peak_cuda_mib: peak allocated CUDA memory during the block (MiB), None off CUDA.
+        peak_before_mib: ``VmHWM`` just before the block reset it (MiB): the peak of whatever window was open
+            around it (a caller measuring a larger window takes the larger of this and its own reading).
     """
 
     wall_s: float = 0.0
@@ -67,6 +69,7 @@ class Usage:
     peak_rss_mib: float | None = None
     peak_scope: str = "window"
     peak_cuda_mib: float | None = None
+    peak_before_mib: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,7 +79,8 @@ class Usage:
 def measure(cuda: bool = False) -> Iterator[Usage]:
     """Measure the wall time and peak memory of the ``with`` block (module docstring); the yielded
     :class:`Usage` is filled when the block ends (also when it raises)."""
-    usage = Usage(rss_before_mib=rss_mib())
+    hwm = _status_kib("VmHWM")
+    usage = Usage(rss_before_mib=rss_mib(), peak_before_mib=None if hwm is None else hwm / 1024)
     if not reset_peak():
         usage.peak_scope = "process"
     if cuda:
