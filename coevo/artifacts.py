@@ -38,6 +38,7 @@ REPORT_SECTION = "report_section"
 CONTEXT = "context"
 RUN_IDENTITY = "run_identity"
 CONTEXT_SCORE = "context_score"
+SAMPLER_UPDATE = "sampler_update"
 
 ARTIFACT_KINDS: dict[str, ArtifactKind] = {
     a.kind: a
@@ -127,6 +128,20 @@ ARTIFACT_KINDS: dict[str, ArtifactKind] = {
                 "score": "the rollout's member reward of them",
                 "versions": "context key -> version scored (-1: an unpublished candidate)",
                 "split, generation": "which cases",
+            },
+        ),
+        ArtifactKind(
+            SAMPLER_UPDATE,
+            "coevo.evolvers.sampler_training",
+            "``<run>/<evolver>/<update, 5 digits>``",
+            {
+                "evolver, method, update, round": "who updated (grpo_ahd / dpo_ahd) and when",
+                "answers, groups, answer_kinds, mean_reward, group_spread": "the step's groups and their typed rewards",
+                "pairs, prompts_with_pairs": "dpo: preference pairs trained on",
+                "skipped": "why the update was skipped (one line), or None",
+                "loss": "the trainer's mean training loss",
+                "wall_s, rss_before_mib, peak_rss_mib, peak_scope, peak_cuda_mib, peak_before_mib": "the update's cost (coevo.training.meter)",
+                "adapter, adapter_hash": "the adapter folder after the update (relative to the run folder), its hash",
             },
         ),
         ArtifactKind(

@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[1] / "configs" / "ahd"
 PROBLEMS = ("tsp_construct", "kp_construct", "cvrp_construct", "bpp_online")
 METHODS = ("eoh", "sample", "eoh_es", "sample_es", "hillclimb", "reevo")
 PAIRS = {"eoh_es": "eoh", "sample_es": "sample"}
-ALL = sorted(ROOT.rglob("*.yaml"))
+#: folders of the gradient-trained sampler configs (grpo_ahd / dpo_ahd): checked in tests/test_sampler_training.py
+TRAINED = ("grpo", "dpo")
+ALL = sorted(p for p in ROOT.rglob("*.yaml") if p.parent.name not in TRAINED)
 
 
 BENCH = load_script(

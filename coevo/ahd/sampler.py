@@ -1121,7 +1121,8 @@ class HeuristicSampler:
             key=job.key,
             run_id=self.run_id,
             evolver=batch.evolver or self.owner,
-            space="parameter" if member else "context",
+            # an ES member's child, or an answer a weight-training evolver asked for (meta "space": grpo_ahd, dpo_ahd)
+            space="parameter" if member or job.extra_meta.get("space") == "parameter" else "context",
             prompt=_messages_text(job.messages),
             action=None if extraction is None else extraction.code,
             tool_result=feedback or detail,

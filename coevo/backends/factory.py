@@ -72,8 +72,11 @@ def _vllm_unusable(model: str) -> str | None:
 
     import torch
 
+    from coevo.backends.adapters import is_adapter_folder
     from coevo.backends.models import model_head_size
 
+    if is_adapter_folder(model):
+        return "the model is a LoRA adapter folder, which the hf backend merges into its base"
     if importlib.util.find_spec("vllm") is None:
         return "vLLM is not installed (bash scripts/install.sh installs it)"
     head = model_head_size(model)
@@ -170,7 +173,15 @@ def make_policy(cfg: ModelConfig, *, lora: tuple[int, int] | None = None) -> Pol
             max_refusals=cfg.max_refusals,
         )
     if cfg.backend == "vllm":
+        from coevo.backends.adapters import is_adapter_folder
+        from coevo.backends.base import PolicyError
         from coevo.backends.models import resolve_model
+
+        if is_adapter_folder(cfg.name):
+            raise PolicyError(
+                f"model.name: {cfg.name} is a LoRA adapter folder; model.backend vllm serves plain models here, "
+                "set model.backend: hf (it merges the adapter into its base)"
+            )
         from coevo.backends.vllm_engine import VLLMPolicy
 
         lora_kwargs = {"enable_lora": True, "max_loras": lora[0], "max_lora_rank": lora[1]} if lora else {}

@@ -160,7 +160,8 @@ class HFPolicy(Policy):
 
     Args:
         model: a local HF folder, a registry name or ``tiny:<preset>`` (see
-            :func:`coevo.backends.models.resolve_model`).
+            :func:`coevo.backends.models.resolve_model`), or a LoRA adapter folder, merged into the base it
+            names (:mod:`coevo.backends.adapters`).
         dtype: weight dtype, "float32" (default; ES wants fp32 master weights), "bfloat16" or "float16".
         device: "cpu", "cuda" or "cuda:N".
         batch_size: conversations per forward batch (>= 1); larger batches are split.
@@ -171,10 +172,12 @@ class HFPolicy(Policy):
 
     Attributes:
         model: the ``transformers`` model (eval mode). tokenizer: its tokenizer (left padding).
-        model_id: the reference given. path: the resolved folder.
+        model_id: the reference given. path: the resolved folder (of the base model, for an adapter).
+        adapters: the adapter folders merged into it, base first (empty for a plain model).
 
     Raises:
         ValueError: bad dtype, device, batch_size or cpu_linear, or an unresolvable model reference.
+        AdapterError: an adapter folder that does not fit its base model (one line).
         PolicyError: the folder cannot be loaded, CUDA was requested but is unavailable, or cpu_linear
             "onednn" was asked for where it cannot run.
     """
@@ -199,6 +202,7 @@ class HFPolicy(Policy):
     ) -> None:
         from transformers import AutoModelForCausalLM
 
+        from coevo.backends.adapters import adapter_chain, merge_adapter
         from coevo.backends.models import load_tokenizer, no_library_bars, resolve_model
 
         self.dtype = torch_dtype(dtype)
@@ -212,7 +216,8 @@ class HFPolicy(Policy):
             raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise PolicyError(f"device {device!r} requested but CUDA is not available")
-        self.path = resolve_model(model, cache_dir=cache_dir)
+        # a LoRA adapter folder (coevo.backends.adapters): its base is loaded, then the adapters merged in
+        self.path, self.adapters = adapter_chain(model, lambda ref: resolve_model(ref, cache_dir=cache_dir))
         self.model_id = str(model)
         self.batch_size = batch_size
         os.environ["HF_HUB_OFFLINE"] = "1"
@@ -222,6 +227,8 @@ class HFPolicy(Policy):
                 self.model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True, dtype=self.dtype)
         except (OSError, ValueError) as e:
             raise PolicyError(f"cannot load model from {self.path}: {e}") from e
+        for folder in self.adapters:
+            self.model = merge_adapter(self.model, folder)
         self.model.to(self.device).eval()
         #: the kernel of float32 CPU linear layers: "onednn" or "torch" (coevo.backends.cpu_linear)
         self.cpu_linear = self._linear_kernel(cpu_linear)

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from coevo.backends.adapters import adapter_base, is_adapter_folder
 from coevo.errors import ModelNameError, UserError
 from coevo.umask import honour_umask
 
@@ -413,6 +414,11 @@ def model_head_size(name_or_path: str | Path) -> int | None:
     ref = str(name_or_path)
     if ref in MODEL_REGISTRY:
         return MODEL_REGISTRY[ref].head_size
+    if is_adapter_folder(ref):  # a LoRA adapter: its base model's
+        try:
+            return model_head_size(adapter_base(ref))
+        except UserError:
+            return None
     if ref.startswith("tiny:"):
         from coevo.backends.tiny import parse_tiny_spec
 
@@ -429,7 +435,9 @@ def check_model_ref(name_or_path: str | Path) -> None:
     """Check a model reference without loading or building anything (used when a config is validated).
 
     Raises:
-        ValueError: the reference is not a known name, an existing local folder or a valid ``tiny:`` spec.
+        ValueError: the reference is not a known name, an existing local folder or a valid ``tiny:`` spec (an
+            adapter folder: its base is checked the same way; :class:`~coevo.backends.adapters.AdapterError`
+            for an unreadable adapter config).
     """
     ref = str(name_or_path)
     if ref in MODEL_REGISTRY:
@@ -438,6 +446,13 @@ def check_model_ref(name_or_path: str | Path) -> None:
         from coevo.backends.tiny import parse_tiny_spec
 
         parse_tiny_spec(ref[len("tiny:") :])
+        return
+    if is_adapter_folder(ref):  # a LoRA adapter folder: its base must be a model reference too
+        base = adapter_base(ref)
+        try:
+            check_model_ref(base)
+        except ValueError as e:
+            raise ModelNameError(f"adapter folder {ref} names base model {base!r}, which is not usable: {e}") from e
         return
     if Path(ref).expanduser().is_dir():
         return

@@ -1,5 +1,5 @@
-"""Evolvers: the base class, the registry and the built-in evolvers (es, eoh, sample, hillclimb, reevo, tune,
-trace2skill).
+"""Evolvers: the base class, the registry and the built-in evolvers (es, grpo_ahd, dpo_ahd, eoh, sample, hillclimb,
+reevo, tune, trace2skill).
 
 :class:`AHDEvolver` / :class:`AHDConfig` (the public base of heuristic-design evolvers,
 :mod:`coevo.evolvers.ahd_common`) are imported on first use, so ``import coevo.evolvers`` stays light.

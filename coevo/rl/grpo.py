@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from coevo.envs.multiturn import turns_to_steps
 from coevo.es.lowrank import stochastic_round_into
 from coevo.rollouts.base import build_rollout, resolve_rollout
+from coevo.training.trl_args import common_trainer_args
 from coevo.types import Trajectory
 
 
@@ -254,7 +255,6 @@ class GRPOBaseline:
             optim=s.optim,
             weight_decay=s.weight_decay,
             max_grad_norm=s.max_grad_norm,
-            lr_scheduler_type="constant",
             # one optimizer step = one generation batch of prompts_per_step x G episodes, in micro-batches
             per_device_train_batch_size=s.micro(),
             gradient_accumulation_steps=s.prompts_per_step * s.num_generations // s.micro(),
@@ -265,19 +265,9 @@ class GRPOBaseline:
             epsilon=s.epsilon,
             loss_type=s.loss_type,
             scale_rewards=s.scale_rewards,
-            seed=s.seed,
-            data_seed=s.seed,
-            use_cpu=s.device == "cpu",
-            bf16=s.dtype == "bfloat16",
-            fp16=False,
             gradient_checkpointing=s.gradient_checkpointing,
-            report_to=[],
-            logging_steps=1,
-            save_strategy="no",
-            disable_tqdm=True,
-            dataloader_num_workers=0,
-            remove_unused_columns=False,
             log_completions=False,
+            **common_trainer_args(device=s.device, seed=s.seed, bf16=s.dtype == "bfloat16"),
         )
         self.trainer = GRPOTrainer(
             model=self.train_model,
