@@ -52,10 +52,21 @@ SMOKE = {
         "max_new_tokens": 16,
         "eval_timeout_s": 10,
     },
+    "reevo": {
+        "problem": "tsp_construct",
+        "population_size": 2,
+        "init_population_size": 2,
+        "train_size": 20,
+        "train_count": 2,
+        "test_sizes": [20],
+        "test_count": 2,
+        "max_new_tokens": 16,
+        "eval_timeout_s": 10,
+    },
     "trace2skill": {"skill": "web-navigation", "max_trajectories": 1, "max_new_tokens": 16},
 }
 
-BUILTIN = ("es", "eoh", "sample", "hillclimb", "trace2skill")
+BUILTIN = ("es", "eoh", "sample", "hillclimb", "reevo", "trace2skill")
 
 
 def test_builtins_registered_and_smoke_configs_cover_every_evolver():
