@@ -21,6 +21,8 @@ from coevo.ahd.sampler_test.run import AnswerLog, score_rows, summarise, table
 from coevo.ahd.sampler_test.stats import bootstrap_ratio_interval, wilson_interval
 from coevo.cli import main
 
+pytestmark = pytest.mark.usefixtures("private_cache")
+
 
 # ---------------------------------------------------------------------------------------------- intervals
 def test_wilson_interval_matches_published_values():
