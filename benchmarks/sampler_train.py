@@ -101,7 +101,8 @@ def sampler_test(model: str, out: Path, args, state: State, log: Path) -> dict[s
     step = f"test:{out.name}"
     if not state.done(step):
         cmd = coevo("heuristics", "sampler-test", model, "--prompts", str(args.prompts), "--out", str(out))
-        cmd += ["--problems", ",".join(args.problems)]
+        # HF for every arm: a run folder's weights are rebuilt on HF, so the frozen models are tested there too
+        cmd += ["--problems", ",".join(args.problems), "--backend", "hf"]
         rc, wall, rss = run_step(cmd, log)
         state.add(step, wall, rss, rc == 0)
         if rc != 0:

@@ -406,7 +406,7 @@ def sampler_test(
         "model": model,
         "model_kind": kind,
         "version": prompt_set.version,
-        "settings": {p: prompt_set.problems[p].settings for p in sorted(problems)},
+        "settings": {p: s.settings for p, s in sorted(prompt_set.problems.items())},  # any --problems may resume
         "instance_seed": prompt_set.instance_seed,
         "batch_size": prompt_set.batch_size,
     }
