@@ -310,7 +310,8 @@ def _rate(hits: int, n: int) -> dict[str, Any]:
 
 def summarise(scored: list[dict[str, Any]], label: str) -> dict[str, Any]:
     """The summary line of ``scored`` answers (:func:`score_rows`): counts, rates with Wilson 95 % intervals,
-    tokens per valid-and-new answer with its bootstrap interval, failure kinds and decode wall time."""
+    tokens per valid-and-new answer with its bootstrap interval, failure kinds, answers cut at the token cap and
+    ``wall_s`` (generating and evaluating the batches, summed)."""
     n = len(scored)
     tokens = [r["completion_tokens"] for r in scored]
     hits = [int(r["new"]) for r in scored]
@@ -329,7 +330,7 @@ def summarise(scored: list[dict[str, Any]], label: str) -> dict[str, Any]:
         "tokens_per_valid_new_ci95": [None if lo is None else round(lo, 1), None if hi is None else round(hi, 1)],
         "cut_at_cap": sum(r["finish_reason"] == "length" for r in scored),
         "failures": dict(Counter(r["failure"] for r in scored if not r["valid"])),
-        "decode_wall_s": round(sum(walls.values()), 1),
+        "wall_s": round(sum(walls.values()), 1),  # generate + evaluate, summed over the batches
     }
 
 
