@@ -124,21 +124,28 @@ def replay_run(run_dir: str | Path, evolver: str | None = None) -> ReplayResult:
     return result
 
 
-def export_run(
-    run_dir: str | Path, out: str | Path, evolver: str | None = None, replay_only: bool = False
-) -> tuple[Path, str]:
-    """Write the final weights of an ES run as a HF folder; returns (folder, weights hash of the ES scope).
+def trained_policy(run_dir: str | Path, evolver: str | None = None, replay_only: bool = False):
+    """An HF policy holding an ES run's final weights (newest snapshot plus the history after it, or the full
+    history with ``replay_only``), and what they are.
+
+    Returns:
+        ``(policy, info)``: ``info`` has run_id, evolver, generations, weights_hash (of the ES scope),
+        from_snapshot, base_model and dtype.
 
     Raises:
-        RunError: see :func:`open_es_run`. FileExistsError: ``out`` is not empty.
-        SnapshotError / ReplayMismatchError: the rebuilt weights do not match the recorded hashes.
+        RunError: see :func:`open_es_run`. SnapshotError / ReplayMismatchError: the rebuilt weights do not match
+        the recorded hashes.
     """
-    from coevo.es.checkpoint import export_hf, rebuild
+    from coevo.es.checkpoint import rebuild
 
     cfg, es_cfg, name, run_id, rows = open_es_run(run_dir, evolver)
     policy, params = _base(cfg, es_cfg)
     final = int(rows[-1]["generation"]) + 1
-    digest, snap = rebuild(params, run_dir, rows, final, use_snapshots=not replay_only)
+    try:
+        digest, snap = rebuild(params, run_dir, rows, final, use_snapshots=not replay_only)
+    except BaseException:
+        policy.close()
+        raise
     info = {
         "run_id": run_id,
         "evolver": name,
@@ -148,9 +155,24 @@ def export_run(
         "base_model": cfg.model.name,
         "dtype": cfg.model.dtype,
     }
+    return policy, info
+
+
+def export_run(
+    run_dir: str | Path, out: str | Path, evolver: str | None = None, replay_only: bool = False
+) -> tuple[Path, str]:
+    """Write the final weights of an ES run as a HF folder; returns (folder, weights hash of the ES scope).
+
+    Raises:
+        RunError: see :func:`open_es_run`. FileExistsError: ``out`` is not empty.
+        SnapshotError / ReplayMismatchError: the rebuilt weights do not match the recorded hashes.
+    """
+    from coevo.es.checkpoint import export_hf
+
+    policy, info = trained_policy(run_dir, evolver, replay_only)
     path = export_hf(policy.model, policy.tokenizer, out, info)
     policy.close()
-    return path, digest
+    return path, info["weights_hash"]
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:

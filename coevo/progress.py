@@ -60,7 +60,10 @@ def loading_text(model: str | None) -> str:
             spec is not None
             and (read_marker(default_cache_dir() / "models" / spec.name) or {}).get("sha256") != spec.sha256
         ):
-            return f"building model {model} from its installed GGUF packages (first use, about 2 min), then loading it"
+            return (
+                f"building model {model} from its installed GGUF packages (first use: about 2 min for the 0.5B, "
+                "4+ for the 1.5B), then loading it"
+            )
     except (ImportError, OSError, ValueError):
         pass
     return f"loading model {model}"

