@@ -68,14 +68,26 @@ def make_test_sampler(
 
     This is the one place the test builds a sampler.
     """
-    from coevo.ahd.sampler import HeuristicSampler
+    from coevo.ahd.sampler import HeuristicSampler, SamplerSettings
     from coevo.backends.base import SamplingParams
     from coevo.budget import Budget
-    from coevo.sandbox.runner import SandboxLimits
 
     s = settings
     return HeuristicSampler(
         problem,
+        SamplerSettings(
+            train_size=int(s["train_size"]),
+            train_count=int(s["train_count"]),
+            train_seed=int(instance_seed),
+            eval_timeout_s=float(s["eval_timeout_s"]),
+            eval_memory_mb=int(s["eval_memory_mb"]),
+            eval_workers=int(s["eval_workers"]),
+            reject_duplicates=False,
+            reject_same_behaviour=False,
+            answer_format=s["answer_format"],
+            answer_grammar=bool(s["answer_grammar"]),
+            change_marks=bool(s["change_marks"]),
+        ),
         owner="sampler-test",
         run_id=run_id,
         store=store,
@@ -87,16 +99,6 @@ def make_test_sampler(
             top_k=int(s["top_k"]),
             stop=tuple(s["stop"]),
         ),
-        train_size=int(s["train_size"]),
-        train_count=int(s["train_count"]),
-        train_seed=int(instance_seed),
-        limits=SandboxLimits(timeout_s=float(s["eval_timeout_s"]), memory_mb=int(s["eval_memory_mb"])),
-        workers=int(s["eval_workers"]),
-        reject_duplicates=False,
-        reject_same_behaviour=False,
-        answer_format=s["answer_format"],
-        answer_grammar=bool(s["answer_grammar"]),
-        change_marks=bool(s["change_marks"]),
     )
 
 
