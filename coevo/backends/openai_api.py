@@ -382,7 +382,8 @@ class OpenAIPolicy(Policy):
                 self._refusal, refusals = kind, self._refusals
             if refusals >= self.max_refusals:
                 raise EndpointError(
-                    f"model server {self.base_url} refused {refusals} requests in a row (HTTP {status}: {message}); "
+                    f"model server {self.base_url} refused {self.max_refusals} requests in a row (HTTP {status}: "
+                    f"{message}); "
                     f"{self._what_to_change(status, message)}; the run stops (model.max_refusals: "
                     f"{self.max_refusals})"
                 ) from exc
