@@ -14,8 +14,8 @@ SHIPPED = {"coevo._shipped.heuristics": "heuristics", "coevo._shipped.skills": "
 setup(
     packages=[*find_packages(include=["coevo", "coevo.*"]), *SHIPPED],
     package_dir=SHIPPED,
-    # the sampler test's prompt sets (coevo.ahd.sampler_test.promptset) are data of a coevo package
-    package_data={**{package: ["**/*"] for package in SHIPPED}, "coevo.ahd.sampler_test": ["sampler-test-v*.json"]},
+    # the sampler test's prompt sets (coevo.sampler_test.promptset) are data of a coevo package
+    package_data={**{package: ["**/*"] for package in SHIPPED}, "coevo.sampler_test": ["sampler-test-v*.json"]},
     exclude_package_data={"": ["*.pyc", "*.pyo"]},
     # only the package data above goes into the wheel (MANIFEST.in shapes the sdist alone)
     include_package_data=False,

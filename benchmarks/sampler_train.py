@@ -44,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from coevo.ahd.sampler_test.promptset import PROBLEMS
+from coevo.sampler_test.promptset import PROBLEMS
 
 #: arm -> (base model or None for the --base model, training config or None, extra --set items)
 ARMS: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {

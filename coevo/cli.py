@@ -314,8 +314,12 @@ def build_parser() -> argparse.ArgumentParser:
     exp.set_defaults(func=_cmd_runs_export)
     importlib.import_module("coevo.dashboard.cli").add_parser(runs)  # runs serve: the web dashboard
 
-    for mod in _DOMAIN_CLIS:
-        importlib.import_module(mod).add_parser(sub)
+    subs = {mod: importlib.import_module(mod).add_parser(sub) for mod in _DOMAIN_CLIS}
+    from coevo.sampler_test.cli import add_parser as add_sampler_test
+
+    # `coevo heuristics sampler-test`: the held-out sampler test sits above heuristic design and ES (it rebuilds an
+    # ES run's weights through coevo.cli_es), so it joins the `heuristics` sub-commands here, not in coevo.ahd.cli
+    add_sampler_test(subs["coevo.ahd.cli"])
     _every_command(p)
     return p
 

@@ -1,4 +1,4 @@
-"""The held-out sampler test (``coevo heuristics sampler-test``, :mod:`coevo.ahd.sampler_test`).
+"""The held-out sampler test (``coevo heuristics sampler-test``, :mod:`coevo.sampler_test`).
 
 Real parts: the committed prompt set, the shipped configs, the sandbox (parents and answers are evaluated), the
 tiny random Qwen2 of the suite as MODEL (by folder, as a PEFT LoRA adapter on it), real SQLite stores and the
@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from coevo.ahd.population import code_key
-from coevo.ahd.sampler_test.build import build_problem, shipped_settings, training_starts
-from coevo.ahd.sampler_test.promptset import OPERATOR_CYCLE, PROBLEMS, PROMPT_SET_VERSION, load_prompt_set
-from coevo.ahd.sampler_test.run import AnswerLog, score_rows, summarise, table
-from coevo.ahd.sampler_test.stats import bootstrap_ratio_interval, wilson_interval
 from coevo.cli import main
+from coevo.sampler_test.build import build_problem, shipped_settings, training_starts
+from coevo.sampler_test.promptset import OPERATOR_CYCLE, PROBLEMS, PROMPT_SET_VERSION, load_prompt_set
+from coevo.sampler_test.run import AnswerLog, score_rows, summarise, table
+from coevo.sampler_test.stats import bootstrap_ratio_interval, wilson_interval
 
 pytestmark = pytest.mark.usefixtures("private_cache")
 
@@ -47,7 +47,7 @@ def test_bootstrap_ratio_is_deterministic_and_brackets_the_estimate():
 def test_prompt_set_is_versioned_full_size_and_rebuilds_identically():
     ps = load_prompt_set()
     assert ps.version == PROMPT_SET_VERSION and list(ps.problems) == list(PROBLEMS)
-    raw = json.loads((Path(__file__).parents[1] / "coevo/ahd/sampler_test" / f"{PROMPT_SET_VERSION}.json").read_text())
+    raw = json.loads((Path(__file__).parents[1] / "coevo/sampler_test" / f"{PROMPT_SET_VERSION}.json").read_text())
     for name, pset in ps.problems.items():
         assert len(pset.prompts) >= 128
         assert [p.operator for p in pset.prompts[:8]] == list(OPERATOR_CYCLE)
@@ -152,7 +152,7 @@ def test_bad_models_are_one_line_errors(tmp_path, capsys, monkeypatch):
 
 # ---------------------------------------------------------------------------------------------- end to end
 def _test(model, out, **kw):
-    from coevo.ahd.sampler_test.run import sampler_test
+    from coevo.sampler_test.run import sampler_test
 
     return sampler_test(model, out=out, prompts=8, problems=["tsp_construct"], backend="hf", **kw)
 
@@ -190,7 +190,7 @@ def test_a_lora_adapter_is_tested_merged_into_its_base(tmp_path, tiny_model_dir)
     import torch
     from transformers import AutoModelForCausalLM
 
-    from coevo.ahd.sampler_test.model_ref import load_model
+    from coevo.sampler_test.model_ref import load_model
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     torch.manual_seed(0)

@@ -2,7 +2,7 @@
 
     coevo heuristics list
     coevo heuristics eval PROBLEM FILE.py [--size N --count K --seed S | --instances PATH] [--timeout S] [--json]
-    coevo heuristics sampler-test MODEL [--prompts N] [--out DIR]   (coevo.ahd.sampler_test.cli)
+    coevo heuristics sampler-test MODEL [--prompts N] [--out DIR]   (coevo.sampler_test.cli, wired by coevo.cli)
 
 ``eval`` runs the file through the sandbox on every instance (going on after failures, to count them) and
 prints the mean objective, the gap and what it is measured against, and the number of invalid instances.
@@ -186,8 +186,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers: Any) -> None:
-    """Register ``heuristics list`` and ``heuristics eval`` on the top-level ``coevo`` sub-parsers."""
+def add_parser(subparsers: Any) -> Any:
+    """Register ``heuristics list`` and ``heuristics eval`` on the top-level ``coevo`` sub-parsers; return the
+    ``heuristics`` sub-parsers (``coevo.cli`` adds ``sampler-test`` there)."""
     heur = subparsers.add_parser("heuristics", help="heuristic-design problems")
     sub = heur.add_subparsers(dest="heuristics_cmd", required=True)
     lst = sub.add_parser("list", help="list the available problems")
@@ -217,6 +218,4 @@ def add_parser(subparsers: Any) -> None:
     ev.add_argument("--no-reference", action="store_true", help="skip the reference solver (no gap)")
     ev.add_argument("--json", action="store_true", help="print one JSON object")
     ev.set_defaults(func=_cmd_eval)
-    from coevo.ahd.sampler_test.cli import add_parser as add_sampler_test
-
-    add_sampler_test(sub)  # coevo heuristics sampler-test MODEL
+    return sub  # coevo.cli adds `sampler-test` (coevo.sampler_test sits above ahd: it rebuilds ES runs' weights)

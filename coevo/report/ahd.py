@@ -10,13 +10,39 @@ of their own (docs/extending.md) and for ``benchmarks/ahd_compare.py``.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from coevo.tables import md_table
 
 if TYPE_CHECKING:
-    from coevo.evolvers.ahd_common import AHDEvolver
     from coevo.types import EvalResult
+
+
+class AHDEvolver(Protocol):
+    """What this module reads of a heuristic-design evolver (:class:`coevo.evolvers.ahd_common.AHDEvolver`
+    satisfies it). A protocol, not an import: the report package renders and never imports evolver code
+    (tests/test_import_graph.py), while evolvers call it for their own sections."""
+
+    name: str
+    ctx: Any
+    config: Any
+    problem: Any
+    sampler: Any
+    population: Any
+    best: Any
+    best_candidates: Any
+    rejected_best: Any
+    skipped_seeds: Any
+    train_tag: str
+    test_sizes: list[int]
+    test_seed: int
+    validation_seed: int
+
+    def heldout_result(self, code: str, size: int) -> EvalResult: ...
+
+    def heldout_results(self) -> list[tuple[int, EvalResult, EvalResult | None]]: ...
+
+    def peer_result(self, code: str, key: str) -> EvalResult: ...
 
 
 def failure_text(r: EvalResult, limit: int) -> str:

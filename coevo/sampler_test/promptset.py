@@ -1,7 +1,7 @@
-"""The versioned prompt set of the held-out sampler test (:mod:`coevo.ahd.sampler_test`).
+"""The versioned prompt set of the held-out sampler test (:mod:`coevo.sampler_test`).
 
 A prompt set is one JSON file in this folder, ``<version>.json`` (today :data:`PROMPT_SET_VERSION`), written by
-:mod:`coevo.ahd.sampler_test.build` and committed. Per problem it holds:
+:mod:`coevo.sampler_test.build` and committed. Per problem it holds:
 
 * ``settings``: the shipped sampling and evaluation settings, copied from ``configs/ahd/<problem>.yaml`` when the
   set was built (temperature, top-p, top-k, token cap, stop strings, answer format; training instance size and

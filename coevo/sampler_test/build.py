@@ -1,8 +1,8 @@
 """Write a sampler-test prompt set (``<version>.json`` beside this file); the committed set is its output.
 
-    python -m coevo.ahd.sampler_test.build [--version sampler-test-v1] [--prompts 128] [--check]
+    python -m coevo.sampler_test.build [--version sampler-test-v1] [--prompts 128] [--check]
 
-Per problem of :data:`~coevo.ahd.sampler_test.promptset.PROBLEMS`:
+Per problem of :data:`~coevo.sampler_test.promptset.PROBLEMS`:
 
 * settings: ``configs/ahd/<problem>.yaml`` (the main job's config): the run's ``sampling`` section with the
   heuristic-design evolver's overrides (temperature, top-p, top-k, token cap), its answer format, training size
@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from coevo.ahd.sampler_test.promptset import (
+from coevo.sampler_test.promptset import (
     BATCH_SIZE,
     HERE,
     OPERATOR_CYCLE,
@@ -155,7 +155,7 @@ def check_behaviour(problem: str, entry: dict[str, Any]) -> list[str]:
     parent, a parent that behaves exactly as a training start or as another parent)."""
     from coevo.ahd.problem import load_problem
     from coevo.ahd.sampler import behaviour_key
-    from coevo.ahd.sampler_test.run import make_test_sampler
+    from coevo.sampler_test.run import make_test_sampler
     from coevo.store import TrajectoryStore
 
     errors = []

@@ -1,6 +1,6 @@
 """Running the held-out sampler test: prompts -> answers -> sandbox -> rates with 95 % intervals.
 
-For each problem of the prompt set (:mod:`coevo.ahd.sampler_test.promptset`) the first ``prompts`` prompts go
+For each problem of the prompt set (:mod:`coevo.sampler_test.promptset`) the first ``prompts`` prompts go
 through :class:`coevo.ahd.sampler.HeuristicSampler` as in a run (one batched ``generate`` per batch of 8, the
 answer read back, the code evaluated in the sandbox on ``train_count`` instances of the training size drawn
 from the set's ``instance_seed``), with the set's sampling settings and seeds. Every answer that defines the
@@ -40,9 +40,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coevo.ahd.sampler_test.promptset import PROBLEMS, ProblemSet, PromptSet, load_prompt_set
-from coevo.ahd.sampler_test.stats import bootstrap_ratio_interval, wilson_interval
 from coevo.errors import InputFileError, UsageError
+from coevo.sampler_test.promptset import PROBLEMS, ProblemSet, PromptSet, load_prompt_set
+from coevo.sampler_test.stats import bootstrap_ratio_interval, wilson_interval
 
 if TYPE_CHECKING:
     from coevo.ahd.population import Individual
@@ -379,7 +379,7 @@ def sampler_test(
     Args:
         model: the MODEL reference. out: output folder (default ``sampler-test/<model>-<version>``).
         prompts: prompts per problem (default: all of the set's, 128). problems: which problems.
-        version: prompt set version (default :data:`~coevo.ahd.sampler_test.promptset.PROMPT_SET_VERSION`).
+        version: prompt set version (default :data:`~coevo.sampler_test.promptset.PROMPT_SET_VERSION`).
         backend: engine of a registered name or model folder ("auto", "hf", "vllm").
 
     Returns:
@@ -392,7 +392,7 @@ def sampler_test(
         SamplerTestModelError / ModelPrepareError: MODEL cannot be loaded (:func:`model_ref.load_model`).
     """
     from coevo.ahd.problem import load_problem
-    from coevo.ahd.sampler_test.model_ref import check_model, load_model
+    from coevo.sampler_test.model_ref import check_model, load_model
 
     prompt_set = load_prompt_set(version) if version else load_prompt_set()
     unknown = [p for p in problems if p not in prompt_set.problems]

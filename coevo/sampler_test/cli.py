@@ -22,11 +22,11 @@ import signal
 import sys
 from typing import Any
 
-from coevo.ahd.sampler_test.promptset import PROBLEMS, PROMPT_SET_VERSION
+from coevo.sampler_test.promptset import PROBLEMS, PROMPT_SET_VERSION
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from coevo.ahd.sampler_test.run import sampler_test, table
+    from coevo.sampler_test.run import sampler_test, table
 
     # SIGTERM ends the test through the finally that closes the engine (vLLM's EngineCore would outlive it)
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
