@@ -41,7 +41,7 @@ from coevo.sampler_test.promptset import (
 PUBLISHED = {"kp_construct": ("agentic_esopt",)}
 #: seed of the evaluation instances (no shipped config uses it as train, test or validation seed)
 INSTANCE_SEED = 5353
-ROOT = HERE.parents[2]
+ROOT = HERE.parents[1]
 
 
 def shipped_settings(problem: str, config_root: Path | None = None) -> dict[str, Any]:
