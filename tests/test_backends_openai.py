@@ -455,7 +455,7 @@ def _served_run(tmp_path, server, **model) -> Path:
                 "test_sizes": [8],
                 "test_count": 2,
                 "validation_count": 0,
-                "eval_timeout_s": 10,
+                "eval_timeout_s": 60,  # a loaded CI machine: the sandbox's start must not time the answer out
                 "eval_memory_mb": 1024,
                 "eval_workers": 1,
                 "population_size": 2,

@@ -157,6 +157,7 @@ def _test(model, out, **kw):
     return sampler_test(model, out=out, prompts=8, problems=["tsp_construct"], backend="hf", **kw)
 
 
+@pytest.mark.heavy  # about 200 s on 2 cores (two whole tests on the tiny model): pytest -m heavy (CI runs it)
 def test_tiny_model_same_answers_for_the_same_seeds_and_resume(tmp_path, tiny_model_dir, capsys):
     summaries, out = _test(str(tiny_model_dir), tmp_path / "a")
     again, _ = _test(str(tiny_model_dir), tmp_path / "b")

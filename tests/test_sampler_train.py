@@ -48,6 +48,7 @@ def test_sampler_es_config_is_the_documented_plan():
     assert raw["evolvers"][0]["seed_heuristics"] == ["eoh_ael"]
 
 
+@pytest.mark.heavy  # 300-390 s on 2 cores (three ES generations, replay and two sampler tests): pytest -m heavy (CI runs it)
 def test_es_arm_trains_replays_and_is_tested_from_its_run(tmp_path, tiny_model_dir):
     bench = _bench()
     small = [

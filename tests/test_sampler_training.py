@@ -201,6 +201,7 @@ def test_grpo_samples_come_from_the_trained_adapter_which_loads_as_model_name(gr
     assert [frozen[i].text for i in real] != [recorded[i] for i in real]
 
 
+@pytest.mark.heavy  # 77-186 s on 2 cores (a run killed mid-update, resumed, and an uninterrupted one): pytest -m heavy (CI runs it)
 def test_resume_after_kill_9_mid_update_equals_uninterrupted(grpo_run, tiny_model_dir, tmp_path, private_cache):
     """``coevo run`` SIGKILLed inside GRPO update 1 (after its answers were recorded), then resumed: the same
     adapters, update by update, as the uninterrupted run."""
