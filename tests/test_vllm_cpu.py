@@ -39,6 +39,7 @@ from support import (
 
 from coevo.backends.base import PolicyError, SamplingParams
 from coevo.backends.vllm_engine import child_pids, wait_gone
+from coevo.errors import EndpointError
 from coevo.es import ReplayMismatchError, ScopeSpec
 from coevo.types import ESMember
 
@@ -408,7 +409,8 @@ def test_openai_backend_against_a_real_vllm_server(server, vllm_tiny_dir):
         assert texts(policy, params=sampled) == texts(policy, params=sampled)  # seeded requests repeat
         (too_long,) = policy.generate(CONVS[:1], SamplingParams(max_new_tokens=4096))  # past max_model_len 512
         assert too_long.finish_reason == "error" and "400" in too_long.error and too_long.meta["attempts"] == 1
-        with pytest.raises(PolicyError, match="404"):
+        # a model the server does not serve is bad input: one line naming model.name (issue 52), not a retry
+        with pytest.raises(EndpointError, match=r"HTTP 404.*model.name: the server does not serve 'no-such-model'"):
             OpenAIPolicy("no-such-model", url, max_retries=2, api_key_env="COEVO_NO_KEY").generate(CONVS[:1], GREEDY)
     finally:
         policy.close()
