@@ -18,7 +18,9 @@ METHODS = ("eoh", "sample", "eoh_es", "sample_es", "hillclimb", "reevo")
 PAIRS = {"eoh_es": "eoh", "sample_es": "sample"}
 #: folders of the gradient-trained sampler configs (grpo_ahd / dpo_ahd): checked in tests/test_sampler_training.py
 TRAINED = ("grpo", "dpo")
-ALL = sorted(p for p in ROOT.rglob("*.yaml") if p.parent.name not in TRAINED)
+#: configs that train the sampler rather than search one problem (tests/test_sampler_train.py checks sampler_es.yaml)
+SAMPLER_TRAINING = ("sampler_es.yaml",)
+ALL = sorted(p for p in ROOT.rglob("*.yaml") if p.parent.name not in TRAINED and p.name not in SAMPLER_TRAINING)
 
 
 BENCH = load_script(

@@ -282,7 +282,7 @@ def test_requests_are_bounded_by_the_decode_deadline(server):
     began = time.monotonic()
     with pytest.raises(DeadlineReached) as cut, decode_deadline(began + 0.5):
         policy.generate(_convs("one", "two"), SamplingParams(max_new_tokens=5))
-    assert time.monotonic() - began < 5  # the timeout was the time left, not timeout_s, and nothing was retried
+    assert time.monotonic() - began < 15  # the time left (0.5 s), not timeout_s (120 s) or the delay (30 s), no retry
     assert (cut.value.rows, cut.value.backend) == (2, "openai")
     assert len(server.requests) == 2
     with pytest.raises(DeadlineReached), decode_deadline(time.monotonic() - 1):
@@ -477,7 +477,9 @@ def test_a_run_on_a_server_taking_4_stop_strings_finds_the_heuristic(tmp_path, s
     err = capsys.readouterr().err
     assert f"model server {server.base_url} serves tiny-chat (vLLM server: it takes at most 4 stop strings" in err
     sent = [r["stop"] for r in server.requests if r["max_tokens"] == 64]
-    assert sent and all(s == ["\n`", "\n    # idea:", "\nd", "\n#"] for s in sent[-4:])
+    fitting = [s for s in sent if len(s) <= 4]  # the requests the server answered (longer lists got its 400)
+    assert fitting and all(s == ["\n`", "\n    # idea:", "\nd", "\n#"] for s in fitting)
+    assert sent[-1] == fitting[-1]  # once learned, the limit holds (requests in flight before may arrive late)
     with TrajectoryStore(out / "store.sqlite") as store:
         samples = [t for t in store.query(run_id=out.name) if t.meta.get("operator") == "i1"]
     assert len(samples) == 4 and samples[0].valid and samples[0].steps[0].model_output.endswith("np.argmin(d)])")

@@ -109,20 +109,30 @@ def test_typed_rewards_order_invalid_copy_worse_better():
 
 
 def test_the_meter_sees_the_peak_of_its_window_only():
-    import numpy as np
+    """In a fresh interpreter: a long test session's allocator reuses freed pages, so RSS there need not grow."""
+    import subprocess
+    import sys
+    import textwrap
 
-    from coevo.training.meter import measure
+    code = textwrap.dedent(
+        """
+        import numpy as np
+        from coevo.training.meter import measure
 
-    big = np.ones(64 * 2**20 // 8)  # 64 MiB touched before the window, freed
-    del big
-    with measure() as usage:
-        small = np.ones(2**20 // 8)
-    assert usage.wall_s > 0 and usage.peak_scope == "window"
-    assert usage.peak_rss_mib < usage.rss_before_mib + 32  # the 64 MiB before the window is not its peak
-    with measure() as usage:
-        big = np.ones(96 * 2**20 // 8)
+        big = np.ones(64 * 2**20 // 8)  # 64 MiB touched before the window, freed
         del big
-    assert usage.peak_rss_mib >= usage.rss_before_mib + 90 and small.sum() > 0
+        with measure() as usage:
+            small = np.ones(2**20 // 8)
+        assert usage.wall_s > 0 and usage.peak_scope == "window", usage
+        assert usage.peak_rss_mib < usage.rss_before_mib + 32, usage  # the 64 MiB before is not its peak
+        with measure() as usage:
+            big = np.ones(96 * 2**20 // 8)
+            del big
+        assert usage.peak_rss_mib >= usage.rss_before_mib + 90 and small.sum() > 0, usage
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
 
 
 def test_messages_read_back_from_the_recorded_prompt():
