@@ -96,7 +96,7 @@ class GRPOAHDEvolver(SamplerTrainingEvolver):
         from datasets import Dataset
         from trl import GRPOConfig, GRPOTrainer
 
-        from coevo.training.trl_args import common_trainer_args
+        from coevo.training.trl_args import common_trainer_args, grpo_step_args
 
         cfg = self.config
         G, P = cfg.answers_per_prompt, len(groups)
@@ -132,17 +132,16 @@ class GRPOAHDEvolver(SamplerTrainingEvolver):
             optim=cfg.optim,
             weight_decay=cfg.weight_decay,
             max_grad_norm=cfg.max_grad_norm,
-            per_device_train_batch_size=micro,
-            gradient_accumulation_steps=P * G // micro,
-            steps_per_generation=P * G // micro,
-            num_generations=G,
-            num_iterations=1,
-            beta=cfg.beta,
-            epsilon=cfg.epsilon,
-            loss_type=cfg.loss_type,
-            scale_rewards=cfg.scale_rewards,
-            gradient_checkpointing=cfg.gradient_checkpointing,
-            log_completions=False,
+            **grpo_step_args(
+                prompts=P,
+                group=G,
+                micro_batch=micro,
+                beta=cfg.beta,
+                epsilon=cfg.epsilon,
+                loss_type=cfg.loss_type,
+                scale_rewards=cfg.scale_rewards,
+                gradient_checkpointing=cfg.gradient_checkpointing,
+            ),
             **common_trainer_args(device=self.policy.device.type, seed=seed),
         )
         trainer = GRPOTrainer(

@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from coevo.envs.multiturn import turns_to_steps
 from coevo.es.lowrank import stochastic_round_into
 from coevo.rollouts.base import build_rollout, resolve_rollout
-from coevo.training.trl_args import common_trainer_args
+from coevo.training.trl_args import common_trainer_args, grpo_step_args
 from coevo.types import Trajectory
 
 
@@ -256,17 +256,16 @@ class GRPOBaseline:
             weight_decay=s.weight_decay,
             max_grad_norm=s.max_grad_norm,
             # one optimizer step = one generation batch of prompts_per_step x G episodes, in micro-batches
-            per_device_train_batch_size=s.micro(),
-            gradient_accumulation_steps=s.prompts_per_step * s.num_generations // s.micro(),
-            steps_per_generation=s.prompts_per_step * s.num_generations // s.micro(),
-            num_generations=s.num_generations,
-            num_iterations=1,
-            beta=s.beta,
-            epsilon=s.epsilon,
-            loss_type=s.loss_type,
-            scale_rewards=s.scale_rewards,
-            gradient_checkpointing=s.gradient_checkpointing,
-            log_completions=False,
+            **grpo_step_args(
+                prompts=s.prompts_per_step,
+                group=s.num_generations,
+                micro_batch=s.micro(),
+                beta=s.beta,
+                epsilon=s.epsilon,
+                loss_type=s.loss_type,
+                scale_rewards=s.scale_rewards,
+                gradient_checkpointing=s.gradient_checkpointing,
+            ),
             **common_trainer_args(device=s.device, seed=s.seed, bf16=s.dtype == "bfloat16"),
         )
         self.trainer = GRPOTrainer(

@@ -33,3 +33,34 @@ def common_trainer_args(*, device: str = "cpu", seed: int = 0, bf16: bool = Fals
         "remove_unused_columns": False,
         "lr_scheduler_type": "constant",
     }
+
+
+def grpo_step_args(
+    *,
+    prompts: int,
+    group: int,
+    micro_batch: int,
+    beta: float,
+    epsilon: float,
+    loss_type: str,
+    scale_rewards: Any,
+    gradient_checkpointing: bool,
+) -> dict[str, Any]:
+    """Keyword arguments of TRL's ``GRPOConfig`` for coevo's GRPO step, shared by the Sudoku baseline
+    (:mod:`coevo.rl.grpo`) and ``grpo_ahd``: one optimizer step = one generation batch of ``prompts`` x ``group``
+    answers, in micro-batches of ``micro_batch`` (which must divide it), each group scored once (one iteration).
+    """
+    steps = prompts * group // micro_batch
+    return {
+        "per_device_train_batch_size": micro_batch,
+        "gradient_accumulation_steps": steps,
+        "steps_per_generation": steps,
+        "num_generations": group,
+        "num_iterations": 1,
+        "beta": beta,
+        "epsilon": epsilon,
+        "loss_type": loss_type,
+        "scale_rewards": scale_rewards,
+        "gradient_checkpointing": gradient_checkpointing,
+        "log_completions": False,
+    }
