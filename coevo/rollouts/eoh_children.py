@@ -46,7 +46,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from coevo.ahd.sampler import HeuristicSearch
+from coevo.ahd.sampler import HeuristicSearch, OperatorName, operators_field
 from coevo.rollouts.base import Rollout, RolloutConfig, Split, register_rollout
 from coevo.types import Trajectory
 
@@ -74,11 +74,9 @@ _STAGE = {
 class EoHChildrenConfig(RolloutConfig):
     type: str = "eoh_children"
     evolver: str = Field("eoh", description="name of the run's heuristic-design evolver (eoh, sample, hillclimb, ...)")
-    operators: list[Literal["i1", "e1", "e2", "m1", "m2", "m3"]] | None = Field(
-        None,
-        min_length=1,
-        description="operators run under perturbed weights; default (null): the searched evolver's own "
-        "(member_operators: eoh m1, m2; sample i1; hillclimb m1 on its incumbent)",
+    operators: list[OperatorName] | None = operators_field(
+        "operators run under perturbed weights; default (null): the searched evolver's own "
+        "(member_operators: eoh m1, m2; sample i1; hillclimb m1 on its incumbent)"
     )
     children_per_operator: int = Field(1, ge=1, description="children per operator and member")
     invalid: Literal["paper", "zero"] | float = Field("paper", description="reward rule for invalid children")
