@@ -13,6 +13,10 @@ from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the sandbox target that calls the candidate's function once per entry of the payload's ``cases``
+CALL_CASES = "coevo.sandbox.targets:call_cases"
+#: bpp_online's best-fit heuristic (a valid candidate)
+BEST_FIT = "import numpy as np\n\ndef score(item, bins):\n    return -(bins - item).astype(np.float64)\n"
 
 
 def chromium_missing(playwright: bool = False) -> str | None:
@@ -44,6 +48,15 @@ def load_script(path: str | Path, name: str) -> ModuleType:
     return mod
 
 
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """``python -m coevo.cli ARGS`` in a child process (``env``, ``cwd``; ``timeout`` seconds), stdout and stderr
+    captured as text; a nonzero exit status is returned, not raised."""
+    cmd = [sys.executable, "-m", "coevo.cli", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
 def pids_with_cmdline(token: str) -> list[int]:
     """Host pids whose command line (``/proc/<pid>/cmdline``) contains ``token``; zombies, whose command line is
     empty, and processes that end while being read are left out."""
@@ -57,6 +70,27 @@ def pids_with_cmdline(token: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+#: the smallest ``web`` rollout spec: one MiniWoB++ click-test episode of one step per member, one browser
+WEB_SMOKE_ROLLOUT = {
+    "type": "web",
+    "taskset": "miniwob_smoke",
+    "tasks": ["click-test"],
+    "episodes_per_member": 1,
+    "max_steps": 1,
+    "n_envs": 1,
+    "sampling": {"max_new_tokens": 8},
+}
+
+
+def one_step_trajectory(**fields: Any):
+    """A :class:`coevo.types.Trajectory` of one step (observation ``"p"``): key ``"k"``, run ``"r"``, evolver
+    ``"es"`` in the parameter space, round and generation 0, task ``"t"``; ``fields`` override or add fields."""
+    from coevo.types import Step, Trajectory
+
+    base = {"key": "k", "run_id": "r", "evolver": "es", "space": "parameter", "round": 0, "generation": 0}
+    return Trajectory(**{**base, "task_id": "t", "steps": [Step(observation="p")], **fields})
 
 
 def one_member_record(seed: int = 1, **fields: Any):
