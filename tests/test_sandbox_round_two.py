@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from support import BEST_FIT, CALL_CASES
 
 from coevo.ahd import load_problem
 from coevo.ahd.evaluate import evaluate_heuristic
@@ -23,26 +24,14 @@ pytestmark = [
     pytest.mark.usefixtures("private_cache"),
     pytest.mark.skipif(not HAS_BWRAP, reason="bubblewrap is not usable here"),
 ]
-CALL = "coevo.sandbox.targets:call_cases"
-BEST_FIT = "import numpy as np\n\ndef score(item, bins):\n    return -(bins - item).astype(np.float64)\n"
 X86 = pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers of the test are x86_64's")
-
-
-@pytest.fixture(scope="module")
-def sandbox() -> Sandbox:
-    return Sandbox(SandboxLimits(timeout_s=20, memory_mb=1024))
-
-
-@pytest.fixture(scope="module")
-def bpp():
-    return load_problem("bpp_online")
 
 
 def _call(sandbox: Sandbox, body: str, *args, expect=None, packages=("numpy",)):
     """``f(*args)`` defined by ``body``, run in the sandbox with ``packages`` importable (as problems run)."""
     code = "import os, sys, ctypes, time\n" + textwrap.dedent(body)
     payload = {"cases": [list(args)], "candidate_packages": list(packages), **({"expect": expect} if expect else {})}
-    res = sandbox.run(code, "f", CALL, payload)
+    res = sandbox.run(code, "f", CALL_CASES, payload)
     assert res.valid, res.error
     return res.metrics["values"][0]
 
@@ -417,7 +406,7 @@ def test_a_missing_measure_is_one_line_naming_it_and_evaluations_go_on(monkeypat
         Sandbox(SandboxLimits(timeout_s=20), use_cgroups=False)
     lines = [r.getMessage() for r in caplog.records if "cgroup" in r.getMessage()]
     assert len(lines) == 1 and "per process" in lines[0] and "wall-clock limit" in lines[0], lines
-    res = first.run("def f(x):\n    return x + 1\n", "f", CALL, {"cases": [[1]], "candidate_packages": ["numpy"]})
+    res = first.run("def f(x):\n    return x + 1\n", "f", CALL_CASES, {"cases": [[1]], "candidate_packages": ["numpy"]})
     assert res.valid and res.metrics["values"] == [2]
 
 
