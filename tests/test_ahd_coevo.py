@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from support import one_step_trajectory
 from test_eoh import FARTHEST, FIRST_INDEX, NN, RETURNS_FLOAT, TOWARD_HOME
 
 from coevo.ahd.evaluate import evaluate_heuristic
@@ -34,7 +35,7 @@ from coevo.loop import CoEvolutionLoop, new_run_dir
 from coevo.rollouts.eoh_children import EoHChildrenConfig, EoHChildrenRollout
 from coevo.store import TrajectoryStore
 from coevo.tables import fmt
-from coevo.types import Step, Trajectory
+from coevo.types import Trajectory
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "ahd"
 
@@ -198,18 +199,8 @@ def _child(objective, parent=None, worst=None, valid=True, sign=-1.0) -> Traject
         "parent_score": None if parent is None else sign * parent,
         "worst_score": None if worst is None else sign * worst,
     }
-    return Trajectory(
-        key=f"k{objective}{parent}{valid}",
-        run_id="r",
-        evolver="es",
-        space="parameter",
-        round=0,
-        generation=0,
-        task_id="t",
-        steps=[Step(observation="p")],
-        reward=None if not valid else sign * objective,
-        valid=valid,
-        meta=meta,
+    return one_step_trajectory(
+        key=f"k{objective}{parent}{valid}", reward=None if not valid else sign * objective, valid=valid, meta=meta
     )
 
 
