@@ -13,6 +13,15 @@ from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+#: candidate code: ``errno_of(fn)``, 0 when ``fn()`` returns, the OSError's errno when it raises one
+ERRNO_OF = """
+def errno_of(fn):
+    try:
+        fn()
+        return 0
+    except OSError as exc:
+        return exc.errno
+"""
 #: the sandbox target that calls the candidate's function once per entry of the payload's ``cases``
 CALL_CASES = "coevo.sandbox.targets:call_cases"
 #: bpp_online's best-fit heuristic (a valid candidate)
@@ -55,6 +64,13 @@ def run_cli(
     captured as text; a nonzero exit status is returned, not raised."""
     cmd = [sys.executable, "-m", "coevo.cli", *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def run_script(path: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python ROOT/path ARGS`` (a benchmark script) in a child process in the repository root, stdout and stderr
+    captured as text; a nonzero exit status is returned, not raised."""
+    cmd = [sys.executable, str(ROOT / path), *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def pids_with_cmdline(token: str) -> list[int]:

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from support import BEST_FIT, CALL_CASES
+from support import BEST_FIT, CALL_CASES, ERRNO_OF
 
 from coevo.ahd import load_problem
 from coevo.ahd.evaluate import evaluate_heuristic
@@ -27,9 +27,10 @@ pytestmark = [
 X86 = pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers of the test are x86_64's")
 
 
-def _call(sandbox: Sandbox, body: str, *args, expect=None, packages=("numpy",)):
-    """``f(*args)`` defined by ``body``, run in the sandbox with ``packages`` importable (as problems run)."""
-    code = "import os, sys, ctypes, time\n" + textwrap.dedent(body)
+def _call(sandbox: Sandbox, body: str, *args, expect=None, packages=("numpy",), prelude=""):
+    """``f(*args)`` defined by ``body`` after the code ``prelude``, run in the sandbox with ``packages`` importable
+    (as problems run)."""
+    code = "import os, sys, ctypes, time\n" + prelude + textwrap.dedent(body)
     payload = {"cases": [list(args)], "candidate_packages": list(packages), **({"expect": expect} if expect else {})}
     res = sandbox.run(code, "f", CALL_CASES, payload)
     assert res.valid, res.error
@@ -51,12 +52,6 @@ def test_page_cache_state_can_be_neither_set_nor_read(sandbox):
             libc = ctypes.CDLL(None, use_errno=True)
             path = os.__file__
             fd = os.open(path, os.O_RDONLY)
-            def errno_of(fn):
-                try:
-                    fn()
-                    return 0
-                except OSError as exc:
-                    return exc.errno
             out['fadvise_dontneed'] = errno_of(lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED))
             out['fadvise_willneed'] = errno_of(lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED))
             buf = bytearray(4096)
@@ -75,6 +70,7 @@ def test_page_cache_state_can_be_neither_set_nor_read(sandbox):
             return out
         """,
         expect="dict",
+        prelude=ERRNO_OF,
     )
     assert values["fadvise_dontneed"] == values["fadvise_willneed"] == 1, values  # EPERM
     assert values["preadv_nowait"] == 1 and values["preadv_plain"], values
