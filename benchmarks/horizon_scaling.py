@@ -253,6 +253,17 @@ def child_es(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: the GRPOSettings fields set from this script's options (field -> option)
+GRPO_OPTIONS = {
+    **{name: name for name in ("model", "dtype", "device", "batch_size")},
+    "prompts_per_step": "grpo_prompts",
+    "num_generations": "grpo_group",
+    "micro_batch": "grpo_micro_batch",
+    "gradient_checkpointing": "grpo_checkpointing",
+    "learning_rate": "lr",
+}
+
+
 def child_grpo(spec: dict[str, Any]) -> dict[str, Any]:
     from coevo.rl.grpo import GRPOBaseline, GRPOSettings
     from coevo.store import TrajectoryStore
@@ -261,18 +272,10 @@ def child_grpo(spec: dict[str, Any]) -> dict[str, Any]:
     settings = GRPOSettings(
         run_name="grpo",
         seed=spec["seed"],
-        model=a["model"],
-        dtype=a["dtype"],
-        device=a["device"],
-        batch_size=a["batch_size"],
         rollout=spec["rollout"],
         steps=spec["steps"],
-        prompts_per_step=a["grpo_prompts"],
-        num_generations=a["grpo_group"],
-        micro_batch=a["grpo_micro_batch"],
-        gradient_checkpointing=a["grpo_checkpointing"],
-        learning_rate=a["lr"],
         eval_at_start=False,
+        **{field: a[option] for field, option in GRPO_OPTIONS.items()},
     )
     with TrajectoryStore(spec["store"]) as store:
         grpo = GRPOBaseline(settings, Path(spec["run_dir"]) / "trl", store, run_id=spec["run_id"])
