@@ -109,6 +109,20 @@ def one_step_trajectory(**fields: Any):
     return Trajectory(**{**base, "task_id": "t", "steps": [Step(observation="p")], **fields})
 
 
+def tsp_sampler(store, run_id: str, sampling, **settings: Any):
+    """An EoH-owned :class:`coevo.ahd.sampler.HeuristicSampler` on ``tsp_construct`` that records into ``store``
+    under ``run_id`` (no budget limit), sampling with ``sampling``; ``settings``: its ``SamplerSettings``."""
+    from coevo.ahd import load_problem
+    from coevo.ahd.sampler import HeuristicSampler, SamplerSettings
+    from coevo.budget import Budget
+
+    budget = Budget(store, run_id, None)
+    problem = load_problem("tsp_construct")
+    return HeuristicSampler(
+        problem, SamplerSettings(**settings), owner="eoh", run_id=run_id, store=store, budget=budget, sampling=sampling
+    )
+
+
 def one_member_record(seed: int = 1, **fields: Any):
     """A one-member ES generation record (:class:`coevo.es.GenerationRecord`): member ``seed`` with sign +1,
     reward 1.0 and coefficient 1.0, generation 0, sigma 1e-3, alpha 1e-3; ``fields`` override or add fields."""
