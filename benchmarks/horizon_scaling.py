@@ -45,19 +45,37 @@ import time
 from pathlib import Path
 from typing import Any
 
+#: the embedded 0.5B model on a CPU; the tiny and paper presets change some of these
+_CPU_PRESET: dict[str, Any] = {
+    "model": "qwen2.5-coder-0.5b-instruct",
+    "size": 4,
+    "horizons": [1, 2, 3],
+    "seeds": [0, 1, 2],
+    "generations": 1,
+    "population": 4,
+    "puzzles_per_member": 2,
+    "grpo_prompts": 2,
+    "grpo_group": 4,
+    "grpo_micro_batch": 1,
+    "grpo_checkpointing": True,
+    "test_puzzles": 8,
+    "max_new_tokens": 10,
+    "hints": True,
+    "sigma": 1e-3,
+    "sigma_final": 1e-3,
+    "alpha": 5e-4,
+    "lr": 1e-6,
+    "dtype": "bfloat16",
+    "device": "cpu",
+    "batch_size": 16,
+    "perturbation": "lowrank",
+    "rank": 1,
+}
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
+        **_CPU_PRESET,
         "model": "tiny:micro",
-        "size": 4,
-        "horizons": [1, 2, 3],
-        "seeds": [0, 1, 2],
-        "generations": 1,
-        "population": 4,
-        "puzzles_per_member": 2,
-        "grpo_prompts": 2,
-        "grpo_group": 4,
         "grpo_micro_batch": 2,
-        "grpo_checkpointing": True,
         "test_puzzles": 4,
         "max_new_tokens": 6,
         "hints": False,
@@ -66,41 +84,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         "alpha": 0.05,
         "lr": 1e-4,
         "dtype": "float32",
-        "device": "cpu",
-        "batch_size": 16,
-        "perturbation": "lowrank",
-        "rank": 1,
     },
-    "cpu": {
-        "model": "qwen2.5-coder-0.5b-instruct",
-        "size": 4,
-        "horizons": [1, 2, 3],
-        "seeds": [0, 1, 2],
-        "generations": 1,
-        "population": 4,
-        "puzzles_per_member": 2,
-        "grpo_prompts": 2,
-        "grpo_group": 4,
-        "grpo_micro_batch": 1,
-        "grpo_checkpointing": True,
-        "test_puzzles": 8,
-        "max_new_tokens": 10,
-        "hints": True,
-        "sigma": 1e-3,
-        "sigma_final": 1e-3,
-        "alpha": 5e-4,
-        "lr": 1e-6,
-        "dtype": "bfloat16",
-        "device": "cpu",
-        "batch_size": 16,
-        "perturbation": "lowrank",
-        "rank": 1,
-    },
+    "cpu": _CPU_PRESET,
     "paper": {
-        "model": "qwen2.5-coder-0.5b-instruct",
+        **_CPU_PRESET,
         "size": 9,
         "horizons": [5, 10, 15],
-        "seeds": [0, 1, 2],
         "generations": 100,
         "population": 32,
         "puzzles_per_member": 32,
@@ -111,15 +100,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "test_puzzles": 128,
         "max_new_tokens": 64,
         "hints": False,
-        "sigma": 1e-3,
         "sigma_final": 2.5e-4,
-        "alpha": 5e-4,
-        "lr": 1e-6,
-        "dtype": "bfloat16",
         "device": "cuda",
         "batch_size": 256,
         "perturbation": "full",
-        "rank": 1,
     },
 }
 
@@ -269,6 +253,17 @@ def child_es(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: the GRPOSettings fields set from this script's options (field -> option)
+GRPO_OPTIONS = {
+    **{name: name for name in ("model", "dtype", "device", "batch_size")},
+    "prompts_per_step": "grpo_prompts",
+    "num_generations": "grpo_group",
+    "micro_batch": "grpo_micro_batch",
+    "gradient_checkpointing": "grpo_checkpointing",
+    "learning_rate": "lr",
+}
+
+
 def child_grpo(spec: dict[str, Any]) -> dict[str, Any]:
     from coevo.rl.grpo import GRPOBaseline, GRPOSettings
     from coevo.store import TrajectoryStore
@@ -277,18 +272,10 @@ def child_grpo(spec: dict[str, Any]) -> dict[str, Any]:
     settings = GRPOSettings(
         run_name="grpo",
         seed=spec["seed"],
-        model=a["model"],
-        dtype=a["dtype"],
-        device=a["device"],
-        batch_size=a["batch_size"],
         rollout=spec["rollout"],
         steps=spec["steps"],
-        prompts_per_step=a["grpo_prompts"],
-        num_generations=a["grpo_group"],
-        micro_batch=a["grpo_micro_batch"],
-        gradient_checkpointing=a["grpo_checkpointing"],
-        learning_rate=a["lr"],
         eval_at_start=False,
+        **{field: a[option] for field, option in GRPO_OPTIONS.items()},
     )
     with TrajectoryStore(spec["store"]) as store:
         grpo = GRPOBaseline(settings, Path(spec["run_dir"]) / "trl", store, run_id=spec["run_id"])

@@ -89,3 +89,19 @@ def deployment(monkeypatch, tmp_path):
     (tmp_path / "nltk" / "tokenizers" / "punkt_tab").mkdir(parents=True)
     monkeypatch.setenv("NLTK_DATA", str(tmp_path / "nltk"))
     return monkeypatch
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    """A module's sandbox (20 s, 1 GiB): the default of the sandbox tests; a module may define its own."""
+    from coevo.sandbox.runner import Sandbox, SandboxLimits
+
+    return Sandbox(SandboxLimits(timeout_s=20, memory_mb=1024))
+
+
+@pytest.fixture(scope="module")
+def bpp():
+    """The ``bpp_online`` problem, loaded once per module."""
+    from coevo.ahd import load_problem
+
+    return load_problem("bpp_online")

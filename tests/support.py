@@ -13,6 +13,19 @@ from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+#: candidate code: ``errno_of(fn)``, 0 when ``fn()`` returns, the OSError's errno when it raises one
+ERRNO_OF = """
+def errno_of(fn):
+    try:
+        fn()
+        return 0
+    except OSError as exc:
+        return exc.errno
+"""
+#: the sandbox target that calls the candidate's function once per entry of the payload's ``cases``
+CALL_CASES = "coevo.sandbox.targets:call_cases"
+#: bpp_online's best-fit heuristic (a valid candidate)
+BEST_FIT = "import numpy as np\n\ndef score(item, bins):\n    return -(bins - item).astype(np.float64)\n"
 
 
 def chromium_missing(playwright: bool = False) -> str | None:
@@ -44,6 +57,22 @@ def load_script(path: str | Path, name: str) -> ModuleType:
     return mod
 
 
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """``python -m coevo.cli ARGS`` in a child process (``env``, ``cwd``; ``timeout`` seconds), stdout and stderr
+    captured as text; a nonzero exit status is returned, not raised."""
+    cmd = [sys.executable, "-m", "coevo.cli", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def run_script(path: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python ROOT/path ARGS`` (a benchmark script) in a child process in the repository root, stdout and stderr
+    captured as text; a nonzero exit status is returned, not raised."""
+    cmd = [sys.executable, str(ROOT / path), *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+
+
 def pids_with_cmdline(token: str) -> list[int]:
     """Host pids whose command line (``/proc/<pid>/cmdline``) contains ``token``; zombies, whose command line is
     empty, and processes that end while being read are left out."""
@@ -57,6 +86,41 @@ def pids_with_cmdline(token: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+#: the smallest ``web`` rollout spec: one MiniWoB++ click-test episode of one step per member, one browser
+WEB_SMOKE_ROLLOUT = {
+    "type": "web",
+    "taskset": "miniwob_smoke",
+    "tasks": ["click-test"],
+    "episodes_per_member": 1,
+    "max_steps": 1,
+    "n_envs": 1,
+    "sampling": {"max_new_tokens": 8},
+}
+
+
+def one_step_trajectory(**fields: Any):
+    """A :class:`coevo.types.Trajectory` of one step (observation ``"p"``): key ``"k"``, run ``"r"``, evolver
+    ``"es"`` in the parameter space, round and generation 0, task ``"t"``; ``fields`` override or add fields."""
+    from coevo.types import Step, Trajectory
+
+    base = {"key": "k", "run_id": "r", "evolver": "es", "space": "parameter", "round": 0, "generation": 0}
+    return Trajectory(**{**base, "task_id": "t", "steps": [Step(observation="p")], **fields})
+
+
+def tsp_sampler(store, run_id: str, sampling, **settings: Any):
+    """An EoH-owned :class:`coevo.ahd.sampler.HeuristicSampler` on ``tsp_construct`` that records into ``store``
+    under ``run_id`` (no budget limit), sampling with ``sampling``; ``settings``: its ``SamplerSettings``."""
+    from coevo.ahd import load_problem
+    from coevo.ahd.sampler import HeuristicSampler, SamplerSettings
+    from coevo.budget import Budget
+
+    budget = Budget(store, run_id, None)
+    problem = load_problem("tsp_construct")
+    return HeuristicSampler(
+        problem, SamplerSettings(**settings), owner="eoh", run_id=run_id, store=store, budget=budget, sampling=sampling
+    )
 
 
 def one_member_record(seed: int = 1, **fields: Any):

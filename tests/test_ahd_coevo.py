@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from support import one_step_trajectory
 from test_eoh import FARTHEST, FIRST_INDEX, NN, RETURNS_FLOAT, TOWARD_HOME
 
 from coevo.ahd.evaluate import evaluate_heuristic
@@ -34,7 +35,7 @@ from coevo.loop import CoEvolutionLoop, new_run_dir
 from coevo.rollouts.eoh_children import EoHChildrenConfig, EoHChildrenRollout
 from coevo.store import TrajectoryStore
 from coevo.tables import fmt
-from coevo.types import Step, Trajectory
+from coevo.types import Trajectory
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "ahd"
 
@@ -143,6 +144,20 @@ def es_first_eoh_loop(tmp_path: Path, model_dir: Path, **over) -> CoEvolutionLoo
     return make_loop(tmp_path, "eoh_es/tsp_construct.yaml", shipped("eoh", str(model_dir), **sets, **over))
 
 
+def sample_es_loop(tmp_path: Path, model_dir: Path, policy=None, **over) -> CoEvolutionLoop:
+    """The shipped random-sampling + ES config (``sample_es/tsp_construct.yaml``) at test size on the model in
+    ``model_dir`` (or on ``policy``): 2 ES generations of 4 members, one child per operator; ``over`` are further
+    ``--set`` overrides."""
+    sets = {
+        "evolvers.es.total_generations": 2,
+        "evolvers.es.rollout.children_per_operator": 1,
+        "evolvers.es.population_size": 4,
+    }
+    return make_loop(
+        tmp_path, "sample_es/tsp_construct.yaml", shipped("sample", str(model_dir), **sets, **over), policy
+    )
+
+
 def objectives(problem, instances, codes: dict[str, str]) -> dict[str, float]:
     """Reply text -> mean objective of its code on ``instances`` (evaluated independently of the run)."""
     out = {}
@@ -198,18 +213,8 @@ def _child(objective, parent=None, worst=None, valid=True, sign=-1.0) -> Traject
         "parent_score": None if parent is None else sign * parent,
         "worst_score": None if worst is None else sign * worst,
     }
-    return Trajectory(
-        key=f"k{objective}{parent}{valid}",
-        run_id="r",
-        evolver="es",
-        space="parameter",
-        round=0,
-        generation=0,
-        task_id="t",
-        steps=[Step(observation="p")],
-        reward=None if not valid else sign * objective,
-        valid=valid,
-        meta=meta,
+    return one_step_trajectory(
+        key=f"k{objective}{parent}{valid}", reward=None if not valid else sign * objective, valid=valid, meta=meta
     )
 
 
@@ -541,24 +546,17 @@ def test_scripted_sample_es_through_the_loop(tmp_path, tiny_model_dir):
     samp = [reply(FIRST_INDEX), GARBAGE, reply(SECOND_NEAREST), SYNTAX]
     es_g1 = [GARBAGE, SYNTAX, reply(FIRST_INDEX), reply(TOWARD_HOME_2)]
     policy = ScriptedTinyQwen(tiny_model_dir, samp + es_g0 + samp + es_g1 + samp + [GARBAGE])
-    loop = make_loop(
+    loop = sample_es_loop(
         tmp_path,
-        "sample_es/tsp_construct.yaml",
-        shipped(
-            "sample",
-            str(tiny_model_dir),
-            **{
-                "evolvers.sample.reject_duplicates": "false",  # the script repeats codes on purpose
-                "evolvers.sample.include_seed_heuristic": "false",  # the best comes from the samples only
-                "evolvers.sample.reject_same_behaviour": "false",
-                "budget.max_samples": 20,
-                "evolvers.es.total_generations": 2,
-                "evolvers.es.rollout.children_per_operator": 1,
-                "evolvers.es.sigma": 0.02,
-                "evolvers.es.population_size": 4,
-            },
-        ),
+        tiny_model_dir,
         policy,
+        **{
+            "evolvers.sample.reject_duplicates": "false",  # the script repeats codes on purpose
+            "evolvers.sample.include_seed_heuristic": "false",  # the best comes from the samples only
+            "evolvers.sample.reject_same_behaviour": "false",
+            "budget.max_samples": 20,
+            "evolvers.es.sigma": 0.02,
+        },
     )
     sample = loop.evolvers["sample"]
     summary = loop.run()
@@ -626,21 +624,9 @@ def test_tiny_model_eoh_es_invalid_children(tmp_path, tiny_model_dir):
 
 
 def test_tiny_model_sample_es_invalid_children(tmp_path, tiny_model_dir):
-    loop = make_loop(
-        tmp_path,
-        "sample_es/tsp_construct.yaml",
-        shipped(
-            "sample",
-            str(tiny_model_dir),
-            **{
-                "evolvers.es.total_generations": 2,
-                "evolvers.es.rollout.children_per_operator": 1,
-                "evolvers.sample.batch": 2,
-                "evolvers.es.population_size": 4,
-                "evolvers.sample.include_seed_heuristic": "false",  # no seed: no valid heuristic at all
-            },
-        ),
-    )
+    # no seed heuristic: no valid heuristic at all
+    sets = {"evolvers.sample.batch": 2, "evolvers.sample.include_seed_heuristic": "false"}
+    loop = sample_es_loop(tmp_path, tiny_model_dir, **sets)
     summary = loop.run()
     assert "ES completed its 2 generations" in summary.stop_reason
     with TrajectoryStore(tmp_path / "run" / "store.sqlite") as store:

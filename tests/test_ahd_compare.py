@@ -216,34 +216,26 @@ def test_tune_arm_reuses_the_finished_run_and_spends_no_samples(tmp_path, tiny_m
     assert capsys.readouterr().err.count("finished before, skipped") == 2
 
 
-def test_the_hillclimb_arm_runs_from_its_shipped_config(tmp_path, tiny_model_dir, capsys):
-    """``--methods hillclimb``: configs/ahd/hillclimb/<problem>.yaml at the shared budget; the incumbent starts at the
-    seed heuristic, so the best is never worse than it."""
+@pytest.mark.parametrize(
+    ("method", "settings"),
+    [("hillclimb", ["batch=2"]), ("reevo", ["init_population_size=2", "population_size=2"])],
+)
+def test_the_hillclimb_and_reevo_arms_run_from_their_shipped_configs(
+    method, settings, tmp_path, tiny_model_dir, capsys
+):
+    """``--methods hillclimb`` / ``--methods reevo``: configs/ahd/<method>/<problem>.yaml at the shared budget, with
+    the method's own ``--ahd-set`` ``settings`` recorded. The hillclimb incumbent starts at the seed heuristic; the
+    tiny random model's answers are garbage, so reevo can draw no pair and each iteration mutates the seed elitist:
+    either way the best is never worse than the seed."""
     out = tmp_path / "cmp"
-    argv = ["--problems", "tsp_construct", "--methods", "hillclimb", "--seeds", "7", "--max-samples", "4"]
+    argv = ["--problems", "tsp_construct", "--methods", method, "--seeds", "7", "--max-samples", "4"]
     argv += ["--sizes", "tsp_construct=8", "--ahd-set", "train_size=8", "--ahd-set", "train_count=2"]
-    argv += ["--ahd-set", "test_count=2", "--ahd-set", "batch=2", "--set", "sampling.max_new_tokens=4"]
-    argv += ["--set", "model.dtype=float32", "--model", str(tiny_model_dir), "--out", str(out)]
-    assert BENCH.main(argv) == 0
-    result = json.loads((out / "tsp_construct" / "hillclimb" / "seed7" / "result.json").read_text())
-    assert result["samples"] == 4 and "evolvers.hillclimb.batch=2" in result["settings"]
-    row = result["rows"]["8"]
-    assert row["best_objective"] is not None and row["best_objective"] <= row["seed_objective"] + 1e-12
-    assert "| tsp_construct | 8 | hillclimb | 1/1 |" in capsys.readouterr().out
-
-
-def test_the_reevo_arm_runs_from_its_shipped_config(tmp_path, tiny_model_dir, capsys):
-    """``--methods reevo``: configs/ahd/reevo/<problem>.yaml at the shared budget (the tiny random model's answers
-    are garbage, so no pair can be drawn: each iteration mutates the seed elitist; the best is never worse)."""
-    out = tmp_path / "cmp"
-    argv = ["--problems", "tsp_construct", "--methods", "reevo", "--seeds", "7", "--max-samples", "4"]
-    argv += ["--sizes", "tsp_construct=8", "--ahd-set", "train_size=8", "--ahd-set", "train_count=2"]
-    argv += ["--ahd-set", "test_count=2", "--ahd-set", "init_population_size=2", "--ahd-set", "population_size=2"]
+    argv += ["--ahd-set", "test_count=2", *[a for s in settings for a in ("--ahd-set", s)]]
     argv += ["--set", "sampling.max_new_tokens=4", "--set", "model.dtype=float32", "--model", str(tiny_model_dir)]
     argv += ["--out", str(out)]
     assert BENCH.main(argv) == 0
-    result = json.loads((out / "tsp_construct" / "reevo" / "seed7" / "result.json").read_text())
-    assert result["samples"] == 4 and "evolvers.reevo.init_population_size=2" in result["settings"]
+    result = json.loads((out / "tsp_construct" / method / "seed7" / "result.json").read_text())
+    assert result["samples"] == 4 and f"evolvers.{method}.{settings[0]}" in result["settings"]
     row = result["rows"]["8"]
     assert row["best_objective"] is not None and row["best_objective"] <= row["seed_objective"] + 1e-12
-    assert "| tsp_construct | 8 | reevo | 1/1 |" in capsys.readouterr().out
+    assert f"| tsp_construct | 8 | {method} | 1/1 |" in capsys.readouterr().out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from support import tsp_sampler
 
 from coevo.ahd.answer import (
     BODY_REGEX,
@@ -26,10 +27,9 @@ from coevo.ahd.answer import (
 )
 from coevo.ahd.problem import load_problem
 from coevo.ahd.prompts import answer_format, build_messages, free_format_messages, prefill_format, repair_messages
-from coevo.ahd.sampler import HeuristicSampler, SamplerSettings
+from coevo.ahd.sampler import SamplerSettings
 from coevo.backends import cut_at_stop
 from coevo.backends.base import Completion, Policy, SamplingParams, render_chat
-from coevo.budget import Budget
 from coevo.config import ConfigError, parse_config
 from coevo.store import TrajectoryStore
 
@@ -180,17 +180,9 @@ def test_hf_prompt_ends_with_the_prefix_and_returns_the_continuation(hf_policy):
 
 def test_sampler_on_hf_prefills_glues_and_records(tmp_path, hf_policy, private_cache):
     store = TrajectoryStore(tmp_path / "s.sqlite")
-    sampler = HeuristicSampler(
-        load_problem("tsp_construct"),
-        SamplerSettings(
-            train_size=6, train_count=1, train_seed=1, eval_timeout_s=10, eval_memory_mb=1024, eval_workers=1
-        ),
-        owner="eoh",
-        run_id="r",
-        store=store,
-        budget=Budget(store, "r", None),
-        sampling=SamplingParams(max_new_tokens=16, temperature=1.0, seed=1),
-    )
+    sampling = SamplingParams(max_new_tokens=16, temperature=1.0, seed=1)
+    settings = {"train_size": 6, "train_count": 1, "train_seed": 1, "eval_timeout_s": 10, "eval_memory_mb": 1024}
+    sampler = tsp_sampler(store, "r", sampling, **settings, eval_workers=1)
     jobs = [sampler.job("i1", key=sampler.key("i1", k), seed=5) for k in range(2)]
     trajs = sampler.sample(jobs, round_index=0, generation=0, policy=hf_policy)
     prefix = answer_prefix(tsp_spec())
@@ -227,16 +219,9 @@ class FreeOnlyPolicy(ContinuingPolicy):
 
 def _sampler(tmp_path, **kw):
     store = TrajectoryStore(tmp_path / "s.sqlite")
-    return HeuristicSampler(
-        load_problem("tsp_construct"),
-        SamplerSettings(
-            train_size=6, train_count=2, train_seed=1, eval_timeout_s=10, eval_memory_mb=1024, eval_workers=1, **kw
-        ),
-        owner="eoh",
-        run_id="r",
-        store=store,
-        budget=Budget(store, "r", None),
-        sampling=SamplingParams(max_new_tokens=64, stop=("\n```\n",)),
+    settings = {"train_size": 6, "train_count": 2, "train_seed": 1, "eval_timeout_s": 10, "eval_memory_mb": 1024}
+    return tsp_sampler(
+        store, "r", SamplingParams(max_new_tokens=64, stop=("\n```\n",)), **settings, eval_workers=1, **kw
     )
 
 

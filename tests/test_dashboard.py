@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import chromium_missing
+from support import chromium_missing, run_cli
 
 from coevo.dashboard.reader import DashboardError, heuristic_id, is_heuristic, open_run
 from coevo.store import SCHEMA_VERSION, TrajectoryStore
@@ -60,14 +60,7 @@ def _sets(sets: list[str]) -> list[str]:
 
 
 def coevo(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "coevo.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        check=False,
-    )
+    return run_cli(*args, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import run_cli
 
 from coevo.config import parse_config
 from coevo.errors import PluginError
@@ -150,14 +151,8 @@ def test_a_broken_plugin_stops_the_run_with_one_line_and_leaves_the_store(
 
 def test_a_broken_plugin_is_one_line_from_the_command(plugin_dir, tmp_path):
     (plugin_dir / "bad.yaml").write_text(yaml.safe_dump(_config("bad-report")))
-    out = subprocess.run(
-        [sys.executable, "-m", "coevo.cli", "run", "bad.yaml", "--out", str(tmp_path / "run"), "--no-progress"],
-        cwd=plugin_dir,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    out = run_cli(
+        "run", "bad.yaml", "--out", str(tmp_path / "run"), "--no-progress", cwd=plugin_dir, env=ENV, timeout=300
     )
     assert out.returncode == 2, out.stderr
     (line,) = [x for x in out.stderr.splitlines() if "error" in x]
@@ -166,15 +161,7 @@ def test_a_broken_plugin_is_one_line_from_the_command(plugin_dir, tmp_path):
 
 
 def _coevo(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "coevo.cli", *args],
-        cwd=cwd,
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    return run_cli(*args, cwd=cwd, env=ENV)
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ picked up by itself, so none ships untested."""
 from __future__ import annotations
 
 import pytest
-from support import chromium_missing
+from support import WEB_SMOKE_ROLLOUT, chromium_missing
 
 from coevo.ahd.problem import available_problems
 from coevo.config import parse_config
@@ -20,19 +20,19 @@ from coevo.loop import CoEvolutionLoop
 from coevo.rollouts.base import registered_rollouts
 from coevo.store import TrajectoryStore
 
+#: the heuristic-design evolvers' smallest TSP setting (two 20-city training and test instances)
+_TSP_SMOKE = {
+    "problem": "tsp_construct",
+    "train_size": 20,
+    "train_count": 2,
+    "test_sizes": [20],
+    "test_count": 2,
+    "max_new_tokens": 16,
+    "eval_timeout_s": 10,
+}
 SMOKE = {
     "es": {"population_size": 2, "total_generations": 1, "eval_every": 0, "rollout": {"type": "target_logprob"}},
-    "eoh": {
-        "problem": "tsp_construct",
-        "population_size": 2,
-        "train_size": 20,
-        "train_count": 2,
-        "test_sizes": [20],
-        "test_count": 2,
-        "max_new_tokens": 16,
-        "eval_timeout_s": 10,
-        "init_retries": 0,
-    },
+    "eoh": {**_TSP_SMOKE, "population_size": 2, "init_retries": 0},
     "sample": {
         "problem": "bpp_online",
         "batch": 2,
@@ -42,27 +42,8 @@ SMOKE = {
         "max_new_tokens": 16,
         "eval_timeout_s": 10,
     },
-    "hillclimb": {
-        "problem": "tsp_construct",
-        "batch": 2,
-        "train_size": 20,
-        "train_count": 2,
-        "test_sizes": [20],
-        "test_count": 2,
-        "max_new_tokens": 16,
-        "eval_timeout_s": 10,
-    },
-    "reevo": {
-        "problem": "tsp_construct",
-        "population_size": 2,
-        "init_population_size": 2,
-        "train_size": 20,
-        "train_count": 2,
-        "test_sizes": [20],
-        "test_count": 2,
-        "max_new_tokens": 16,
-        "eval_timeout_s": 10,
-    },
+    "hillclimb": {**_TSP_SMOKE, "batch": 2},
+    "reevo": {**_TSP_SMOKE, "population_size": 2, "init_population_size": 2},
     "trace2skill": {"skill": "web-navigation", "max_trajectories": 1, "max_new_tokens": 16},
 }
 
@@ -198,19 +179,7 @@ ROLLOUT_SMOKE = {
         [],
         None,
     ),
-    "web": (
-        {
-            "type": "web",
-            "taskset": "miniwob_smoke",
-            "tasks": ["click-test"],
-            "episodes_per_member": 1,
-            "max_steps": 1,
-            "n_envs": 1,
-            "sampling": {"max_new_tokens": 8},
-        },
-        [],
-        "chromium",
-    ),
+    "web": (WEB_SMOKE_ROLLOUT, [], "chromium"),
 }
 
 

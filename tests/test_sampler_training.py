@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support import one_step_trajectory
 
 pytest.importorskip("trl")
 pytest.importorskip("peft")
@@ -33,7 +34,7 @@ from coevo.config import ConfigError, load_config, parse_config
 from coevo.loop import CoEvolutionLoop
 from coevo.store import TrajectoryStore
 from coevo.training.ahd_rewards import messages_from_observation, typed_reward
-from coevo.types import Step, Trajectory
+from coevo.types import Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
 GRPO_TINY = ROOT / "configs" / "ahd" / "grpo" / "tsp_construct_tiny.yaml"
@@ -72,19 +73,9 @@ def lora_b_norm(folder: Path) -> float:
 
 # ------------------------------------------------------------------------------------------ typed rewards
 def _answer(valid=True, reward=None, failure=None, parent=None, reference=None, key="k") -> Trajectory:
-    return Trajectory(
-        key=key,
-        run_id="r",
-        evolver="grpo",
-        space="context",
-        round=0,
-        generation=0,
-        task_id="t",
-        steps=[Step(observation="p")],
-        reward=reward,
-        valid=valid,
-        failure=failure,
-        meta={"parent_score": parent, "reference_score": reference},
+    meta = {"parent_score": parent, "reference_score": reference}
+    return one_step_trajectory(
+        key=key, evolver="grpo", space="context", reward=reward, valid=valid, failure=failure, meta=meta
     )
 
 

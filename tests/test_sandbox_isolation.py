@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import BEST_FIT, CALL_CASES
 
-from coevo.ahd import load_problem
 from coevo.ahd.evaluate import evaluate_heuristic
 from coevo.ahd.seeds import SEEDS_FILE, run_instance_seed
 from coevo.sandbox import seccomp
@@ -32,24 +32,12 @@ pytestmark = [
     pytest.mark.usefixtures("private_cache"),
     pytest.mark.skipif(not HAS_BWRAP, reason="bubblewrap is not usable here"),
 ]
-CALL = "coevo.sandbox.targets:call_cases"
-BEST_FIT = "import numpy as np\n\ndef score(item, bins):\n    return -(bins - item).astype(np.float64)\n"
-
-
-@pytest.fixture(scope="module")
-def sandbox() -> Sandbox:
-    return Sandbox(SandboxLimits(timeout_s=20, memory_mb=1024))
-
-
-@pytest.fixture(scope="module")
-def bpp():
-    return load_problem("bpp_online")
 
 
 def _call(sandbox: Sandbox, body: str, *args):
     """Run ``f(*args)`` defined by ``body`` in the sandbox: the EvalResult."""
     code = "import os, sys, ctypes, time\n" + textwrap.dedent(body)
-    return sandbox.run(code, "f", CALL, {"cases": [list(args)]})
+    return sandbox.run(code, "f", CALL_CASES, {"cases": [list(args)]})
 
 
 # ----------------------------------------------------------------------------- 1: state shared between evaluations
@@ -83,8 +71,8 @@ def test_the_kernel_keyring_cannot_carry_data_to_the_next_evaluation(sandbox):
         "    n = ctypes.CDLL(None).syscall(250, 11, r, buf, 64) if r > 0 else -1  # KEYCTL_READ\n"
         "    return [r, err, buf.raw[: max(n, 0)].decode()]\n"
     )
-    first = sandbox.run(put, "f", CALL, {"cases": [[]]})
-    second = sandbox.run(get, "f", CALL, {"cases": [[]]})
+    first = sandbox.run(put, "f", CALL_CASES, {"cases": [[]]})
+    second = sandbox.run(get, "f", CALL_CASES, {"cases": [[]]})
     assert first.valid and second.valid, (first.error, second.error)
     assert first.metrics["values"][0] == [-1, 1]  # EPERM
     r, err, data = second.metrics["values"][0]
@@ -121,7 +109,7 @@ def test_namespaces_mounts_ptrace_and_bpf_are_refused(sandbox):
             "    return out\n"
         )
     )
-    res = sandbox.run(code, "f", CALL, {"cases": [[]], "expect": "dict"})
+    res = sandbox.run(code, "f", CALL_CASES, {"cases": [[]], "expect": "dict"})
     assert res.valid, res.error
     out = res.metrics["values"][0]
     for name in ("unshare_user", "unshare_mount", "mount", "ptrace", "bpf", "setns"):
@@ -211,11 +199,11 @@ def test_processes_are_counted_per_evaluation(sandbox):
         "        kids.append(pid)\n"
         "    return len([os.waitpid(p, 0) for p in kids])\n"
     )
-    hog = threading.Thread(target=lambda: sandbox.run(hog_code, "f", CALL, {"cases": [[]]}))
+    hog = threading.Thread(target=lambda: sandbox.run(hog_code, "f", CALL_CASES, {"cases": [[]]}))
     hog.start()
     time.sleep(2.0)  # the hog holds its 45 processes
     try:
-        res = sandbox.run(honest, "f", CALL, {"cases": [[]]})
+        res = sandbox.run(honest, "f", CALL_CASES, {"cases": [[]]})
     finally:
         hog.join()
     assert res.valid, res.error
@@ -231,7 +219,7 @@ def test_processes_are_counted_per_evaluation(sandbox):
         "        pass\n"
         "    return n\n"
     )
-    res = sandbox.run(bomb, "f", CALL, {"cases": [[]]})
+    res = sandbox.run(bomb, "f", CALL_CASES, {"cases": [[]]})
     assert res.valid and res.metrics["values"][0] < 64  # the evaluation's own bound still holds
 
 

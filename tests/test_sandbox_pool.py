@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from support import pids_with_cmdline
+from support import pids_with_cmdline, run_script
 
 from coevo.sandbox.plain import PlainEvaluator, evaluate_plain
 from coevo.sandbox.pool import Job, evaluate_many
@@ -94,26 +93,18 @@ def test_plain_baseline_matches_the_sandbox_and_leaks_grandchildren():
 
 def test_throughput_benchmark_runs_and_prints_metric_lines():
     start = time.monotonic()
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "sandbox_throughput.py"),
-            "--evals",
-            "4",
-            "--rounds",
-            "1",
-            "--workers",
-            "2",
-            "--n",
-            "8",
-            "--instances",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        check=False,
+    done = run_script(
+        "benchmarks/sandbox_throughput.py",
+        "--evals",
+        "4",
+        "--rounds",
+        "1",
+        "--workers",
+        "2",
+        "--n",
+        "8",
+        "--instances",
+        "1",
     )
     assert done.returncode == 0, done.stderr
     lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from support import BEST_FIT, CALL_CASES, ERRNO_OF
 
 from coevo.ahd import load_problem
 from coevo.ahd.evaluate import evaluate_heuristic
@@ -23,26 +24,15 @@ pytestmark = [
     pytest.mark.usefixtures("private_cache"),
     pytest.mark.skipif(not HAS_BWRAP, reason="bubblewrap is not usable here"),
 ]
-CALL = "coevo.sandbox.targets:call_cases"
-BEST_FIT = "import numpy as np\n\ndef score(item, bins):\n    return -(bins - item).astype(np.float64)\n"
 X86 = pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers of the test are x86_64's")
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Sandbox:
-    return Sandbox(SandboxLimits(timeout_s=20, memory_mb=1024))
-
-
-@pytest.fixture(scope="module")
-def bpp():
-    return load_problem("bpp_online")
-
-
-def _call(sandbox: Sandbox, body: str, *args, expect=None, packages=("numpy",)):
-    """``f(*args)`` defined by ``body``, run in the sandbox with ``packages`` importable (as problems run)."""
-    code = "import os, sys, ctypes, time\n" + textwrap.dedent(body)
+def _call(sandbox: Sandbox, body: str, *args, expect=None, packages=("numpy",), prelude=""):
+    """``f(*args)`` defined by ``body`` after the code ``prelude``, run in the sandbox with ``packages`` importable
+    (as problems run)."""
+    code = "import os, sys, ctypes, time\n" + prelude + textwrap.dedent(body)
     payload = {"cases": [list(args)], "candidate_packages": list(packages), **({"expect": expect} if expect else {})}
-    res = sandbox.run(code, "f", CALL, payload)
+    res = sandbox.run(code, "f", CALL_CASES, payload)
     assert res.valid, res.error
     return res.metrics["values"][0]
 
@@ -62,12 +52,6 @@ def test_page_cache_state_can_be_neither_set_nor_read(sandbox):
             libc = ctypes.CDLL(None, use_errno=True)
             path = os.__file__
             fd = os.open(path, os.O_RDONLY)
-            def errno_of(fn):
-                try:
-                    fn()
-                    return 0
-                except OSError as exc:
-                    return exc.errno
             out['fadvise_dontneed'] = errno_of(lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED))
             out['fadvise_willneed'] = errno_of(lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED))
             buf = bytearray(4096)
@@ -86,6 +70,7 @@ def test_page_cache_state_can_be_neither_set_nor_read(sandbox):
             return out
         """,
         expect="dict",
+        prelude=ERRNO_OF,
     )
     assert values["fadvise_dontneed"] == values["fadvise_willneed"] == 1, values  # EPERM
     assert values["preadv_nowait"] == 1 and values["preadv_plain"], values
@@ -417,7 +402,7 @@ def test_a_missing_measure_is_one_line_naming_it_and_evaluations_go_on(monkeypat
         Sandbox(SandboxLimits(timeout_s=20), use_cgroups=False)
     lines = [r.getMessage() for r in caplog.records if "cgroup" in r.getMessage()]
     assert len(lines) == 1 and "per process" in lines[0] and "wall-clock limit" in lines[0], lines
-    res = first.run("def f(x):\n    return x + 1\n", "f", CALL, {"cases": [[1]], "candidate_packages": ["numpy"]})
+    res = first.run("def f(x):\n    return x + 1\n", "f", CALL_CASES, {"cases": [[1]], "candidate_packages": ["numpy"]})
     assert res.valid and res.metrics["values"] == [2]
 
 

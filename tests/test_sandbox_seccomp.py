@@ -9,6 +9,7 @@ import os
 import textwrap
 
 import pytest
+from support import ERRNO_OF
 
 from coevo.ahd import load_problem
 from coevo.ahd.evaluate import evaluate_heuristic
@@ -32,13 +33,6 @@ def sc(*args):
     '''A raw system call: [return value, errno].'''
     ctypes.set_errno(0)
     return [libc.syscall(*args), ctypes.get_errno()]
-
-def errno_of(fn):
-    try:
-        fn()
-        return 0
-    except OSError as exc:
-        return exc.errno
 """
 
 
@@ -52,7 +46,7 @@ def sandbox() -> Sandbox:
 
 def _values(sandbox: Sandbox, body: str) -> dict:
     """The dict ``f()`` of ``body`` returns, run in the sandbox as a heuristic runs (numpy allowed)."""
-    code = PRELUDE + textwrap.dedent(body)
+    code = PRELUDE + ERRNO_OF + textwrap.dedent(body)
     res = sandbox.run(code, "f", CALL, {"cases": [[]], "expect": "dict", "candidate_packages": ["numpy"]})
     assert res.valid, res.error
     return res.metrics["values"][0]

@@ -165,6 +165,7 @@ def test_bad_fields_are_named_and_nothing_written(store: TrajectoryStore, kw, pa
 # ------------------------------------------------------------------------------------- queries, top-k
 @pytest.fixture
 def population(store: TrajectoryStore) -> TrajectoryStore:
+    fields = ("run_id", "evolver", "space", "round", "generation", "task_id", "reward", "valid", "llm_calls")
     rows = [
         # key, run, evolver, space, round, gen, task, reward, valid, llm_calls
         ("a", "r1", "es", "parameter", 0, 0, "t1", 0.5, True, 2),
@@ -176,23 +177,9 @@ def population(store: TrajectoryStore) -> TrajectoryStore:
         ("g", "r1", "eoh", "context", 1, 1, "t2", 7.0, False, 1),
         ("h", "r1", "eoh", "context", 1, 2, "t2", None, True, 1),
     ]
-    for key, run, ev, sp, rnd, gen, task, reward, valid, calls in rows:
-        store.add_trajectory(
-            traj(
-                key,
-                run_id=run,
-                evolver=ev,
-                space=sp,
-                round=rnd,
-                generation=gen,
-                task_id=task,
-                reward=reward,
-                valid=valid,
-                failure=None if valid else "runtime",
-                llm_calls=calls,
-                steps=[Step(action=key)],
-            )
-        )
+    for key, *values in rows:
+        kw = dict(zip(fields, values, strict=True))
+        store.add_trajectory(traj(key, **kw, failure=None if kw["valid"] else "runtime", steps=[Step(action=key)]))
     return store
 
 

@@ -175,40 +175,22 @@ def _analyst(text: str) -> str:
     return "Lean path: click Submit.\nLessons:\n- L-C: submit once, after every field is filled."
 
 
+#: the edit lesson L-A proposes (a tip) and the one L-C's patch applies (a step; its other edit misses its anchor)
+TIP_A = {"op": "append_to_section", "section": "## Tips", "content": "- L-A: type names in full."}
+STEP_C = {"op": "insert_after", "anchor": "2. Fill each field.", "content": "3. L-C: submit once."}
+
+
 def _patch(text: str) -> str:
     if "L-A" in text:
-        return json.dumps(
-            {
-                "reasoning": "L-A",
-                "changelog": "tip on names",
-                "edits": [{"op": "append_to_section", "section": "## Tips", "content": "- L-A: type names in full."}],
-            }
-        )
+        return json.dumps({"reasoning": "L-A", "changelog": "tip on names", "edits": [TIP_A]})
     if "L-B" in text:
         return "I would add a tip about reading codes, { but this is not JSON."
-    return json.dumps(
-        {
-            "reasoning": "L-C",
-            "changelog": "submit once",
-            "edits": [
-                {"op": "insert_after", "anchor": "This anchor is not in the skill", "content": "x"},
-                {"op": "insert_after", "anchor": "2. Fill each field.", "content": "3. L-C: submit once."},
-            ],
-        }
-    )
+    missed = {"op": "insert_after", "anchor": "This anchor is not in the skill", "content": "x"}
+    return json.dumps({"reasoning": "L-C", "changelog": "submit once", "edits": [missed, STEP_C]})
 
 
 def _merge(text: str) -> str:
-    return json.dumps(
-        {
-            "reasoning": "both",
-            "changelog": "names in full; submit once",
-            "edits": [
-                {"op": "append_to_section", "section": "## Tips", "content": "- L-A: type names in full."},
-                {"op": "insert_after", "anchor": "2. Fill each field.", "content": "3. L-C: submit once."},
-            ],
-        }
-    )
+    return json.dumps({"reasoning": "both", "changelog": "names in full; submit once", "edits": [TIP_A, STEP_C]})
 
 
 DEFAULT_ANSWERS = {"analyst": _analyst, "patch": _patch, "merge": _merge, "fix": lambda text: "no idea"}

@@ -14,14 +14,11 @@ import importlib.util
 import os
 
 import pytest
-from support import start_vllm_server, stop_process_group
+from support import start_vllm_server, stop_process_group, tsp_sampler
 
 from coevo.ahd.answer import answer_prefix, cut_after_function
-from coevo.ahd.problem import load_problem
-from coevo.ahd.sampler import HeuristicSampler, SamplerSettings
 from coevo.backends.base import SamplingParams
 from coevo.backends.openai_api import OpenAIPolicy
-from coevo.budget import Budget
 from coevo.errors import EndpointError
 from coevo.store import TrajectoryStore
 
@@ -68,19 +65,11 @@ def test_prefilled_tsp_answers_from_vllm_server_with_4_stop_strings_are_valid_he
     with pytest.raises(EndpointError, match=rf"model.name: the server does not serve 'qwen-7b' \(it serves: {NAME}\)"):
         OpenAIPolicy("qwen-7b", served).probe()
 
-    problem = load_problem("tsp_construct")
     store = TrajectoryStore(tmp_path / "store.sqlite")
-    sampler = HeuristicSampler(
-        problem,
-        SamplerSettings(
-            train_size=20, train_count=2, train_seed=2024, eval_timeout_s=30, eval_memory_mb=1024, eval_workers=2
-        ),
-        owner="eoh",
-        run_id="served",
-        store=store,
-        budget=Budget(store, "served", None),
-        sampling=SamplingParams(max_new_tokens=256, temperature=1.0, top_p=0.98, stop=("\n```\n",)),
-    )
+    sampling = SamplingParams(max_new_tokens=256, temperature=1.0, top_p=0.98, stop=("\n```\n",))
+    settings = {"train_size": 20, "train_count": 2, "train_seed": 2024, "eval_timeout_s": 30, "eval_memory_mb": 1024}
+    sampler = tsp_sampler(store, "served", sampling, **settings, eval_workers=2)
+    problem = sampler.problem
     policy = OpenAIPolicy(NAME, served, vllm_server=True, concurrency=8)
     parent = sampler.seed_individual()
     jobs = [sampler.job("i1", key=sampler.key("i1", k), seed=2024 + k) for k in range(4)]

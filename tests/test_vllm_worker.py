@@ -11,13 +11,12 @@ as ``worker_extension_cls`` does; ``EngineHost`` offers the ``vllm.LLM`` methods
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from support import antithetic_record, one_member_record
+from support import antithetic_record, one_member_record, run_script
 from torch import nn
 from vllm_standin import EngineHost, WorkerHost, hf_model, module_from, vllm_layout
 
@@ -256,14 +255,7 @@ def test_vllm_replica_matches_hf_replica_and_snapshots_interchange(tiny_model_di
 
 def test_gpu_check_exits_2_where_it_cannot_run():
     """``--device cuda`` on vLLM's CPU build (or any device without vLLM): nothing is loaded, exit 2, one line."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_vllm_check.py"), "--device", "cuda"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        check=False,
-    )
+    proc = run_script("benchmarks/gpu_vllm_check.py", "--device", "cuda")
     assert proc.returncode == 2, proc.stderr
     assert "cannot run" in proc.stderr and ("vLLM is not installed" in proc.stderr or "runs on cpu" in proc.stderr)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from support import chromium_missing
+from support import WEB_SMOKE_ROLLOUT, chromium_missing
 
 from coevo.agents.scripted import ScriptedPolicy
 from coevo.backends.base import SamplingParams
@@ -260,18 +260,7 @@ def test_web_rollout_on_click_button(ctx, tmp_path):
 def test_tiny_qwen2_member_gets_recorded_zero_rewards(ctx, tiny_model_dir):
     from coevo.backends.hf import HFPolicy
 
-    ro = build_rollout(
-        {
-            "type": "web",
-            "taskset": "miniwob_smoke",
-            "tasks": ["click-test"],
-            "episodes_per_member": 1,
-            "max_steps": 1,
-            "n_envs": 1,
-            "sampling": {"max_new_tokens": 8},
-        },
-        ctx,
-    )
+    ro = build_rollout(dict(WEB_SMOKE_ROLLOUT), ctx)
     try:
         ts = ro.run(HFPolicy(tiny_model_dir), generation=0, member=ESMember(1, 1e-3, 1, 0), key_prefix="k")
     finally:

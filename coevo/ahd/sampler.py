@@ -78,9 +78,11 @@ import math
 import random
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from pydantic import Field
 
 from coevo.ahd.answer import (
     ANSWER_FORMATS,
@@ -101,7 +103,7 @@ from coevo.ahd.prompts import (
     repair_messages,
 )
 from coevo.backends.base import continues_final_message, request_seed
-from coevo.errors import DeadlineReached
+from coevo.errors import ConfigError, DeadlineReached
 from coevo.sandbox import pool
 from coevo.sandbox.runner import Sandbox, SandboxLimits
 from coevo.types import TEXT_OUTPUT, ContextRef, ESMember, EvalResult, Trajectory, is_text
@@ -1014,8 +1016,6 @@ class HeuristicSampler:
         Raises:
             ConfigError: ``answer_grammar`` on a target that cannot constrain decoding.
         """
-        from coevo.errors import ConfigError
-
         prefilled = [job for job in jobs if continues_final_message(job.messages)]
         if prefilled and not getattr(target, "can_continue_final_message", False):
             if not self._told_free:
@@ -1177,3 +1177,26 @@ class HeuristicSearch(Protocol):
     member_operators: tuple[str, ...]
 
     def member_jobs(self, key: str, n: int, operators: Sequence[str] | None = None) -> list[SampleJob]: ...
+
+
+#: the EoH operators a config may list (``operators`` of ``eoh_children`` and of the sampler-training evolvers)
+OperatorName = Literal["i1", "e1", "e2", "m1", "m2", "m3"]
+
+
+def operators_field(description: str) -> Any:
+    """The pydantic field of an optional, non-empty ``operators: list[OperatorName] | None`` setting."""
+    return Field(None, min_length=1, description=description)
+
+
+def heuristic_search(evolvers: Mapping[str, Any], name: str, option: str) -> HeuristicSearch:
+    """The run's evolver ``name`` (out of ``evolvers``) as a :class:`HeuristicSearch`.
+
+    Raises:
+        ConfigError: it is none (named by ``option``, the setting that names it, e.g. ``evolvers.tune.evolver``).
+    """
+    target = evolvers.get(name)
+    if not isinstance(target, HeuristicSearch):
+        raise ConfigError(
+            f"{option}: {name!r} is not a heuristic-design evolver of this run (evolvers: {sorted(evolvers)})"
+        )
+    return target

@@ -91,39 +91,31 @@ def lineage(rows: list[dict[str, Any]], selected: str | None = None) -> go.Figur
 
     valid = [r for r in rows if r["valid"] and r["objective"] is not None]
     failed = [r for r in rows if not (r["valid"] and r["objective"] is not None)]
+
+    def nodes(group: list[dict[str, Any]], name: str, marker: dict[str, Any]) -> go.Scatter:
+        """The heuristics of ``group`` as one trace of markers at their positions, named ``name``."""
+        return go.Scatter(
+            x=[pos[r["id"]][0] for r in group],
+            y=[pos[r["id"]][1] for r in group],
+            mode="markers",
+            name=name,
+            marker=marker,
+            customdata=[r["id"] for r in group],
+            hovertext=[hover(r) for r in group],
+            hoverinfo="text",
+        )
+
     if valid:
+        colour = {"color": [r["objective"] for r in valid], "colorscale": "Viridis", "showscale": True}
         fig.add_trace(
-            go.Scatter(
-                x=[pos[r["id"]][0] for r in valid],
-                y=[pos[r["id"]][1] for r in valid],
-                mode="markers",
-                name="valid",
-                marker={
-                    "size": 13,
-                    "color": [r["objective"] for r in valid],
-                    "colorscale": "Viridis",
-                    "showscale": True,
-                    "colorbar": {"title": "objective"},
-                    "line": {"width": 1, "color": "#333"},
-                },
-                customdata=[r["id"] for r in valid],
-                hovertext=[hover(r) for r in valid],
-                hoverinfo="text",
+            nodes(
+                valid,
+                "valid",
+                {"size": 13, **colour, "colorbar": {"title": "objective"}, "line": {"width": 1, "color": "#333"}},
             )
         )
     if failed:
-        fig.add_trace(
-            go.Scatter(
-                x=[pos[r["id"]][0] for r in failed],
-                y=[pos[r["id"]][1] for r in failed],
-                mode="markers",
-                name="invalid",
-                marker={"size": 10, "symbol": "x", "color": "#999"},
-                customdata=[r["id"] for r in failed],
-                hovertext=[hover(r) for r in failed],
-                hoverinfo="text",
-            )
-        )
+        fig.add_trace(nodes(failed, "invalid", {"size": 10, "symbol": "x", "color": "#999"}))
     if selected in pos:
         fig.add_trace(
             go.Scatter(

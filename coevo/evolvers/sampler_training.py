@@ -44,11 +44,11 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
-from coevo.ahd.sampler import HeuristicSearch, SampleJob
+from coevo.ahd.sampler import HeuristicSearch, OperatorName, SampleJob, heuristic_search, operators_field
 from coevo.artifacts import SAMPLER_UPDATE
 from coevo.backends.base import continues_final_message, render_chat, request_seed
 from coevo.errors import ConfigError
@@ -72,11 +72,9 @@ class SamplerTrainingConfig(EvolverConfig):
     evolver: str = Field(
         "eoh", description="the heuristic-design evolver whose sampler, population and prompts are used"
     )
-    operators: list[Literal["i1", "e1", "e2", "m1", "m2", "m3"]] | None = Field(
-        None,
-        min_length=1,
-        description="operators of the group prompts, in turn; default (null): the searched evolver's member "
-        "operators (eoh: m1, m2; i1 while it has no population)",
+    operators: list[OperatorName] | None = operators_field(
+        "operators of the group prompts, in turn; default (null): the searched evolver's member "
+        "operators (eoh: m1, m2; i1 while it has no population)"
     )
     prompts_per_step: int = Field(2, ge=0, description="P: prompts (groups) sampled per step")
     answers_per_prompt: int = Field(4, ge=2, le=64, description="G: answers per prompt (GRPO group, EvoTune's K)")
@@ -181,13 +179,7 @@ class SamplerTrainingEvolver(Evolver):
         Raises:
             ConfigError: ``evolver`` names no heuristic-design evolver of the run.
         """
-        target = self.ctx.evolvers.get(self.config.evolver)
-        if not isinstance(target, HeuristicSearch):
-            raise ConfigError(
-                f"evolvers.{self.name}.evolver: {self.config.evolver!r} is not a heuristic-design evolver of this run "
-                f"(evolvers: {sorted(self.ctx.evolvers)})"
-            )
-        self.search = target
+        self.search = heuristic_search(self.ctx.evolvers, self.config.evolver, f"evolvers.{self.name}.evolver")
 
     # ------------------------------------------------------------------ the model and its adapter
     @property

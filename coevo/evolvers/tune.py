@@ -57,8 +57,7 @@ from coevo.ahd.constants import (
     with_constants,
 )
 from coevo.ahd.population import Individual, survivors
-from coevo.ahd.sampler import HeuristicSearch
-from coevo.errors import ConfigError
+from coevo.ahd.sampler import heuristic_search
 from coevo.es.noise import generate_noise
 from coevo.es.normalize import METHODS, normalize_rewards
 from coevo.es.schedule import Schedule
@@ -157,13 +156,7 @@ class TuneEvolver(Evolver):
         self.target: Any = None
 
     def setup(self) -> None:
-        target = self.ctx.evolvers.get(self.config.evolver)
-        if not isinstance(target, HeuristicSearch):
-            raise ConfigError(
-                f"evolvers.{self.name}.evolver: {self.config.evolver!r} is not a heuristic-design evolver of this run "
-                f"(evolvers: {sorted(self.ctx.evolvers)})"
-            )
-        self.target = target
+        self.target = heuristic_search(self.ctx.evolvers, self.config.evolver, f"evolvers.{self.name}.evolver")
 
     # ------------------------------------------------------------------ elites
     def _elites(self) -> list[Individual]:

@@ -46,7 +46,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from coevo.ahd.sampler import HeuristicSearch
+from coevo.ahd.sampler import HeuristicSearch, OperatorName, operators_field
 from coevo.rollouts.base import Rollout, RolloutConfig, Split, register_rollout
 from coevo.types import Trajectory
 
@@ -74,11 +74,9 @@ _STAGE = {
 class EoHChildrenConfig(RolloutConfig):
     type: str = "eoh_children"
     evolver: str = Field("eoh", description="name of the run's heuristic-design evolver (eoh, sample, hillclimb, ...)")
-    operators: list[Literal["i1", "e1", "e2", "m1", "m2", "m3"]] | None = Field(
-        None,
-        min_length=1,
-        description="operators run under perturbed weights; default (null): the searched evolver's own "
-        "(member_operators: eoh m1, m2; sample i1; hillclimb m1 on its incumbent)",
+    operators: list[OperatorName] | None = operators_field(
+        "operators run under perturbed weights; default (null): the searched evolver's own "
+        "(member_operators: eoh m1, m2; sample i1; hillclimb m1 on its incumbent)"
     )
     children_per_operator: int = Field(1, ge=1, description="children per operator and member")
     invalid: Literal["paper", "zero"] | float = Field("paper", description="reward rule for invalid children")
@@ -119,21 +117,19 @@ class EoHChildrenRollout(Rollout):
         (``search.member_jobs``); deterministic in the run seed and the member's key."""
         return search.member_jobs(self._local(key_prefix), self.config.children_per_operator, self.config.operators)
 
+    @staticmethod
+    def _provenance(search: HeuristicSearch, generation: int, evolver: str, round_index: int) -> dict:
+        """What both sampler calls record the children with, and the population they must differ from."""
+        return {"round_index": round_index, "generation": generation, "evolver": evolver, "existing": search.population}
+
     def run(self, policy, *, generation, member, key_prefix, split: Split = "train", evolver="es", round_index=0):
         """Children (or, with no population yet or i1 only, fresh i1 samples) written by ``policy`` through
         the searched evolver's sampler, recorded with ``member`` and the ES ``generation``."""
         if split != "train":
             return []
         search = self._search()
-        return search.sampler.sample(
-            self._jobs(search, key_prefix),
-            policy=policy,
-            round_index=round_index,
-            generation=generation,
-            evolver=evolver,
-            member=member,
-            existing=search.population,
-        )
+        where = self._provenance(search, generation, evolver, round_index)
+        return search.sampler.sample(self._jobs(search, key_prefix), policy=policy, member=member, **where)
 
     def run_population(
         self, population, members, *, generation, key_prefixes, split: Split = "train", evolver="es", round_index=0
@@ -147,15 +143,8 @@ class EoHChildrenRollout(Rollout):
         search = self._search()
         groups = [(m, self._jobs(search, kp)) for m, kp in zip(members, key_prefixes, strict=True)]
         seed = self.ctx.rng(evolver, f"g{generation}", "population-sampling").getrandbits(63)
-        return search.sampler.sample_population(
-            groups,
-            population=population,
-            seed=seed,
-            round_index=round_index,
-            generation=generation,
-            evolver=evolver,
-            existing=search.population,
-        )
+        where = self._provenance(search, generation, evolver, round_index)
+        return search.sampler.sample_population(groups, population=population, seed=seed, **where)
 
     # ------------------------------------------------------------------ rewards
     def _child_reward(self, t: Trajectory) -> float | None:
