@@ -81,6 +81,8 @@ SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 #: fd of the reply pipe in the worker (0-2: its stdin, stdout, stderr)
 REPLY_FD = 3
+#: the worker's ``sys.argv[0]`` (as under bubblewrap: :data:`coevo.sandbox.isolation.WORKER_IN_SANDBOX`)
+WORKER_IN_SANDBOX = "/coevo-sandbox/worker.py"
 _DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9)}
 
 
@@ -249,9 +251,8 @@ class Zygote:
         with self._lock:
             for attempt in (0, 1):
                 if not self.alive:
-                    if attempt or self.starts:
-                        self.close()
-                        self._start()
+                    self.close()
+                    self._start()
                 try:
                     socket.send_fds(self.sock, [message], fds)
                     data, got, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, 1)
@@ -439,6 +440,7 @@ def _worker_setup(req: dict, config: dict, libc) -> None:
     ]
     sys.path_importer_cache.clear()
     sys.modules["__main__"] = worker  # as when the worker is started as a script
+    sys.argv[:] = [WORKER_IN_SANDBOX, "serve", str(REPLY_FD)]
 
 
 def _fork_worker(req: dict, fds: list[int], config: dict, trusted: int, sock: socket.socket) -> None:
