@@ -200,3 +200,33 @@ def test_a_host_without_what_the_zygote_needs_says_so_once_and_uses_bubblewrap(m
     assert box.isolation == ("bwrap" if HAS_BWRAP else "rlimits")
     with pytest.raises(ValueError, match="isolation"):
         SandboxLimits(isolation="chroot")
+
+
+def test_the_filter_rlimits_and_namespaces_hold_in_the_forked_worker(sandbox):
+    """The same seccomp filter as under bubblewrap is installed after the uid drop: file locks (here on the
+    worker's own /tmp file: no host file exists to lock), new namespaces, mounts are EPERM; RLIMIT_NOFILE is
+    the evaluation's; the worker is PID 1 of its own namespace; nothing can be executed (no file to run)."""
+    seen = _call(
+        sandbox,
+        """
+        import ctypes, fcntl, resource
+        def f():
+            libc = ctypes.CDLL(None, use_errno=True)
+            out = {'pid': os.getpid(), 'nofile': resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
+            fd = os.open('/tmp/lock', os.O_CREAT | os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                out['flock'] = 0
+            except OSError as exc:
+                out['flock'] = exc.errno
+            out['unshare'] = libc.unshare(0x00020000) and ctypes.get_errno()
+            out['mount'] = libc.mount(b'none', b'/tmp', b'tmpfs', 0, None) and ctypes.get_errno()
+            try:
+                os.execv('/bin/sh', ['sh'])
+            except OSError as exc:
+                out['exec'] = type(exc).__name__
+            return out
+        """,
+        expect="dict",
+    )
+    assert seen == {"pid": 1, "nofile": 256, "flock": 1, "unshare": 1, "mount": 1, "exec": "FileNotFoundError"}

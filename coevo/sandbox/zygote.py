@@ -59,6 +59,9 @@ STDLIB_PRELOAD = (
     "shutil", "signal", "socket", "sqlite3", "statistics", "string", "struct", "subprocess", "sys",
     "tempfile", "textwrap", "threading", "time", "timeit", "tokenize", "traceback", "types", "typing",
     "unicodedata", "uuid", "warnings", "weakref", "zlib", "_strptime",
+    "atexit", "bz2", "ctypes.util", "faulthandler", "fcntl", "fnmatch", "glob", "gzip", "html",
+    "importlib.util", "lzma", "mmap", "pathlib", "pty", "sched", "selectors", "shlex", "termios",
+    "tracemalloc", "tty", "urllib.parse", "zipfile",
     "encodings.ascii", "encodings.latin_1", "encodings.utf_16", "encodings.utf_32", "encodings.utf_8_sig",
     "encodings.raw_unicode_escape", "encodings.unicode_escape", "encodings.idna", "encodings.cp1252",
     "encodings.hex_codec", "encodings.base64_codec",
@@ -83,6 +86,8 @@ PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 REPLY_FD = 3
 #: the worker's ``sys.argv[0]`` (as under bubblewrap: :data:`coevo.sandbox.isolation.WORKER_IN_SANDBOX`)
 WORKER_IN_SANDBOX = "/coevo-sandbox/worker.py"
+#: ``/proc/1/cmdline`` of the worker (a stand-in: what bubblewrap's worker shows, without host paths)
+WORKER_COMMAND = ("python3", "-s", "-P", "-S", WORKER_IN_SANDBOX, "serve", str(REPLY_FD))
 _DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9)}
 
 
@@ -389,7 +394,8 @@ def _worker_setup(req: dict, config: dict, libc) -> None:
     for name, (major, minor) in _DEVICES.items():
         os.mknod(f"/tmp/dev/{name}", 0o666 | 0o020000, os.makedev(major, minor))
         os.chmod(f"/tmp/dev/{name}", 0o666)
-    for name, text in sorted(req.get("proc", {}).items()):
+    proc = {**req.get("proc", {}), "1/cmdline": "\0".join(WORKER_COMMAND) + "\0"}
+    for name, text in sorted(proc.items()):
         path = f"/tmp/proc/{name}"
         os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
         with open(path, "w") as fh:
