@@ -82,12 +82,12 @@ def _dentries() -> tuple[int, int]:
 
 LOOKUPS = 40_000
 MISSING_NAMES = f"""
-def f(folders):
+def f(folders, token):
     import os
     for folder in folders:
         for i in range({LOOKUPS} // len(folders)):
             try:
-                os.stat(folder + '/coevo-missing-%d' % i)
+                os.stat(folder + '/coevo-missing-%s-%d' % (token, i))
             except OSError:
                 pass
     return 1
@@ -96,7 +96,10 @@ def f(folders):
 
 def _dentry_growth(box: Sandbox, folders: list[str]) -> int:
     before = _dentries()[1]
-    res = box.run(MISSING_NAMES, "f", CALL, {"cases": [[folders]], "candidate_packages": ["numpy"]})
+    import uuid  # fresh names: a negative dentry of an earlier run would be found, not made
+
+    payload = {"cases": [[folders, uuid.uuid4().hex]], "candidate_packages": ["numpy"]}
+    res = box.run(MISSING_NAMES, "f", CALL, payload)
     assert res.valid, res.error
     time.sleep(0.5)  # the evaluation's mount namespace (and its tmpfs) is freed once its last process ended
     return _dentries()[1] - before
