@@ -666,6 +666,21 @@ def proc_stand_ins(memory_mb: int) -> dict[str, str]:
     return dict(_proc_stand_ins(int(memory_mb)))
 
 
+def proc_stand_in_texts(memory_mb: int) -> dict[str, str]:
+    """The texts of :func:`proc_stand_ins` by name below /proc (``"meminfo"``, ``"sys/kernel/version"``,
+    ...): what the zygote mode writes as plain files into the worker's own /proc folder."""
+    return dict(_proc_stand_in_texts(int(memory_mb)))
+
+
+@functools.cache
+def _proc_stand_in_texts(memory_mb: int) -> tuple[tuple[str, str], ...]:
+    out = []
+    for target, path in _proc_stand_ins(memory_mb):
+        with open(path) as fh:
+            out.append((target[len("/proc/") :], fh.read()))
+    return tuple(out)
+
+
 def _cpuinfo_stand_in() -> str:
     try:
         with open("/proc/cpuinfo") as fh:

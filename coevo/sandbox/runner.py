@@ -33,6 +33,7 @@ caller computes objective and score.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import logging
@@ -50,7 +51,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coevo.sandbox import cgroups, isolation, seccomp
+from coevo.sandbox import cgroups, isolation, seccomp, zygote
 from coevo.sandbox.errors import CandidateFailure, failure_kind
 from coevo.sandbox.extract import Extraction, extract_code
 from coevo.sandbox.process import CappedBuffer, ProcessOutcome
@@ -65,6 +66,21 @@ _warmed: set[int] = set()  # ids of the worker views whose files were read into 
 
 _TARGET_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
+
+
+#: the values of :attr:`SandboxLimits.isolation` (None: ``$COEVO_SANDBOX_ISOLATION``, else bwrap)
+ISOLATION_MODES = (None, "bwrap", "zygote")
+#: what a zygote preloads for a payload without ``candidate_packages`` (bubblewrap binds all of
+#: site-packages then; a zygote imports only what it is given)
+ZYGOTE_DEFAULT_PACKAGES = ("numpy",)
+
+
+def isolation_mode(limits: SandboxLimits) -> str:
+    """The isolation mode ``limits`` ask for (``"bwrap"`` or ``"zygote"``)."""
+    mode = limits.isolation or os.environ.get("COEVO_SANDBOX_ISOLATION", "").strip() or "bwrap"
+    if mode not in ("bwrap", "zygote"):
+        raise ValueError(f"COEVO_SANDBOX_ISOLATION must be 'bwrap' or 'zygote', got {mode!r}")
+    return mode
 
 
 @dataclass(frozen=True)
@@ -82,6 +98,9 @@ class SandboxLimits:
         max_result_mb: largest metrics JSON accepted from the worker (MiB).
         max_open_files: RLIMIT_NOFILE of each process of the candidate (the host's file table is shared:
             with the default 256 and ``max_procs`` 64, one evaluation holds at most 16,384 open files).
+        isolation: ``"bwrap"`` (each worker a fresh interpreter in a bubblewrap view of host files) or
+            ``"zygote"`` (workers forked from a preloaded zygote onto an empty tmpfs root, no host file
+            reachable: :mod:`coevo.sandbox.zygote`); None = ``$COEVO_SANDBOX_ISOLATION``, else ``"bwrap"``.
     """
 
     timeout_s: float = 30.0
@@ -93,8 +112,11 @@ class SandboxLimits:
     max_output_kb: int = 64
     max_result_mb: int = 8
     max_open_files: int = 256
+    isolation: str | None = None
 
     def __post_init__(self) -> None:
+        if self.isolation not in ISOLATION_MODES:
+            raise ValueError(f"SandboxLimits.isolation must be one of {ISOLATION_MODES}, got {self.isolation!r}")
         for name in (
             "timeout_s",
             "cpu_s",
@@ -191,16 +213,29 @@ class Sandbox:
         self.ro_paths = [os.path.abspath(str(p)) for p in ro_paths]
         self.hash_seed = int(hash_seed)
         self.site_import = site_import
+        #: workers are forked by a zygote (:mod:`coevo.sandbox.zygote`) instead of started under bwrap
+        self.zygote = False
+        if use_bwrap is not False and isolation_mode(self.limits) == "zygote":
+            lacks = zygote.missing()
+            if not seccomp.supported():
+                lacks.append(f"a seccomp table for {os.uname().machine}")
+            if self.ro_paths:
+                lacks.append("support for ro_paths (no host file can be shown to a zygote's worker)")
+            if lacks:
+                _warn_once("zygote", FALLBACKS["zygote"].format(missing="; ".join(lacks)))
+            else:
+                self.zygote = True
         usable, how = isolation.bwrap_status() if use_bwrap is not False else (False, "disabled (use_bwrap=False)")
         if use_bwrap and not usable:
             raise ValueError(f"use_bwrap=True but bubblewrap is not usable: {how}")
-        self.bwrap = how if usable else None
-        if self.bwrap is None:
+        self.bwrap = how if usable and not self.zygote else None
+        if self.bwrap is None and not self.zygote:
             _warn_once("bwrap", FALLBACKS["bwrap"].format(reason=how))
         #: the seccomp program handed to bubblewrap (None without bwrap, or on a machine without a table)
         self.seccomp = (
             seccomp.build_filter()
-            if self.bwrap and seccomp.supported() and "--seccomp" in isolation.bwrap_features(self.bwrap)
+            if self.zygote
+            or (self.bwrap and seccomp.supported() and "--seccomp" in isolation.bwrap_features(self.bwrap))
             else None
         )
         #: per-evaluation cgroups (None: rlimits only; see coevo.sandbox.cgroups and docs/sandbox.md)
@@ -221,8 +256,14 @@ class Sandbox:
 
     @property
     def isolation(self) -> str:
-        """``"bwrap"`` or ``"rlimits"`` (no network / filesystem isolation)."""
-        return "bwrap" if self.bwrap else "rlimits"
+        """``"zygote"``, ``"bwrap"`` or ``"rlimits"`` (no network / filesystem isolation)."""
+        return "zygote" if self.zygote else "bwrap" if self.bwrap else "rlimits"
+
+    def _zygote(self, packages: Sequence[str] | None) -> zygote.Zygote:
+        """The zygote for ``packages`` (None: :data:`ZYGOTE_DEFAULT_PACKAGES`), started on first use."""
+        env = isolation.child_env("/tmp", self.candidate_path, self.hash_seed, None)
+        wanted = tuple(packages) if packages is not None else ZYGOTE_DEFAULT_PACKAGES
+        return zygote.zygote_for(self.python, env, wanted, self.seccomp, self.site_import)
 
     @property
     def accounting(self) -> str:
@@ -303,7 +344,7 @@ class Sandbox:
         limits = self.limits
         marker = uuid.uuid4().hex
         as_root = os.geteuid() == 0
-        uid = isolation.evaluation_uid() if self.bwrap and as_root else None
+        uid = isolation.evaluation_uid() if (self.bwrap or self.zygote) and as_root else None
         # RLIMIT_NPROC counts every process of the uid: per evaluation only where the uid is the
         # evaluation's own; elsewhere the cgroup's pids.max bounds the evaluation instead when there is one
         nproc = None if (uid is None and cgroup is not None) else int(limits.max_procs)
@@ -320,8 +361,20 @@ class Sandbox:
             },
             "drop": [uid, uid] if uid is not None else None,
         }
-        seccomp_program, seccomp_slot = None, None
-        if self.bwrap:
+        seccomp_program, seccomp_slot, spawn = None, None, None
+        if self.zygote:
+            request = {
+                "cgroup": cgroup.procs_files if cgroup is not None else [],
+                "uid": uid,
+                "limits": init["limits"],
+                "network": limits.network,
+                "tmp_mb": max(16, 4 * limits.max_file_mb),
+                "proc": isolation.proc_stand_in_texts(limits.memory_mb),
+                "hostname": isolation.SANDBOX_HOSTNAME,
+            }
+            spawn = functools.partial(self._zygote(packages).spawn, request)
+            argv, env, cwd, mark = [], {}, "/", None
+        elif self.bwrap:
             env = isolation.child_env("/tmp", self.candidate_path, self.hash_seed, None)
             cmd = isolation.interpreter_command(self.python, -1, self.site_import, "serve", isolation.WORKER_IN_SANDBOX)
             view = self._view(packages)
@@ -354,7 +407,7 @@ class Sandbox:
             timeout_s=timeout_s,
             cpu_s=limits.cpu_limit(timeout_s),
             memory_mb=limits.memory_mb,
-            isolated=self.bwrap is not None,
+            isolated=self.bwrap is not None or self.zygote,
             marker=mark,
             max_reply_mb=limits.max_result_mb,
             output_cap=limits.max_output_kb * 1024,
@@ -362,6 +415,7 @@ class Sandbox:
             seccomp_slot=seccomp_slot,
             cgroup=cgroup,
             scrub=self._scrub,
+            spawn=spawn,
         )
 
     def start(
@@ -420,7 +474,9 @@ class Sandbox:
             not isinstance(packages, (list, tuple)) or not all(isinstance(p, str) and p for p in packages)
         ):
             raise ValueError(f"payload['candidate_packages'] must be a list of package names, got {packages!r}")
-        if self.bwrap:
+        if self.zygote:
+            self._zygote(packages)  # started (packages imported) once, before the evaluation's clock starts
+        elif self.bwrap:
             self._view(packages)  # listed (and its files warmed) once, before the evaluation's clock starts
         start = time.perf_counter()
         out = CappedBuffer(self.limits.max_output_kb * 1024)
@@ -438,7 +494,7 @@ class Sandbox:
                 self.isolation,
                 None,
             )
-        tmpdir = None if self.bwrap else tempfile.mkdtemp(prefix="coevo-sbx-")
+        tmpdir = None if self.bwrap or self.zygote else tempfile.mkdtemp(prefix="coevo-sbx-")
         remote = None
         returncode = 0
         cgroup = None
@@ -633,6 +689,9 @@ FALLBACKS = {
     "still end everything an evaluation started",
     "root": "sandbox: not root: every evaluation runs as uid 65534 of a user namespace mapped to this user, "
     "so RLIMIT_NPROC counts this user's processes together; the keyring is refused by seccomp",
+    "zygote": "sandbox: zygote isolation asked for but this host lacks {missing}: using bubblewrap, whose view "
+    "binds host files (their dentries, page cache, locks and watches stay shared: docs/sandbox.md, threat model); "
+    "every other measure holds",
     "ldd": "sandbox: no ldd: the interpreter's library folders are bound whole instead of the libraries it "
     "loads; still no /usr/bin, compiler or host Python",
 }

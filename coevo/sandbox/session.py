@@ -106,6 +106,8 @@ class Launch:
         seccomp: the filter program (:mod:`coevo.sandbox.seccomp`) whose fd replaces ``argv[seccomp_slot]``
         at each start, or None. cgroup: the evaluation's :class:`~coevo.sandbox.cgroups.EvaluationCgroup`
         (its OOM count names a memory failure), or None. scrub: removes host paths from failure text.
+        spawn: starts the worker instead of ``argv`` (:mod:`coevo.sandbox.zygote`): returns ``(process,
+        reply pipe read end, fd readable at its exit)``; the process has ``kill()`` for everything it started.
     """
 
     argv: list[str]
@@ -125,6 +127,7 @@ class Launch:
     seccomp_slot: int | None = None
     cgroup: Any = None
     scrub: Callable[[str], str] = field(default=lambda text: text)
+    spawn: Callable[[], tuple[Any, int, int]] | None = None
 
 
 class CandidateProcess:
@@ -147,17 +150,20 @@ class CandidateProcess:
         self.started = time.perf_counter()
         kwargs = dict(launch.popen_kwargs)
         argv, pass_fds, filter_fd = list(launch.argv), tuple(kwargs.pop("pass_fds", ())), None
-        if launch.seccomp is not None:
+        if launch.spawn is not None:
+            self.proc, self.reply_fd, self.pidfd = launch.spawn()
+        elif launch.seccomp is not None:
             filter_fd = seccomp_fd(launch.seccomp)  # bwrap reads it once: a fresh pipe per start
             argv[launch.seccomp_slot] = str(filter_fd)
             pass_fds = (*pass_fds, filter_fd)
-        try:
-            self.proc, self.reply_fd, self.pidfd = spawn_with_pipe(
-                argv, launch.reply_slot, env=launch.env, cwd=launch.cwd, pass_fds=pass_fds, **kwargs
-            )
-        finally:
-            if filter_fd is not None:
-                os.close(filter_fd)
+        if launch.spawn is None:
+            try:
+                self.proc, self.reply_fd, self.pidfd = spawn_with_pipe(
+                    argv, launch.reply_slot, env=launch.env, cwd=launch.cwd, pass_fds=pass_fds, **kwargs
+                )
+            finally:
+                if filter_fd is not None:
+                    os.close(filter_fd)
         #: seconds from the start to the reply to the init frame (start-up and the code's import)
         self.load_s: float | None = None
         self.fd_in, self.fd_out, self.fd_err = (
@@ -345,6 +351,9 @@ class CandidateProcess:
 
     # ------------------------------------------------------------------ teardown
     def _kill(self) -> None:
+        if self.launch.spawn is not None:  # a zygote's worker: its PID namespace dies with it
+            self.proc.kill()
+            return
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)  # not reaped yet, so its pid still names the group
         except (ProcessLookupError, PermissionError):

@@ -438,16 +438,18 @@ def _load_driver(source: str, name: str):
         return exc
 
 
-def serve(reply_fd: int) -> None:
-    """The step server (see the module docstring); never returns."""
+def serve(reply_fd: int, ready: bool = False) -> None:
+    """The step server (see the module docstring); never returns. ``ready``: the limits and the uid of the
+    init frame are already in force (a worker forked by :mod:`coevo.sandbox.zygote`)."""
     pipe = _Pipe(0)
     try:
         init, _ = read_frame(pipe)
     except (EOFError, ValueError):
         _exit(0)
     try:
-        apply_limits(init.get("limits"))
-        drop_privileges(init.get("drop"))
+        if not ready:
+            apply_limits(init.get("limits"))
+            drop_privileges(init.get("drop"))
     except BaseException as exc:  # noqa: BLE001 - refuse to run the candidate without its limits
         write_failure(reply_fd, "sandbox", "setup: " + describe(exc))
         _exit(0)
