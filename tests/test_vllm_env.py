@@ -20,9 +20,16 @@ from coevo.backends.vllm_env import ENGINE_LOG, cpu_engine_env, engine_environme
 
 def test_cpu_engine_env_binds_every_core_unless_the_user_set_a_binding(monkeypatch):
     monkeypatch.setattr(vllm_env, "find_preloads", lambda dirs=None: ([], []))
-    assert cpu_engine_env({}) == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
-    assert cpu_engine_env({"VLLM_CPU_OMP_THREADS_BIND": "auto"}) == {}  # vLLM's own default: left alone
-    assert cpu_engine_env({"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}) == {}
+    step = {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600"}  # a slow CPU's prefill step outlasts vLLM's 300 s
+    assert cpu_engine_env({}) == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", **step}
+    assert cpu_engine_env({"VLLM_CPU_OMP_THREADS_BIND": "auto"}) == step  # vLLM's own default: left alone
+    assert cpu_engine_env({"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}) == step
+
+
+def test_cpu_engine_env_keeps_a_step_timeout_the_user_set(monkeypatch):
+    monkeypatch.setattr(vllm_env, "find_preloads", lambda dirs=None: ([], []))
+    env = cpu_engine_env({"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "60", "VLLM_CPU_NUM_OF_RESERVED_CPU": "1"})
+    assert env == {}
 
 
 def test_preloads_found_go_first_in_ld_preload_and_missing_ones_are_one_line(tmp_path, monkeypatch, caplog):

