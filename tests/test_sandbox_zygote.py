@@ -138,6 +138,62 @@ def test_an_import_outside_the_preloaded_set_is_an_import_failure_naming_it(sand
     assert seen[2] == 7.0 and seen[3] == 1.0 and seen[4] == 2
 
 
+#: the standard library an honest heuristic may reasonably import (each must work in the zygote's worker)
+HEURISTIC_STDLIB = (
+    "math", "cmath", "random", "itertools", "functools", "operator", "heapq", "bisect", "collections",
+    "collections.abc", "statistics", "copy", "typing", "dataclasses", "enum", "fractions", "decimal", "numbers",
+    "string", "re", "array", "time", "sys", "os", "os.path", "warnings", "abc", "contextlib", "types", "weakref",
+    "json", "struct", "queue", "threading", "__future__", "contextvars", "concurrent.futures", "datetime",
+    "hashlib", "pickle", "textwrap", "pprint", "graphlib", "secrets", "uuid", "io", "gc", "traceback",
+    "logging", "inspect", "unittest", "cProfile", "pstats", "timeit", "sched", "numpy", "numpy.random",
+    "numpy.linalg", "numpy.fft", "numpy.polynomial", "numpy.ma", "numpy.typing",
+)  # fmt: skip
+
+
+def _heuristic_imports() -> set[str]:
+    """The top-level modules imported by the repository's own heuristics (seeds, templates, construction
+    loops, published heuristics), coevo's prelude (inlined before the sandbox) left out."""
+    import ast
+
+    names = set()
+    for path in sorted(project_root().glob("heuristics/*/*.py")) + sorted(
+        project_root().glob("heuristics/*/published/*.py")
+    ):
+        if path.name == "problem.py":  # the trusted side's problem definition, not candidate code
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module)
+    return {n for n in names if not n.startswith("coevo")}
+
+
+def test_the_stdlib_heuristics_use_and_the_repositorys_own_heuristics_imports_work(sandbox):
+    """The default isolation must not fail an honest heuristic on an import: every module of
+    HEURISTIC_STDLIB (and of STDLIB_PRELOAD) and every import of heuristics/ imports in the worker."""
+    wanted = sorted(set(HEURISTIC_STDLIB) | set(zygote.STDLIB_PRELOAD) | _heuristic_imports())
+    assert "numpy" in _heuristic_imports()
+    failed = _call(
+        sandbox,
+        """
+        import importlib
+        def f(names):
+            out = {}
+            for name in names:
+                try:
+                    importlib.import_module(name)
+                except Exception as exc:
+                    out[name] = type(exc).__name__ + ': ' + str(exc)[:200]
+            return out
+        """,
+        wanted,
+        expect="dict",
+    )
+    offered = {name for name in zygote.STDLIB_PRELOAD if name != "sqlite3"}  # sqlite3: where its library exists
+    assert {k: v for k, v in failed.items() if k in offered or k in HEURISTIC_STDLIB} == {}, failed
+
+
 @pytest.mark.parametrize("name,size", [("tsp_construct", 20), ("bpp_online", 200)])
 def test_honest_heuristics_score_exactly_as_under_bubblewrap(sandbox, name, size):
     problem = load_problem(name)
