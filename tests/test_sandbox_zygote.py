@@ -289,3 +289,34 @@ def test_the_filter_rlimits_and_namespaces_hold_in_the_forked_worker(sandbox):
         expect="dict",
     )
     assert seen == {"pid": 1, "nofile": 256, "flock": 1, "unshare": 1, "mount": 1, "exec": "FileNotFoundError"}
+
+
+def test_the_zygote_is_the_default_and_bubblewrap_stays_selectable(monkeypatch, caplog, tmp_path):
+    """No mode named: the zygote (this host has what it needs). ``isolation="bwrap"`` or
+    ``COEVO_SANDBOX_ISOLATION=bwrap``: bubblewrap. A sandbox showing host files (``ro_paths``) and naming no
+    mode: bubblewrap, without a warning (it asked for what only bubblewrap can do)."""
+    import logging
+
+    from coevo.sandbox import runner
+
+    monkeypatch.delenv("COEVO_SANDBOX_ISOLATION", raising=False)
+    monkeypatch.setattr(runner, "_warned", set())
+    assert SandboxLimits().isolation is None and Sandbox(SandboxLimits(timeout_s=5)).isolation == "zygote"
+    if not HAS_BWRAP:
+        return
+    assert Sandbox(SandboxLimits(timeout_s=5, isolation="bwrap")).isolation == "bwrap"
+    with caplog.at_level(logging.WARNING, logger="coevo.sandbox.runner"):
+        assert Sandbox(SandboxLimits(timeout_s=5), ro_paths=[tmp_path]).isolation == "bwrap"
+    assert not [r for r in caplog.records if "zygote" in r.getMessage()]
+    monkeypatch.setenv("COEVO_SANDBOX_ISOLATION", "bwrap")
+    assert Sandbox(SandboxLimits(timeout_s=5)).isolation == "bwrap"
+    assert Sandbox(SandboxLimits(timeout_s=5, isolation="zygote")).isolation == "zygote"
+    # a host without what the zygote needs: the default falls back to bubblewrap with the one line
+    monkeypatch.delenv("COEVO_SANDBOX_ISOLATION")
+    monkeypatch.setattr(runner, "_warned", set())
+    monkeypatch.setattr(zygote, "missing", lambda: ["pidfd_open (Linux >= 5.3, Python >= 3.9)"])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="coevo.sandbox.runner"):
+        assert Sandbox(SandboxLimits(timeout_s=5)).isolation == "bwrap"
+    lines = [r.getMessage() for r in caplog.records if "zygote" in r.getMessage()]
+    assert len(lines) == 1 and "the default" in lines[0] and "pidfd_open" in lines[0], lines
