@@ -190,7 +190,8 @@ class Sandbox:
 
     Args:
         limits: resource limits (default :class:`SandboxLimits`).
-        use_bwrap: True = require bubblewrap (ValueError when unusable), False = rlimits only, None = auto.
+        use_bwrap: True = require bubblewrap to be usable (ValueError when not; the mode is still
+            ``limits.isolation``'s: the zygote by default), False = rlimits only, None = auto.
         python_path: extra import folders for the TRUSTED side (where targets are imported from); the
             candidate's process never sees them.
         ro_paths: extra files/folders the candidate's process may read (bound read-only under bubblewrap);
