@@ -28,6 +28,72 @@ CALL_CASES = "coevo.sandbox.targets:call_cases"
 BEST_FIT = "import numpy as np\n\ndef score(item, bins):\n    return -(bins - item).astype(np.float64)\n"
 
 
+def isolation_usable(mode: str) -> str | None:
+    """Why the sandbox's isolation ``mode`` (``"bwrap"`` or ``"zygote"``) cannot run here, or None."""
+    from coevo.sandbox import seccomp, zygote
+    from coevo.sandbox.isolation import bwrap_status
+
+    if mode == "bwrap":
+        usable, how = bwrap_status()
+        return None if usable else f"bubblewrap is not usable here ({how})"
+    lacks = zygote.missing() + ([] if seccomp.supported() else ["a seccomp table"])
+    return f"zygote mode not usable here: {lacks}" if lacks else None
+
+
+#: both isolation modes, as ``pytest.mark.parametrize("mode", ISOLATION_MODES)`` values (each skipped where
+#: this host cannot run it): a guarantee checked under both the default (zygote) and bubblewrap
+ISOLATION_MODES = ["bwrap", "zygote"]
+
+_sandboxes: dict = {}
+
+
+def sandbox_in(mode: str, limits):
+    """A :class:`~coevo.sandbox.runner.Sandbox` with ``limits`` in isolation ``mode`` (one per mode and limits
+    per test session); the test is skipped where this host cannot run ``mode``."""
+    import dataclasses
+
+    import pytest
+
+    from coevo.sandbox.runner import Sandbox
+
+    why = isolation_usable(mode)
+    if why:
+        pytest.skip(why)
+    key = (mode, limits)
+    if key not in _sandboxes:
+        box = Sandbox(dataclasses.replace(limits, isolation=mode))
+        assert box.isolation == mode, (mode, box.isolation)
+        _sandboxes[key] = box
+    return _sandboxes[key]
+
+
+def pids_with_comm(name: str) -> list[int]:
+    """Host pids whose name (``/proc/<pid>/comm``, at most 15 bytes, set by ``prctl(PR_SET_NAME)``) is
+    ``name``; zombies are left out."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/comm", "rb") as fh:
+                    comm = fh.read().strip()
+                with open(f"/proc/{pid}/stat", "rb") as fh:
+                    state = fh.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if comm == name.encode() and state != b"Z":
+                found.append(int(pid))
+    return found
+
+
+#: candidate code: ``set_comm(name)`` names this process (``/proc/<pid>/comm`` on the host; a forked process
+#: keeps the zygote's command line, so that is how the host finds it)
+SET_COMM = """
+def set_comm(name):
+    import ctypes
+    ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)
+"""
+
+
 def chromium_missing(playwright: bool = False) -> str | None:
     """Why browser tests cannot run here (``"headless Chromium unavailable: ..."``), or None when
     :func:`coevo.envs.browser.find_chromium` finds Chromium (and, with ``playwright``, the ``playwright``

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 import pytest
-from support import BEST_FIT, CALL_CASES, ERRNO_OF
+from support import BEST_FIT, CALL_CASES, ERRNO_OF, ISOLATION_MODES, sandbox_in
 
 from coevo.ahd import load_problem
 from coevo.ahd.evaluate import evaluate_heuristic
@@ -38,20 +38,39 @@ def _call(sandbox: Sandbox, body: str, *args, expect=None, packages=("numpy",), 
 
 
 # ----------------------------------------------------------------------------- 1: the page cache as a store
+#: a file the candidate can open in each isolation mode: a host file of the bubblewrap view (the shared page
+#: cache of issue 45), or, in the zygote's worker, where no host file exists, one it writes to its own /tmp
+#: (the route itself must still be refused: the filter is the same)
+def _probe_file(mode: str) -> str:
+    return os.__file__ if mode == "bwrap" else "/tmp/probe.py"
+
+
+#: candidate code: ``probe(path)``, the path opened read-only, written first (8 KiB) where it is not a host file
+PROBE = """
+def probe(path, host_path):
+    if path != host_path:
+        with open(path, 'wb') as fh:
+            fh.write(b'# probe\\n' * 1024)
+    return os.open(path, os.O_RDONLY)
+"""
+
+
 @X86
-def test_page_cache_state_can_be_neither_set_nor_read(sandbox):
+@pytest.mark.parametrize("mode", ISOLATION_MODES)
+def test_page_cache_state_can_be_neither_set_nor_read(sandbox, mode):
     """Before: posix_fadvise (WILLNEED / DONTNEED) set and cleared whether a page of a bound host file was
     cached, preadv2 with RWF_NOWAIT read that bit back, mincore and cachestat too: one bit per page, shared
-    by every evaluation. Now each is refused (EPERM); plain reads and an ordinary preadv still work."""
+    by every evaluation. Now each is refused (EPERM); plain reads and an ordinary preadv still work. In the
+    zygote's worker no host file exists at all (checked), and the same calls on its own file are refused."""
+    box = sandbox_in(mode, sandbox.limits)
     values = _call(
-        sandbox,
+        box,
         """
         import mmap
-        def f():
-            out = {}
+        def f(path, host_path):
+            out = {'host_file': os.path.exists(host_path)}
             libc = ctypes.CDLL(None, use_errno=True)
-            path = os.__file__
-            fd = os.open(path, os.O_RDONLY)
+            fd = probe(path, host_path)
             out['fadvise_dontneed'] = errno_of(lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED))
             out['fadvise_willneed'] = errno_of(lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED))
             buf = bytearray(4096)
@@ -69,9 +88,12 @@ def test_page_cache_state_can_be_neither_set_nor_read(sandbox):
             out['read'] = len(os.read(fd, 100))
             return out
         """,
+        _probe_file(mode),
+        os.__file__,
         expect="dict",
-        prelude=ERRNO_OF,
+        prelude=ERRNO_OF + PROBE,
     )
+    assert values["host_file"] is (mode == "bwrap"), values  # zygote: the host's page cache is out of reach
     assert values["fadvise_dontneed"] == values["fadvise_willneed"] == 1, values  # EPERM
     assert values["preadv_nowait"] == 1 and values["preadv_plain"], values
     for name in ("readahead", "mincore", "cachestat"):
@@ -109,16 +131,19 @@ def test_only_local_and_internet_sockets_can_be_made(sandbox):
     assert values["unix"] == "ok"
 
 
-def test_the_host_system_python_and_compilers_are_not_reachable(sandbox):
+@pytest.mark.parametrize("mode", ISOLATION_MODES)
+def test_the_host_system_python_and_compilers_are_not_reachable(sandbox, mode):
     """Before: /usr/lib (3.8 GB), /usr/bin and the system Python's dist-packages were bound: adding
     /usr/lib/python3/dist-packages to sys.path imported the host's yaml / cryptography / apt_pkg, and
     /usr/bin/python3 and gcc ran inside the sandbox. Now only the interpreter, its standard library, the
-    allowed packages and the shared libraries they link are there."""
+    allowed packages and the shared libraries they link are there (bubblewrap), or no host file at all
+    (the zygote: not even the worker's own interpreter can be executed; os.fork still works)."""
+    box = sandbox_in(mode, sandbox.limits)
     values = _call(
-        sandbox,
+        box,
         """
         import subprocess
-        def f():
+        def f(interpreters):
             out = {}
             sys.path.append('/usr/lib/python3/dist-packages')
             for mod in ('yaml', 'apt_pkg', 'cryptography'):
@@ -134,17 +159,30 @@ def test_the_host_system_python_and_compilers_are_not_reachable(sandbox):
                     out[exe] = 'absent'
             out['dist-packages'] = os.path.exists('/usr/lib/python3/dist-packages')
             out['gcc-lib'] = os.path.exists('/usr/lib/gcc')
-            out['own interpreter'] = subprocess.run([sys.executable, '-S', '-c', 'print(1)'],
-                                                    capture_output=True).stdout.decode().strip()
+            for i, exe in enumerate([sys.executable, *interpreters]):
+                try:
+                    out['interpreter %d' % i] = subprocess.run([exe, '-S', '-c', 'print(1)'],
+                                                               capture_output=True).stdout.decode().strip()
+                except OSError:
+                    out['interpreter %d' % i] = 'absent'
+            pid = os.fork()
+            if pid == 0:
+                os._exit(3)
+            out['fork'] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
             return out
         """,
+        [sys.executable, os.path.realpath(sys.executable), "/bin/sh", "/usr/bin/env"],
         expect="dict",
     )
     assert values["yaml"] == values["apt_pkg"] == values["cryptography"] == "absent", values
     for exe in ("/usr/bin/python3", "/usr/bin/gcc", "/usr/bin/cc", "sh", "ls"):
         assert values[exe] == "absent", (exe, values)
     assert values["dist-packages"] is False and values["gcc-lib"] is False
-    assert values["own interpreter"] == "1"  # the worker's own interpreter (same allowlist) still runs
+    assert values["fork"] == 3
+    if mode == "bwrap":
+        assert values["interpreter 0"] == "1"  # the worker's own interpreter (same allowlist) still runs
+    else:  # no host binary exists to execute, the worker's own interpreter included
+        assert [values[f"interpreter {i}"] for i in range(5)] == ["absent"] * 5, values
 
 
 # ----------------------------------------------------------------------------- 2: what the trusted side parses

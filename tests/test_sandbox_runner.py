@@ -14,7 +14,7 @@ import time
 import uuid
 
 import pytest
-from support import pids_with_cmdline
+from support import ISOLATION_MODES, SET_COMM, pids_with_cmdline, pids_with_comm, sandbox_in
 
 from coevo.sandbox import runner
 from coevo.sandbox.isolation import bwrap_status
@@ -85,37 +85,67 @@ def test_memory_bomb(sandbox):
     assert result.error_kind == "memory" and "MemoryError" in result.error
 
 
-def test_fork_bomb_leaves_no_process_and_returns_in_time(sandbox):
+def wait_comm_gone(name: str, within_s: float = 2.0) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while (left := pids_with_comm(name)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+@pytest.mark.parametrize("mode", ISOLATION_MODES)
+def test_fork_bomb_leaves_no_process_and_returns_in_time(mode):
+    """Under bubblewrap each child executes the worker's interpreter (a command line the host can find); in
+    the zygote's worker, where nothing can be executed, each is a fork named by ``prctl(PR_SET_NAME)``."""
+    sandbox = sandbox_in(mode, FAST)
     token = f"forkbomb{uuid.uuid4().hex}"
+    name = token[:15]
+    if mode == "bwrap":
+        child = f"os.execv(sys.executable, [sys.executable, '-S', '-c', 'import time; time.sleep(100)', '{token}'])\n"
+    else:
+        child = f"set_comm({name!r})\n            time.sleep(100)\n            os._exit(0)\n"
     code = (
-        "import os, sys, time\n"
-        "def f():\n"
+        "import os, sys, time\n" + SET_COMM + "def f():\n"
         "    for _ in range(40):\n"
         "        if os.fork() == 0:\n"
-        f"            os.execv(sys.executable, [sys.executable, '-S', '-c', 'import time; time.sleep(100)', "
-        f"'{token}'])\n"
+        f"            {child}"
         "    time.sleep(100)\n"
     )
     start = time.monotonic()
     result = call(sandbox, code).result
     assert result.error_kind == "timeout"
     assert time.monotonic() - start < FAST.timeout_s + 2.0
-    assert wait_gone(token) == []
+    assert wait_gone(token) == [] and wait_comm_gone(name) == []
 
 
-def test_grandchild_sleep_is_dead_after_a_normal_exit(sandbox):
-    token = f"coevo-sleeper-{uuid.uuid4().hex[:12]}"  # the sandbox has no `sleep` binary: its own interpreter sleeps
+@pytest.mark.parametrize("mode", ISOLATION_MODES)
+def test_grandchild_sleep_is_dead_after_a_normal_exit(mode):
+    """Two sleepers, one in a new session, outlive nothing after the worker returns normally. Under bubblewrap
+    they are the worker's own interpreter (the sandbox has no ``sleep`` binary); in the zygote's worker no
+    interpreter can be executed (checked), so they are forks named by ``prctl(PR_SET_NAME)``."""
+    sandbox = sandbox_in(mode, FAST)
+    token = f"coevo-sleeper-{uuid.uuid4().hex[:12]}"
+    name = f"slp{uuid.uuid4().hex[:12]}"
     sleeper = f"[sys.executable, '-S', '-c', 'import time; time.sleep(100)', '{token}']"
     code = (
-        "import subprocess, sys\n"
-        "def f():\n"
-        f"    subprocess.Popen({sleeper})\n"
-        f"    subprocess.Popen({sleeper}, start_new_session=True)\n"
-        "    return 7\n"
+        "import os, subprocess, sys, time\n" + SET_COMM + "def f():\n"
+        "    try:\n"
+        f"        subprocess.Popen({sleeper})\n"
+        f"        subprocess.Popen({sleeper}, start_new_session=True)\n"
+        "        return 7\n"
+        "    except OSError:  # nothing to execute: forked sleepers instead\n"
+        "        for new_session in (False, True):\n"
+        "            if os.fork() == 0:\n"
+        "                if new_session:\n"
+        "                    os.setsid()\n"
+        f"                set_comm({name!r})\n"
+        "                time.sleep(100)\n"
+        "                os._exit(0)\n"
+        "        time.sleep(0.2)\n"
+        "        return 8\n"
     )
     run = call(sandbox, code, expect="int")
-    assert run.result.valid and run.result.metrics == {"values": [7]}
-    assert wait_gone(token) == []
+    assert run.result.valid and run.result.metrics == {"values": [7 if mode == "bwrap" else 8]}, run.result
+    assert wait_gone(token) == [] and wait_comm_gone(name) == []
 
 
 @needs_bwrap

@@ -9,7 +9,7 @@ import os
 import textwrap
 
 import pytest
-from support import ERRNO_OF
+from support import ERRNO_OF, ISOLATION_MODES, sandbox_in
 
 from coevo.ahd import load_problem
 from coevo.ahd.evaluate import evaluate_heuristic
@@ -44,10 +44,11 @@ def sandbox() -> Sandbox:
     return box
 
 
-def _values(sandbox: Sandbox, body: str) -> dict:
-    """The dict ``f()`` of ``body`` returns, run in the sandbox as a heuristic runs (numpy allowed)."""
-    code = PRELUDE + ERRNO_OF + textwrap.dedent(body)
-    res = sandbox.run(code, "f", CALL, {"cases": [[]], "expect": "dict", "candidate_packages": ["numpy"]})
+def _values(sandbox: Sandbox, body: str, *args, prelude: str = "") -> dict:
+    """The dict ``f(*args)`` of ``body`` (after ``prelude``) returns, run in the sandbox as a heuristic runs
+    (numpy allowed)."""
+    code = PRELUDE + ERRNO_OF + prelude + textwrap.dedent(body)
+    res = sandbox.run(code, "f", CALL, {"cases": [list(args)], "expect": "dict", "candidate_packages": ["numpy"]})
     assert res.valid, res.error
     return res.metrics["values"][0]
 
@@ -90,16 +91,41 @@ def test_inotify_and_fanotify_are_refused(sandbox):
         assert got == [-1, EPERM], (name, got)
 
 
-def test_file_locks_and_leases_are_refused_other_fcntl_commands_work(sandbox):
+def _shared_file(sandbox: Sandbox, mode: str) -> tuple[Sandbox, str]:
+    """The sandbox of ``mode`` and a file its candidate can open read-only that stands for a file every
+    evaluation shares: under bubblewrap a bound host file (``os.__file__``); in the zygote's worker, where no
+    host file exists (each test checks that), one the candidate writes to its own /tmp first (``PROBE``):
+    the route itself must still be refused there."""
+    box = sandbox_in(mode, SandboxLimits(timeout_s=20, memory_mb=1024))
+    if box.seccomp is None:
+        pytest.skip("no seccomp filter")
+    return box, os.__file__ if mode == "bwrap" else "/tmp/shared.py"
+
+
+#: candidate code: ``probe(path, host_path)``: ``path`` opened read-only, written first (8 KiB) where it is not
+#: the host file; and whether the host file exists
+PROBE = """
+def probe(path, host_path):
+    if path != host_path:
+        with open(path, 'wb') as fh:
+            fh.write(b'# shared\\n' * 1024)
+    return os.open(path, os.O_RDONLY), os.path.exists(host_path)
+"""
+
+
+@pytest.mark.parametrize("mode", ISOLATION_MODES)
+def test_file_locks_and_leases_are_refused_other_fcntl_commands_work(sandbox, mode):
     """Before: a POSIX byte-range lock on a shared read-only file (os.__file__) was seen by a concurrent
     evaluation through F_GETLK, which returns the other process's lock offset: with eval_workers 2 the keyed
     BPP training instances went across (418.6 bins -> 402.0). Now flock and the lock / lease / notify
-    commands of fcntl are EPERM; the commands the interpreter uses (F_GETFL, F_GETFD, F_SETFD, F_DUPFD) work."""
+    commands of fcntl are EPERM; the commands the interpreter uses (F_GETFL, F_GETFD, F_SETFD, F_DUPFD) work.
+    In the zygote's worker no host file exists to lock, and its own file's locks are refused the same."""
+    box, path = _shared_file(sandbox, mode)
     values = _values(
-        sandbox,
+        box,
         """
-        def f():
-            fd = os.open(os.__file__, os.O_RDONLY)
+        def f(path, host_path):
+            fd, host_file = probe(path, host_path)
             lock = struct.pack('hhqqi', fcntl.F_RDLCK, 0, 0, 1, 0)
             out = {
                 'flock': errno_of(lambda: fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)),
@@ -118,27 +144,36 @@ def test_file_locks_and_leases_are_refused_other_fcntl_commands_work(sandbox):
             fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
             dup = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10)
             out['allowed'] = [flags & os.O_ACCMODE, fcntl.fcntl(fd, fcntl.F_GETFD), dup >= 10, os.read(dup, 3) != b'']
+            out['host_file'] = host_file
             return out
         """,
+        path,
+        os.__file__,
+        prelude=PROBE,
     )
+    assert values.pop("host_file") is (mode == "bwrap"), values
     allowed = values.pop("allowed")
     for name, got in values.items():
         assert got == EPERM, (name, got)
     assert allowed == [os.O_RDONLY, 1, True, True], allowed
 
 
-def test_sysinfo_madvise_that_loads_pages_and_host_facts_are_out_of_reach(sandbox):
+@pytest.mark.parametrize("mode", ISOLATION_MODES)
+def test_sysinfo_madvise_that_loads_pages_and_host_facts_are_out_of_reach(sandbox, mode):
     """Before: sysinfo(2) gave the host's uptime, load, RAM and process count past the /proc stand-ins;
     madvise(MADV_WILLNEED) (and MADV_POPULATE_READ / _WRITE) loaded pages of a shared file into the page cache;
     /proc/sys/fs/dentry-state counted every lookup on the host (a channel read back exactly); the host name
     was the host's. Now sysinfo and that advice are EPERM (MADV_DONTNEED on its own mapping still works),
-    /proc/sys holds only the stand-ins, and the host name is ``sandbox``."""
+    /proc/sys holds only the stand-ins, and the host name is ``sandbox``. In the zygote's worker no host file
+    exists whose pages could be loaded, and the same advice on its own file is refused."""
+    box, path = _shared_file(sandbox, mode)
     values = _values(
-        sandbox,
+        box,
         """
-        def f():
+        def f(path, host_path):
             info = ctypes.create_string_buffer(256)
-            m = mmap.mmap(os.open(os.__file__, os.O_RDONLY), 8192, access=mmap.ACCESS_COPY)
+            fd, host_file = probe(path, host_path)
+            m = mmap.mmap(fd, 8192, access=mmap.ACCESS_COPY)
             anon = mmap.mmap(-1, 8192)
             return {
                 'sysinfo': sc(99, info),
@@ -151,9 +186,14 @@ def test_sysinfo_madvise_that_loads_pages_and_host_facts_are_out_of_reach(sandbo
                 'proc_sys_fs': sorted(os.listdir('/proc/sys/fs')),
                 'osrelease': open('/proc/sys/kernel/osrelease').read().strip(),
                 'nodename': os.uname().nodename,
+                'host_file': host_file,
             }
         """,
+        path,
+        os.__file__,
+        prelude=PROBE,
     )
+    assert values["host_file"] is (mode == "bwrap"), values
     assert values["sysinfo"] == [-1, EPERM], values
     assert values["willneed"] == values["populate_read"] == values["populate_write"] == EPERM, values
     assert values["dontneed"] == values["normal"] == 0, values
@@ -161,17 +201,20 @@ def test_sysinfo_madvise_that_loads_pages_and_host_facts_are_out_of_reach(sandbo
     assert values["osrelease"] == "0.0.0-sandbox" and values["nodename"] == "sandbox", values
 
 
-def test_shared_file_mappings_pipe_resizing_and_sync_are_refused(sandbox):
+@pytest.mark.parametrize("mode", ISOLATION_MODES)
+def test_shared_file_mappings_pipe_resizing_and_sync_are_refused(sandbox, mode):
     """Before: a MAP_SHARED mapping of a read-only library file gave a futex keyed by that file's inode, so
     two concurrent evaluations could wait and wake each other through it (FUTEX_WAKE returns how many it
     woke); F_SETPIPE_SZ grew pipes against a per-user quota the trusted side shares when it is not root;
     sync / syncfs started host-wide writeback. Now each is EPERM; private file mappings (how the loader and
-    numpy map files), anonymous shared memory and an ordinary fsync of its own file still work."""
+    numpy map files), anonymous shared memory and an ordinary fsync of its own file still work. In the zygote's
+    worker no host file exists to map, and a shared mapping of its own read-only file is refused the same."""
+    box, path = _shared_file(sandbox, mode)
     values = _values(
-        sandbox,
+        box,
         """
-        def f():
-            fd = os.open(os.__file__, os.O_RDONLY)
+        def f(path, host_path):
+            fd, host_file = probe(path, host_path)
             r, w = os.pipe()
             own = os.open('/tmp/own', os.O_CREAT | os.O_RDWR)
             os.write(own, b'x')
@@ -184,9 +227,14 @@ def test_shared_file_mappings_pipe_resizing_and_sync_are_refused(sandbox):
                 'setpipe_sz': errno_of(lambda: fcntl.fcntl(w, 1031, 1 << 20)),
                 'sync': sc(162), 'syncfs': sc(306, fd),
                 'allowed': [private[:4] != b'', bytes(anon[:2]).decode(), fcntl.fcntl(w, 1032) > 0, os.fsync(own)],
+                'host_file': host_file,
             }
         """,
+        path,
+        os.__file__,
+        prelude=PROBE,
     )
+    assert values.pop("host_file") is (mode == "bwrap"), values
     assert values.pop("allowed") == [True, "ok", True, None], values
     assert values["shared_file"] == values["shared_own_file"] == values["setpipe_sz"] == EPERM, values
     assert values["sync"] == values["syncfs"] == [-1, EPERM], values

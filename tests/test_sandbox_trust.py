@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import ISOLATION_MODES, sandbox_in
 
 from coevo.ahd import InstanceSet, load_problem
 from coevo.ahd.evaluate import evaluate_heuristic, scaled_timeout
@@ -147,8 +148,25 @@ def test_mutating_the_inputs_changes_neither_the_score_nor_later_calls(tsp, inst
     assert res.objective == pytest.approx(honest(tsp, inst), rel=1e-12)
 
 
-def test_a_child_that_writes_replies_later_cannot_help(tsp, inst, sandbox):
-    """Route: spawn a process holding the reply pipe that writes a perfect-looking answer later."""
+@pytest.mark.parametrize("mode", ISOLATION_MODES)
+def test_a_child_that_writes_replies_later_cannot_help(tsp, inst, sandbox, mode):
+    """Route: spawn a process holding the reply pipe that writes a perfect-looking answer later (under
+    bubblewrap the worker's own interpreter; in the zygote's worker, where nothing can be executed, a fork)."""
+    if mode == "bwrap":
+        spawn = (
+            "        child = subprocess.Popen([sys.executable, '-S', '-c', f'import os, time; time.sleep(0.3); '\n"
+            "                                  f'os.write({fd}, {data!r})'], pass_fds=(fd,))\n"
+            "        child.wait(30)  # its forged frames are on the pipe before the honest reply (no race under load)\n"
+        )
+    else:
+        spawn = (
+            "        pid = os.fork()\n"
+            "        if pid == 0:\n"
+            "            time.sleep(0.3)\n"
+            "            os.write(fd, data)\n"
+            "            os._exit(0)\n"
+            "        os.waitpid(pid, 0)  # its forged frames are on the pipe before the honest reply\n"
+        )
     code = (
         FRAME + "import subprocess, time\n" + NN.replace("def select_next_node", "def _nn") + "_started = []\n"
         "def select_next_node(current_node, destination_node, unvisited_nodes, distance_matrix):\n"
@@ -156,16 +174,12 @@ def test_a_child_that_writes_replies_later_cannot_help(tsp, inst, sandbox):
         "        fd = int(sys.argv[-1])\n"
         "        os.set_inheritable(fd, True)\n"
         "        head = json.dumps({'ok': True, 'value': [0, 0, 0]}).encode()\n"
-        "        data = (struct.pack('>I', len(head)) + head) * 3\n"
-        "        child = subprocess.Popen([sys.executable, '-S', '-c', f'import os, time; time.sleep(0.3); '\n"
-        "                                  f'os.write({fd}, {data!r})'], pass_fds=(fd,))\n"
-        "        _started.append(1)\n"
-        "        child.wait(30)  # its forged frames are on the pipe before the honest reply (no race under load)\n"
+        "        data = (struct.pack('>I', len(head)) + head) * 3\n" + spawn + "        _started.append(1)\n"
         "    return _nn(current_node, destination_node, unvisited_nodes, distance_matrix)\n"
     )
-    res = evaluate(tsp, code, inst, sandbox)
+    res = evaluate(tsp, code, inst, sandbox_in(mode, sandbox.limits))
     assert not res.valid or res.objective == pytest.approx(honest(tsp, inst), rel=1e-12)
-    assert not res.valid and res.error_kind in ("infeasible", "sandbox")
+    assert not res.valid and res.error_kind in ("infeasible", "sandbox"), res
 
 
 def test_infeasible_whole_solutions_of_every_constructive_problem(sandbox):

@@ -138,6 +138,62 @@ def test_an_import_outside_the_preloaded_set_is_an_import_failure_naming_it(sand
     assert seen[2] == 7.0 and seen[3] == 1.0 and seen[4] == 2
 
 
+#: the standard library an honest heuristic may reasonably import (each must work in the zygote's worker)
+HEURISTIC_STDLIB = (
+    "math", "cmath", "random", "itertools", "functools", "operator", "heapq", "bisect", "collections",
+    "collections.abc", "statistics", "copy", "typing", "dataclasses", "enum", "fractions", "decimal", "numbers",
+    "string", "re", "array", "time", "sys", "os", "os.path", "warnings", "abc", "contextlib", "types", "weakref",
+    "json", "struct", "queue", "threading", "__future__", "contextvars", "concurrent.futures", "datetime",
+    "hashlib", "pickle", "textwrap", "pprint", "graphlib", "secrets", "uuid", "io", "gc", "traceback",
+    "logging", "inspect", "unittest", "cProfile", "pstats", "timeit", "sched", "numpy", "numpy.random",
+    "numpy.linalg", "numpy.fft", "numpy.polynomial", "numpy.ma", "numpy.typing",
+)  # fmt: skip
+
+
+def _heuristic_imports() -> set[str]:
+    """The top-level modules imported by the repository's own heuristics (seeds, templates, construction
+    loops, published heuristics), coevo's prelude (inlined before the sandbox) left out."""
+    import ast
+
+    names = set()
+    for path in sorted(project_root().glob("heuristics/*/*.py")) + sorted(
+        project_root().glob("heuristics/*/published/*.py")
+    ):
+        if path.name == "problem.py":  # the trusted side's problem definition, not candidate code
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module)
+    return {n for n in names if not n.startswith("coevo")}
+
+
+def test_the_stdlib_heuristics_use_and_the_repositorys_own_heuristics_imports_work(sandbox):
+    """The default isolation must not fail an honest heuristic on an import: every module of
+    HEURISTIC_STDLIB (and of STDLIB_PRELOAD) and every import of heuristics/ imports in the worker."""
+    wanted = sorted(set(HEURISTIC_STDLIB) | set(zygote.STDLIB_PRELOAD) | _heuristic_imports())
+    assert "numpy" in _heuristic_imports()
+    failed = _call(
+        sandbox,
+        """
+        import importlib
+        def f(names):
+            out = {}
+            for name in names:
+                try:
+                    importlib.import_module(name)
+                except Exception as exc:
+                    out[name] = type(exc).__name__ + ': ' + str(exc)[:200]
+            return out
+        """,
+        wanted,
+        expect="dict",
+    )
+    offered = {name for name in zygote.STDLIB_PRELOAD if name != "sqlite3"}  # sqlite3: where its library exists
+    assert {k: v for k, v in failed.items() if k in offered or k in HEURISTIC_STDLIB} == {}, failed
+
+
 @pytest.mark.parametrize("name,size", [("tsp_construct", 20), ("bpp_online", 200)])
 def test_honest_heuristics_score_exactly_as_under_bubblewrap(sandbox, name, size):
     problem = load_problem(name)
@@ -233,3 +289,34 @@ def test_the_filter_rlimits_and_namespaces_hold_in_the_forked_worker(sandbox):
         expect="dict",
     )
     assert seen == {"pid": 1, "nofile": 256, "flock": 1, "unshare": 1, "mount": 1, "exec": "FileNotFoundError"}
+
+
+def test_the_zygote_is_the_default_and_bubblewrap_stays_selectable(monkeypatch, caplog, tmp_path):
+    """No mode named: the zygote (this host has what it needs). ``isolation="bwrap"`` or
+    ``COEVO_SANDBOX_ISOLATION=bwrap``: bubblewrap. A sandbox showing host files (``ro_paths``) and naming no
+    mode: bubblewrap, without a warning (it asked for what only bubblewrap can do)."""
+    import logging
+
+    from coevo.sandbox import runner
+
+    monkeypatch.delenv("COEVO_SANDBOX_ISOLATION", raising=False)
+    monkeypatch.setattr(runner, "_warned", set())
+    assert SandboxLimits().isolation is None and Sandbox(SandboxLimits(timeout_s=5)).isolation == "zygote"
+    if not HAS_BWRAP:
+        return
+    assert Sandbox(SandboxLimits(timeout_s=5, isolation="bwrap")).isolation == "bwrap"
+    with caplog.at_level(logging.WARNING, logger="coevo.sandbox.runner"):
+        assert Sandbox(SandboxLimits(timeout_s=5), ro_paths=[tmp_path]).isolation == "bwrap"
+    assert not [r for r in caplog.records if "zygote" in r.getMessage()]
+    monkeypatch.setenv("COEVO_SANDBOX_ISOLATION", "bwrap")
+    assert Sandbox(SandboxLimits(timeout_s=5)).isolation == "bwrap"
+    assert Sandbox(SandboxLimits(timeout_s=5, isolation="zygote")).isolation == "zygote"
+    # a host without what the zygote needs: the default falls back to bubblewrap with the one line
+    monkeypatch.delenv("COEVO_SANDBOX_ISOLATION")
+    monkeypatch.setattr(runner, "_warned", set())
+    monkeypatch.setattr(zygote, "missing", lambda: ["pidfd_open (Linux >= 5.3, Python >= 3.9)"])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="coevo.sandbox.runner"):
+        assert Sandbox(SandboxLimits(timeout_s=5)).isolation == "bwrap"
+    lines = [r.getMessage() for r in caplog.records if "zygote" in r.getMessage()]
+    assert len(lines) == 1 and "the default" in lines[0] and "pidfd_open" in lines[0], lines

@@ -10,8 +10,9 @@ canonical strings (``"123"``, ``"13/21"``, ``"44.75"``).
 Protocol (one reply per turn, :class:`MathEpisode`):
 
 * a reply with a fenced ```` ```python ```` block (or ``<python>...</python>``) is a tool call: the code runs in
-  :class:`coevo.sandbox.Sandbox` (bubblewrap when usable: no network, private PID namespace, read-only
-  filesystem; always rlimits, a wall-clock timeout and a process-group kill), with the value of a final bare
+  :class:`coevo.sandbox.Sandbox` (bubblewrap when usable, not the zygote that is the default for heuristics:
+  tool code is general Python that may import anything installed or run the interpreter; no network,
+  private PID namespace, read-only filesystem; always rlimits, a wall-clock timeout and a process-group kill), with the value of a final bare
   expression printed as in a REPL; the next observation is its stdout (capped) plus the error, if any;
 * a reply with ``Answer: ...`` / ``<answer>...</answer>`` / ``\\boxed{...}`` ends the episode (whichever of tool
   call and answer comes first in the reply is taken);
@@ -287,6 +288,8 @@ class PythonTool:
     Args:
         timeout_s: wall-clock limit per call (s). memory_mb: address-space limit (MiB). max_output_chars: the
         observation keeps the last this many characters of stdout. use_bwrap: as ``Sandbox`` (None = when usable).
+        isolation: ``SandboxLimits.isolation``; None = ``$COEVO_SANDBOX_ISOLATION``, else ``"bwrap"`` (not the
+        sandbox's default, the zygote, whose workers import only a preloaded set and execute nothing).
     """
 
     def __init__(
@@ -295,12 +298,15 @@ class PythonTool:
         memory_mb: int = 1024,
         max_output_chars: int = 2000,
         use_bwrap: bool | None = None,
+        isolation: str | None = None,
     ) -> None:
+        import os
+
         from coevo.sandbox import Sandbox, SandboxLimits
 
-        self.sandbox = Sandbox(
-            SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, max_procs=32), use_bwrap=use_bwrap
-        )
+        mode = isolation or os.environ.get("COEVO_SANDBOX_ISOLATION", "").strip() or "bwrap"
+        limits = SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb, max_procs=32, isolation=mode)
+        self.sandbox = Sandbox(limits, use_bwrap=use_bwrap)
         self.max_output_chars = max_output_chars
 
     def __call__(self, source: str) -> ToolResult:

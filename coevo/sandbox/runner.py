@@ -9,6 +9,11 @@ with ``fn`` a :class:`~coevo.sandbox.session.RemoteFunction`: each call of ``fn`
 candidate's process, and the target validates every answer and computes the metrics itself
 (:mod:`coevo.sandbox.session` says why that makes scores unforgeable). Isolation of the candidate's process:
 
+- by default, where the host has root, pidfds and a seccomp table: the zygote mode (:mod:`coevo.sandbox.zygote`):
+  the worker is forked from a trusted zygote that preloaded the standard-library modules of
+  :data:`coevo.sandbox.zygote.STDLIB_PRELOAD` and the allowed packages, onto an empty private tmpfs root (no
+  host file reachable, nothing to execute), with fresh namespaces, a fresh uid, the seccomp filter and the
+  rlimits below; ``SandboxLimits.isolation = "bwrap"`` (or ``$COEVO_SANDBOX_ISOLATION=bwrap``) selects:
 - bubblewrap when usable (:mod:`coevo.sandbox.isolation`): an empty read-only root holding only the
   interpreter, its standard library, the payload's ``candidate_packages`` (all of site-packages when not
   given) and the shared libraries they load, read-only (no /usr/bin, compiler or host Python), stand-ins
@@ -68,19 +73,28 @@ _TARGET_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MEMORY_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
 
 
-#: the values of :attr:`SandboxLimits.isolation` (None: ``$COEVO_SANDBOX_ISOLATION``, else bwrap)
+#: the values of :attr:`SandboxLimits.isolation` (None: ``$COEVO_SANDBOX_ISOLATION``, else the zygote where the
+#: host has what it needs, else bwrap)
 ISOLATION_MODES = (None, "bwrap", "zygote")
+#: the isolation used when neither :attr:`SandboxLimits.isolation` nor ``$COEVO_SANDBOX_ISOLATION`` names one
+DEFAULT_ISOLATION = "zygote"
 #: what a zygote preloads for a payload without ``candidate_packages`` (bubblewrap binds all of
 #: site-packages then; a zygote imports only what it is given)
 ZYGOTE_DEFAULT_PACKAGES = ("numpy",)
 
 
 def isolation_mode(limits: SandboxLimits) -> str:
-    """The isolation mode ``limits`` ask for (``"bwrap"`` or ``"zygote"``)."""
-    mode = limits.isolation or os.environ.get("COEVO_SANDBOX_ISOLATION", "").strip() or "bwrap"
+    """The isolation mode ``limits`` ask for (``"bwrap"`` or ``"zygote"``; :data:`DEFAULT_ISOLATION` when
+    neither ``limits.isolation`` nor ``$COEVO_SANDBOX_ISOLATION`` names one)."""
+    mode = limits.isolation or os.environ.get("COEVO_SANDBOX_ISOLATION", "").strip() or DEFAULT_ISOLATION
     if mode not in ("bwrap", "zygote"):
         raise ValueError(f"COEVO_SANDBOX_ISOLATION must be 'bwrap' or 'zygote', got {mode!r}")
     return mode
+
+
+def _isolation_named(limits: SandboxLimits) -> bool:
+    """Whether ``limits`` or the environment name the isolation mode (rather than the default)."""
+    return bool(limits.isolation or os.environ.get("COEVO_SANDBOX_ISOLATION", "").strip())
 
 
 @dataclass(frozen=True)
@@ -100,7 +114,8 @@ class SandboxLimits:
             with the default 256 and ``max_procs`` 64, one evaluation holds at most 16,384 open files).
         isolation: ``"bwrap"`` (each worker a fresh interpreter in a bubblewrap view of host files) or
             ``"zygote"`` (workers forked from a preloaded zygote onto an empty tmpfs root, no host file
-            reachable: :mod:`coevo.sandbox.zygote`); None = ``$COEVO_SANDBOX_ISOLATION``, else ``"bwrap"``.
+            reachable: :mod:`coevo.sandbox.zygote`); None = ``$COEVO_SANDBOX_ISOLATION``, else ``"zygote"`` where
+            the host has root, pidfds and a seccomp table (one warning line and ``"bwrap"`` where not).
     """
 
     timeout_s: float = 30.0
@@ -175,7 +190,8 @@ class Sandbox:
 
     Args:
         limits: resource limits (default :class:`SandboxLimits`).
-        use_bwrap: True = require bubblewrap (ValueError when unusable), False = rlimits only, None = auto.
+        use_bwrap: True = require bubblewrap to be usable (ValueError when not; the mode is still
+            ``limits.isolation``'s: the zygote by default), False = rlimits only, None = auto.
         python_path: extra import folders for the TRUSTED side (where targets are imported from); the
             candidate's process never sees them.
         ro_paths: extra files/folders the candidate's process may read (bound read-only under bubblewrap);
@@ -216,15 +232,18 @@ class Sandbox:
         #: workers are forked by a zygote (:mod:`coevo.sandbox.zygote`) instead of started under bwrap
         self.zygote = False
         if use_bwrap is not False and isolation_mode(self.limits) == "zygote":
-            lacks = zygote.missing()
-            if not seccomp.supported():
-                lacks.append(f"a seccomp table for {os.uname().machine}")
-            if self.ro_paths:
-                lacks.append("support for ro_paths (no host file can be shown to a zygote's worker)")
-            if lacks:
-                _warn_once("zygote", FALLBACKS["zygote"].format(missing="; ".join(lacks)))
+            if self.ro_paths and not _isolation_named(self.limits):
+                pass  # host files to show and no mode named: bubblewrap, which can bind them, is used
             else:
-                self.zygote = True
+                lacks = zygote.missing()
+                if not seccomp.supported():
+                    lacks.append(f"a seccomp table for {os.uname().machine}")
+                if self.ro_paths:
+                    lacks.append("support for ro_paths (no host file can be shown to a zygote's worker)")
+                if lacks:
+                    _warn_once("zygote", FALLBACKS["zygote"].format(missing="; ".join(lacks)))
+                else:
+                    self.zygote = True
         usable, how = isolation.bwrap_status() if use_bwrap is not False else (False, "disabled (use_bwrap=False)")
         if use_bwrap and not usable:
             raise ValueError(f"use_bwrap=True but bubblewrap is not usable: {how}")
@@ -689,8 +708,8 @@ FALLBACKS = {
     "still end everything an evaluation started",
     "root": "sandbox: not root: every evaluation runs as uid 65534 of a user namespace mapped to this user, "
     "so RLIMIT_NPROC counts this user's processes together; the keyring is refused by seccomp",
-    "zygote": "sandbox: zygote isolation asked for but this host lacks {missing}: using bubblewrap, whose view "
-    "binds host files (their dentries, page cache, locks and watches stay shared: docs/sandbox.md, threat model); "
+    "zygote": "sandbox: zygote isolation (the default) not usable: this host lacks {missing}; using bubblewrap, "
+    "whose view binds host files (their dentries, page cache, locks and watches stay shared: docs/sandbox.md, threat model); "
     "every other measure holds",
     "ldd": "sandbox: no ldd: the interpreter's library folders are bound whole instead of the libraries it "
     "loads; still no /usr/bin, compiler or host Python",

@@ -47,8 +47,10 @@ import sys
 import threading
 import time
 
-#: Standard-library modules imported by the zygote (a candidate can import these and nothing else of the
-#: standard library; a name that is missing from this interpreter is skipped).
+#: Standard-library modules imported by the zygote (a candidate can import these, and what they import, and
+#: nothing else of the standard library; a name that is missing from this interpreter is skipped). Not here:
+#: asyncio (+3 MiB of every worker's address space), modules for files, mail, the web, GUIs, databases
+#: other than sqlite3, and the interpreter's tools (pdb, doctest, pydoc, venv, ...).
 STDLIB_PRELOAD = (
     "abc", "argparse", "array", "ast", "base64", "binascii", "bisect", "calendar", "cmath", "codecs",
     "collections", "collections.abc", "colorsys", "concurrent.futures", "contextlib", "copy", "copyreg",
@@ -62,6 +64,7 @@ STDLIB_PRELOAD = (
     "atexit", "bz2", "ctypes.util", "faulthandler", "fcntl", "fnmatch", "glob", "gzip", "html",
     "importlib.util", "lzma", "mmap", "pathlib", "pty", "sched", "selectors", "shlex", "termios",
     "tracemalloc", "tty", "urllib.parse", "zipfile",
+    "__future__", "contextvars", "cProfile", "getopt", "ipaddress", "optparse", "profile", "pstats", "unittest",
     "encodings.ascii", "encodings.latin_1", "encodings.utf_16", "encodings.utf_32", "encodings.utf_8_sig",
     "encodings.raw_unicode_escape", "encodings.unicode_escape", "encodings.idna", "encodings.cp1252",
     "encodings.hex_codec", "encodings.base64_codec",
