@@ -122,7 +122,7 @@ def train(arm: str, config: str, sets: list[str], base: str, args, state: State,
     step = f"train:{arm}"
     if not state.done(step):
         all_sets = [f"model.name={base}", *sets, *args.set]
-        if (run_dir / "store.sqlite").exists():
+        if (run_dir / "config.yaml").exists():  # a run stopped while opening (no config yet) starts afresh
             cmd = coevo("run", "--resume", str(run_dir), "--no-progress")
         else:
             cmd = coevo("run", config, "--out", str(run_dir), "--no-progress")
