@@ -178,7 +178,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     problems = [*rows[0]["problems"], "overall"]
-    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(problems), 3.6))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.6 + 1.4 * len(problems)), 3.6))  # wide enough for the title
     bars = [(r["arm"], "before", r["before"]) for r in rows if r["train"]] + [
         (r["arm"], "after", r["after"]) for r in rows
     ]
@@ -191,7 +191,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.bar(xs, pct, width, yerr=[lo, hi], capsize=2, label=f"{arm} ({when})")
     ax.set_xticks(range(len(problems)), problems)
     ax.set_ylabel("valid and new (%)")
-    ax.set_title(f"held-out sampler test, {rows[0]['prompts']} prompts per problem (95 % Wilson intervals)")
+    ax.set_title(f"held-out sampler test, {rows[0]['prompts']} prompts per problem (95 % Wilson intervals)", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
