@@ -153,14 +153,13 @@ def train(arm: str, config: str, sets: list[str], base: str, args, state: State,
     }
 
 
-def export_step(arm: str, args, state: State, log: Path) -> Path:
-    """What the after-test samples: on ``--backend hf`` the run folder itself (weights rebuilt from its history
-    on HF float32); on ``vllm`` the folder ``coevo es export`` writes from it (``runs/<arm>-export``), which
-    vLLM loads like any model folder (bfloat16 on the CPU, as the frozen arms)."""
-    run_dir = args.out / "runs" / arm
+def export_step(arm: str, run_dir: Path, args, state: State, log: Path) -> Path:
+    """What the after-test samples: on ``--backend hf`` the run folder ``run_dir`` itself (weights rebuilt from
+    its history on HF float32); on ``vllm`` the folder ``coevo es export`` writes from it (``<run_dir>-export``),
+    which vLLM loads like any model folder (bfloat16 on the CPU, as the frozen arms)."""
     if args.backend == "hf":
         return run_dir
-    out = args.out / "runs" / f"{arm}-export"
+    out = run_dir.with_name(f"{run_dir.name}-export")
     step = f"export:{arm}"
     if not state.done(step):
         rc, wall, rss = run_step(coevo("es", "export", str(run_dir), str(out)), log)
@@ -279,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         if config:
             row["train"] = train(arm, config, list(sets), model, args, state, log)
-            trained = export_step(arm, args, state, log)
+            trained = export_step(arm, Path(row["train"]["run_dir"]), args, state, log)
             row["after"] = sampler_test(str(trained), tests / f"{arm}-after", args, state, log)
         done[arm] = row
         results_path.write_text("".join(json.dumps(r) + "\n" for r in done.values()))
