@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -233,7 +234,13 @@ def test_progress_counts_text_calls_apart_and_elapsed_counts_from_the_run_start(
 def test_a_resumed_run_reports_text_calls_and_its_whole_elapsed_time(tmp_path):
     """Through the loop: the scripted ReEvo run resumed; ``run.log``'s first progress line of the second session
     counts the first session's text calls and does not restart ``elapsed`` at 0."""
-    policy = ReflectingScript()
+
+    class SlowScript(ReflectingScript):  # a first session long enough (>1 s) for its wall time to be seen
+        def generate(self, conversations, params):
+            time.sleep(0.3)
+            return super().generate(conversations, params)
+
+    policy = SlowScript()
     _run(tmp_path / "run", _config(2), policy)
     log1 = (tmp_path / "run" / "run.log").read_text()
     loop = CoEvolutionLoop(

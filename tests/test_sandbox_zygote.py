@@ -320,3 +320,42 @@ def test_the_zygote_is_the_default_and_bubblewrap_stays_selectable(monkeypatch, 
         assert Sandbox(SandboxLimits(timeout_s=5)).isolation == "bwrap"
     lines = [r.getMessage() for r in caplog.records if "zygote" in r.getMessage()]
     assert len(lines) == 1 and "the default" in lines[0] and "pidfd_open" in lines[0], lines
+
+
+def test_a_timed_out_worker_that_clears_its_parent_death_signal_leaves_no_process_without_cgroups():
+    """The trusted side's kill reaches every process of the evaluation without a cgroup: the zygote's child
+    SIGKILLs the worker, PID 1 of its namespace, and the kernel kills the rest with it; a candidate cannot
+    clear its parent-death signal (``prctl(PR_SET_PDEATHSIG, 0)`` is refused by the seccomp filter), so the
+    child's own death would take the worker too. (A review found the worker surviving the kill once it had
+    cleared the signal: only the child was killed.)"""
+    import uuid
+
+    from support import SET_COMM, pids_with_comm
+
+    sandbox = Sandbox(SandboxLimits(timeout_s=2, memory_mb=1024, isolation="zygote"), use_cgroups=False)
+    assert sandbox.cgroups is None
+    name = f"pds{uuid.uuid4().hex[:12]}"
+    code = (
+        "import ctypes, os, time\n" + SET_COMM + "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "refused = libc.prctl(1, 0, 0, 0, 0), ctypes.get_errno()\n"
+        "def f():\n"
+        "    for _ in range(3):\n"
+        "        if os.fork() == 0:\n"
+        f"            set_comm({name!r})\n"
+        "            time.sleep(100)\n"
+        "            os._exit(0)\n"
+        f"    set_comm({name!r})\n"
+        "    time.sleep(100)\n"
+        "\ndef g():\n    return list(refused)\n"
+    )
+    payload = {"cases": [[]], "candidate_packages": ["numpy"]}
+    res = sandbox.run(code, "g", CALL, {**payload, "expect": "list"})
+    assert res.valid and res.metrics["values"][0] == [-1, 1], res  # -1, EPERM
+    start = time.monotonic()
+    res = sandbox.run(code, "f", CALL, payload)
+    assert res.error_kind == "timeout", res
+    assert time.monotonic() - start < 2 + 3.0
+    deadline = time.monotonic() + 2.0
+    while (left := pids_with_comm(name)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert left == []

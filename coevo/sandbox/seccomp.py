@@ -20,7 +20,8 @@ forms, leases and ``F_NOTIFY``: a lock on a shared read-only file is seen by eve
 on such a mapping is keyed by the file's inode, so two evaluations mapping the same read-only library
 file could wait and wake each other; private and anonymous mappings stay allowed), ``fcntl(F_SETPIPE_SZ)``
 (pipe buffers count against a per-user quota the trusted side shares when it is not root), ``sync`` /
-``syncfs`` (host-wide writeback); ``socket`` / ``socketpair``
+``syncfs`` (host-wide writeback), ``prctl(PR_SET_PDEATHSIG)`` (a worker clearing its parent-death signal
+would outlive the process watching it); ``socket`` / ``socketpair``
 of any family but :data:`SOCKET_FAMILIES` (``AF_VSOCK`` reaches the hypervisor). ``clone3`` gets ``ENOSYS`` (its flags sit in memory a filter
 cannot read), so the C library falls back to ``clone``, whose flags are checked. A call from another ABI
 (32-bit ``int 0x80`` on x86_64, the x32 ABI) kills the process: the numbers below would not apply to it.
@@ -28,7 +29,7 @@ cannot read), so the C library falls back to ``clone``, whose flags are checked.
 Program layout (``struct sock_filter`` = ``<HBBI``, ``struct seccomp_data`` = nr @0, arch @4, args @16 + 8 i;
 Linux ``Documentation/userspace-api/seccomp_filter.rst``): check the architecture, load the number, one
 ``JEQ`` per refused call, then per call whose arguments decide (``clone``'s flags, ``preadv2``'s flags,
-``madvise``'s advice, ``socket``'s family, ``fcntl``'s command, ``mmap``'s flags) a jump to a block that
+``madvise``'s advice, ``socket``'s family, ``fcntl``'s command, ``mmap``'s flags, ``prctl``'s option) a jump to a block that
 tests the argument's low 32 bits.
 """
 
@@ -69,6 +70,9 @@ FCNTL_DENIED = (5, 6, 7, 12, 13, 14, 36, 37, 38, 1024, 1025, 1026, 1031)
 #: first and without the second (a shared mapping of a file) is refused
 MAP_SHARED = 0x01
 MAP_ANONYMOUS = 0x20
+#: ``prctl`` option refused (linux/prctl.h): clearing or changing the parent-death signal would let a worker
+#: outlive the process that watches it
+PR_SET_PDEATHSIG = 1
 #: socket families a heuristic may create (AF_UNIX, AF_INET, AF_INET6; its network namespace has only
 #: loopback): every other family (AF_VSOCK, AF_PACKET, AF_NETLINK, AF_ALG, ...) is refused
 SOCKET_FAMILIES = (1, 2, 10)
@@ -215,6 +219,7 @@ _X86_64 = {
     "sync": 162,
     "syncfs": 306,
     "mmap": 9,
+    "prctl": 157,
 }
 _AARCH64 = {
     "keyctl": 219,
@@ -279,6 +284,7 @@ _AARCH64 = {
     "sync": 81,
     "syncfs": 267,
     "mmap": 222,
+    "prctl": 167,
 }
 _COMMON = {  # numbers shared by both tables (the unified numbering of newer calls)
     "io_uring_setup": 425,
@@ -351,6 +357,7 @@ def build_filter(machine: str | None = None) -> bytes:
     body.append((_JEQ_K, table["clone3"], "enosys", 0))
     checked = [("clone", "clone"), ("preadv2", "rwf"), ("pwritev2", "rwf"), ("madvise", "madvise")]
     checked += [("socket", "socket"), ("socketpair", "socket"), ("fcntl", "fcntl"), ("mmap", "mmap")]
+    checked += [("prctl", "prctl")]
     for name, label in checked:
         body.append((_JEQ_K, table[name], label, 0))
     blocks = {  # label -> instructions testing the call's arguments (low 32 bits, little-endian)
@@ -365,6 +372,7 @@ def build_filter(machine: str | None = None) -> bytes:
         "fcntl": [(_LD_W_ABS, _ARG0 + 8, 0, 0)]
         + [(_JEQ_K, cmd, "eperm", 0) for cmd in FCNTL_DENIED]
         + [(_RET_K, RET_ALLOW, 0, 0)],
+        "prctl": [(_LD_W_ABS, _ARG0, 0, 0), (_JEQ_K, PR_SET_PDEATHSIG, "eperm", "allow")],
         "mmap": [
             (_LD_W_ABS, _ARG0 + 8 * 3, 0, 0),
             (_JSET_K, MAP_ANONYMOUS, "allow", 0),

@@ -382,11 +382,19 @@ class CandidateProcess:
             with contextlib.suppress(KeyError, ValueError):
                 self.poller.unregister(self.reply_fd)
         self._resume_output(time.perf_counter())  # what the killed process left in its pipes, once
+        # Until every writer is gone (EOF) or DRAIN_S: processes of the evaluation may still be dying (a zygote's
+        # worker namespace ends a few ms after its child is killed); a pause that doubles after every round
+        # that read little keeps a one-byte writer from costing a wake-up per byte meanwhile.
         drain_until = time.perf_counter() + DRAIN_S
+        pause = REPLY_PAUSE_S
         while self.readers - {self.reply_fd} and time.perf_counter() < drain_until:
+            seen = sum(self._seen.values())
             for fd, _ev in self.poller.poll(max(0.0, drain_until - time.perf_counter()) * 1000):
                 if fd in self.readers:
                     self._read(fd)
+            if sum(self._seen.values()) - seen < SMALL_WAKE_BYTES and self.readers - {self.reply_fd}:
+                time.sleep(max(0.0, min(pause, drain_until - time.perf_counter())))
+                pause = min(2 * pause, OUTPUT_WAKE_S)
         self.proc.stdout.close()
         self.proc.stderr.close()
         os.close(self.reply_fd)

@@ -122,12 +122,22 @@ class ZygoteChild:
         self.stderr = open(stderr_r, "rb", buffering=0)  # noqa: SIM115
         self.returncode: int | None = None
 
+    #: How long :meth:`wait` gives the child, after :meth:`kill`, to SIGKILL the worker and report (s) before
+    #: it SIGKILLs the child itself (the worker then dies of its parent-death signal).
+    KILL_GRACE_S = 2.0
+
     def kill(self) -> None:
-        """SIGKILL the child; the worker (its PID namespace's first process) dies with it (parent-death
-        signal), and every other process of the namespace with the worker."""
+        """Ask the child to SIGKILL the worker (SIGTERM: its handler kills the worker, the first process of
+        its PID namespace, so the kernel kills every other process of the namespace with it, whatever they
+        did to their parent-death signal); :meth:`wait` SIGKILLs the child if it has not reported within
+        :data:`KILL_GRACE_S`."""
+        self._kill_asked = getattr(self, "_kill_asked", None) or time.monotonic()
+        self._signal(signal.SIGTERM)
+
+    def _signal(self, sig: int) -> None:
         if self._pidfd is not None:
             with contextlib.suppress(ProcessLookupError, OSError):
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                signal.pidfd_send_signal(self._pidfd, sig)
 
     def wait(self) -> int:
         """The worker's exit status as bubblewrap reports it (128 + signal when killed; -9 when the child
@@ -136,9 +146,16 @@ class ZygoteChild:
             return self.returncode
         data = b""
         end = time.monotonic() + 30.0
+        watch = select.poll()  # poll, not select: descriptors above 1023 in a busy trusted process
+        watch.register(self.status_fd, select.POLLIN)
         while time.monotonic() < end:
-            ready, _, _ = select.select([self.status_fd], [], [], max(0.0, end - time.monotonic()))
-            if not ready:
+            asked = getattr(self, "_kill_asked", None)
+            grace = end if asked is None else asked + self.KILL_GRACE_S
+            if not watch.poll(max(0.0, min(end, grace) - time.monotonic()) * 1000):
+                if asked is not None and time.monotonic() >= grace:
+                    self._signal(signal.SIGKILL)  # the child did not report in time
+                    self._kill_asked = end  # no second SIGKILL; wait for the status pipe to close
+                    continue
                 break
             chunk = os.read(self.status_fd, 64)
             if not chunk:
@@ -206,8 +223,9 @@ class Zygote:
         config["seccomp"] = self.seccomp.hex() if self.seccomp else None
         try:
             ours.sendall(json.dumps(config).encode())
-            ready, _, _ = select.select([ours], [], [], self.start_timeout_s)
-            reply = ours.recv(1 << 16) if ready else b""
+            watch = select.poll()
+            watch.register(ours, select.POLLIN)
+            reply = ours.recv(1 << 16) if watch.poll(self.start_timeout_s * 1000) else b""
             status = json.loads(reply) if reply else {}
         except (OSError, ValueError) as exc:
             status = {"error": str(exc)}
@@ -465,12 +483,21 @@ def _fork_worker(req: dict, fds: list[int], config: dict, trusted: int, sock: so
         flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
         flags |= 0 if req.get("network") else CLONE_NEWNET
         _check(libc.unshare(flags), "unshare")
+        # the trusted side's kill (SIGTERM): SIGKILL the worker, PID 1 of its namespace, so that the kernel kills
+        # every process of the namespace with it (a candidate may have cleared its parent-death signal before
+        # the seccomp filter refused that); before the worker exists, just end
+        worker_pid = [0]
+        signal.signal(
+            signal.SIGTERM, lambda *_: os.kill(worker_pid[0], signal.SIGKILL) if worker_pid[0] else os._exit(1)
+        )
         pid = os.fork()
+        worker_pid[0] = pid
     except BaseException as exc:  # noqa: BLE001 - reported as the worker's setup failure
         _report_setup_failure(fds[3], exc)
         os.write(status_w, b"1")
         os._exit(1)
     if pid == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         worker = sys.modules["coevo_worker"]
         try:
             _take_fds(fds)
