@@ -5,6 +5,8 @@ page-cache page, lock or watch of a host file can carry anything between evaluat
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 import textwrap
 import threading
@@ -359,3 +361,26 @@ def test_a_timed_out_worker_that_clears_its_parent_death_signal_leaves_no_proces
     while (left := pids_with_comm(name)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert left == []
+
+
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv (util-linux) to drop a capability")
+def test_root_without_cap_sys_admin_falls_back_in_one_line():
+    """Root in a container without CAP_SYS_ADMIN cannot set a worker up: the zygote is not chosen (a real
+    set-up probe, not only ``euid == 0``), the run says so in one line and uses what the host allows."""
+    script = (
+        "from coevo.sandbox import zygote\n"
+        "from coevo.sandbox.runner import Sandbox, SandboxLimits\n"
+        "print(zygote.missing())\nprint(Sandbox(SandboxLimits()).isolation)\n"
+    )
+    proc = subprocess.run(
+        ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin", sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=project_root(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    lacks, mode = proc.stdout.strip().splitlines()[-2:]
+    assert "unshare: Operation not permitted" in lacks and mode != "zygote"
+    assert proc.stderr.count("zygote isolation (the default) not usable") == 1, proc.stderr

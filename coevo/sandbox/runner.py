@@ -27,7 +27,8 @@ candidate's process, and the target validates every answer and computes the metr
   (RLIMIT_AS, RLIMIT_CPU from the evaluation's wall-clock limit, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_NOFILE,
   RLIMIT_CORE = 0),
   a wall-clock deadline, capped stdout/stderr, a size-bounded reply pipe, host paths scrubbed from failure
-  text, and a SIGKILL to the whole process group after every run. Without bubblewrap (a warning is logged
+  text, and a SIGKILL to everything the evaluation started after every run (its process group under bubblewrap;
+  its PID namespace in the zygote mode). Without bubblewrap (a warning is logged
   once) the process runs as the caller's user with rlimits only. What each fallback guarantees:
   ``docs/sandbox.md``.
 
@@ -107,7 +108,8 @@ class SandboxLimits:
         memory_mb: address-space limit (MiB, RLIMIT_AS).
         max_procs: RLIMIT_NPROC (not enforced by the kernel for root; see the module docstring).
         max_file_mb: largest file the candidate may write (MiB, RLIMIT_FSIZE).
-        network: allow network access (only bubblewrap can deny it).
+        network: allow network access (denied by a network namespace under bubblewrap and the zygote; the
+            rlimits-only fallback cannot deny it).
         max_output_kb: bytes kept of each of stdout and stderr (KiB; head and tail).
         max_result_mb: largest metrics JSON accepted from the worker (MiB).
         max_open_files: RLIMIT_NOFILE of each process of the candidate (the host's file table is shared:
@@ -173,8 +175,8 @@ class SandboxRun:
 
     Attributes:
         result: the EvalResult. stdout, stderr: captured text (capped, decoded with replacement).
-        returncode: exit status of the started process (bwrap's when isolated). isolation: "bwrap" or
-        "rlimits". worker_s: time the worker measured from its start to its result (s), None without result.
+        returncode: exit status of the started process (bwrap's when isolated). isolation: "zygote",
+        "bwrap" or "rlimits". worker_s: time the worker measured from its start to its result (s), None without result.
     """
 
     result: EvalResult
@@ -306,7 +308,8 @@ class Sandbox:
             payload: JSON-serialisable dict handed to the target. Its optional key ``"timeout_s"`` sets the
                 wall-clock limit of this evaluation (for callers that only pass a payload through);
                 ``"candidate_packages"`` (list of distribution names) limits what the candidate can import
-                to those, what they require, and the standard library (bubblewrap only);
+                to those, what they require, and the standard library (bubblewrap; the zygote preloads and allows
+                only those and :data:`coevo.sandbox.zygote.STDLIB_PRELOAD`);
                 ``"instance_timeout_s"`` bounds each process's start and import of the code as well (a
                 module body that never returns ends the evaluation after one such limit).
             timeout_s: wall-clock limit of this evaluation (s); default ``payload["timeout_s"]``, else

@@ -36,6 +36,7 @@ the worker).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -91,6 +92,8 @@ REPLY_FD = 3
 WORKER_IN_SANDBOX = "/coevo-sandbox/worker.py"
 #: ``/proc/1/cmdline`` of the worker (a stand-in: what bubblewrap's worker shows, without host paths)
 WORKER_COMMAND = ("python3", "-s", "-P", "-S", WORKER_IN_SANDBOX, "serve", str(REPLY_FD))
+#: Most files and folders in a worker's ``/tmp`` (its tmpfs's ``nr_inodes``; ``size`` bounds only their data)
+TMP_INODES = 16384
 _DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9)}
 
 
@@ -103,10 +106,62 @@ def missing() -> list[str]:
         out.append("pidfd_open (Linux >= 5.3, Python >= 3.9)")
     if platform.machine() not in PIVOT_ROOT:
         out.append(f"a pivot_root / seccomp table for {platform.machine()}")
-    for ns in ("mnt", "pid", "net", "ipc", "uts"):
+    for ns in ("mnt", "pid", "net", "ipc", "uts", "cgroup"):
         if not os.path.exists(f"/proc/self/ns/{ns}"):
             out.append(f"{ns} namespaces")
+    if not out:
+        failed = _probe_result()
+        if failed:
+            out.append(f"what a worker's set-up does ({failed}; root without CAP_SYS_ADMIN, or in a container?)")
     return out
+
+
+@functools.cache
+def _probe_result() -> str:
+    """Run :func:`probe` in a fresh interpreter (once per process): '' when the host lets a worker be set up
+    (namespaces, mounts, a device node, a uid change), else the step that failed."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-s", "-P", "-S", os.path.abspath(__file__), "--probe"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd="/",
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"probe: {exc}"
+    return "" if proc.returncode == 0 else (proc.stdout.strip() or proc.stderr.strip()[-300:] or "probe failed")
+
+
+def probe() -> None:
+    """The zygote's set-up steps once, in a throw-away process pair (``zygote.py --probe``): unshare the
+    namespaces a worker gets, then, as PID 1 of the new PID namespace, make the mounts private, mount a tmpfs,
+    create a device node and change uid. Exits 0, or 1 after printing the step that failed."""
+    libc = _libc()
+    try:
+        _check(
+            libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP | CLONE_NEWNET),
+            "unshare",
+        )
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _check(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+                _check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID, b"size=1m,mode=0755"), "mount tmpfs")
+                os.mknod("/tmp/null", 0o666 | 0o020000, os.makedev(*_DEVICES["null"]))
+                socket.sethostname("probe")
+                os.setresgid(65534, 65534, 65534)
+                os.setresuid(65534, 65534, 65534)
+            except OSError as exc:
+                print(exc, flush=True)
+                os._exit(1)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        sys.exit(os.waitstatus_to_exitcode(status) != 0)
+    except OSError as exc:
+        print(exc, flush=True)
+        sys.exit(1)
 
 
 # =========================================================================================== trusted side
@@ -281,15 +336,20 @@ class Zygote:
                     self._start()
                 try:
                     socket.send_fds(self.sock, [message], fds)
-                    data, got, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, 1)
-                    if data:
-                        return json.loads(data), got
-                    for fd in got:
-                        os.close(fd)
                 except OSError:
-                    pass
-                self.close()  # it died on the way: once more with a fresh one
-        raise OSError("the sandbox zygote died twice while forking a worker")
+                    self.close()  # it died before it got the request: once more with a fresh one
+                    continue
+                try:
+                    data, got, _flags, _addr = socket.recv_fds(self.sock, 1 << 16, 1)
+                except OSError:
+                    data, got = b"", []
+                if data:
+                    return json.loads(data), got
+                for fd in got:
+                    os.close(fd)
+                self.close()  # it died after it got the request: a worker may hold these pipes, so no second try
+                raise OSError("the sandbox zygote died while forking a worker")
+        raise OSError("the sandbox zygote died twice before it got a request")
 
     def close(self) -> None:
         """Stop the zygote (running workers go on)."""
@@ -410,7 +470,7 @@ def _worker_setup(req: dict, config: dict, libc) -> None:
     os.umask(0o022)
     for folder in ("tmp", "dev", "proc", ".old"):
         os.mkdir(f"/tmp/{folder}", 0o755)
-    tmp_opts = f"size={int(req['tmp_mb'])}m,mode=1777".encode()
+    tmp_opts = f"size={int(req['tmp_mb'])}m,nr_inodes={TMP_INODES},mode=1777".encode()
     _check(libc.mount(b"tmpfs", b"/tmp/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, tmp_opts), "mount tmpfs /tmp")
     for name, (major, minor) in _DEVICES.items():
         os.mknod(f"/tmp/dev/{name}", 0o666 | 0o020000, os.makedev(major, minor))
@@ -570,7 +630,10 @@ def main(sock_fd: int) -> None:
             sock.sendall(json.dumps({"error": str(exc)}).encode())
             continue
         if pid == 0:
-            _fork_worker(req, fds, config, trusted, sock)
+            try:
+                _fork_worker(req, fds, config, trusted, sock)
+            finally:
+                os._exit(70)  # never back into the zygote's loop, whatever escaped
         for fd in fds:
             os.close(fd)
         pidfd = os.pidfd_open(pid)
@@ -584,4 +647,4 @@ def main(sock_fd: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    probe() if sys.argv[1] == "--probe" else main(int(sys.argv[1]))
