@@ -384,3 +384,23 @@ def test_root_without_cap_sys_admin_falls_back_in_one_line():
     lacks, mode = proc.stdout.strip().splitlines()[-2:]
     assert "unshare: Operation not permitted" in lacks and mode != "zygote"
     assert proc.stderr.count("zygote isolation (the default) not usable") == 1, proc.stderr
+
+
+def test_a_host_with_hundreds_of_cpus_still_spawns_workers(monkeypatch):
+    """A request carries the ``/proc/cpuinfo`` stand-in, 1-2 KB per CPU: on a 300-CPU host (simulated by a
+    cpuinfo 300 times this one's) it is past the kernel's default socket buffer (~208 KiB), which made every
+    spawn fail (a review found it); the zygote's socket buffer is raised, and the worker reads it whole."""
+    from coevo.sandbox import isolation
+
+    real = isolation.proc_stand_in_texts
+
+    def many_cpus(memory_mb):
+        texts = real(memory_mb)
+        return {**texts, "cpuinfo": texts["cpuinfo"] * 300}
+
+    monkeypatch.setattr(isolation, "proc_stand_in_texts", many_cpus)
+    box = Sandbox(SandboxLimits(timeout_s=20, memory_mb=1024, isolation="zygote"))
+    want = len(many_cpus(1024)["cpuinfo"])
+    assert want > 300_000
+    got = _call(box, "def f():\n    return len(open('/proc/cpuinfo').read())\n", expect=None)
+    assert got == want

@@ -92,6 +92,11 @@ REPLY_FD = 3
 WORKER_IN_SANDBOX = "/coevo-sandbox/worker.py"
 #: ``/proc/1/cmdline`` of the worker (a stand-in: what bubblewrap's worker shows, without host paths)
 WORKER_COMMAND = ("python3", "-s", "-P", "-S", WORKER_IN_SANDBOX, "serve", str(REPLY_FD))
+#: Largest message between the trusted side and a zygote (bytes): a request holds the ``/proc`` stand-ins, whose
+#: cpuinfo grows by 1-2 KB per CPU (a 512-CPU host: about 1 MiB); the socket's send buffer is raised to it
+#: (``SO_SNDBUFFORCE``, root), past the kernel's default of about 208 KiB
+MESSAGE_BYTES = 4 << 20
+SO_SNDBUFFORCE = 32  # asm-generic/socket.h
 #: Most files and folders in a worker's ``/tmp`` (its tmpfs's ``nr_inodes``; ``size`` bounds only their data)
 TMP_INODES = 16384
 _DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9)}
@@ -259,6 +264,9 @@ class Zygote:
         from coevo.sandbox.isolation import worker_script
 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for end in (ours, theirs):  # a request carries /proc/cpuinfo's stand-in: ~1-2 KB per CPU of the host
+            with contextlib.suppress(OSError):
+                end.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, MESSAGE_BYTES)
         flags = ["-s", "-P"] + ([] if self.site_import else ["-S"])
         try:
             self.proc = subprocess.Popen(
@@ -596,7 +604,7 @@ def main(sock_fd: int) -> None:
     import importlib.util
 
     sock = socket.socket(fileno=sock_fd)
-    config = json.loads(sock.recv(1 << 20))
+    config = json.loads(sock.recv(MESSAGE_BYTES))
     spec = importlib.util.spec_from_file_location("coevo_worker", config["worker"])
     worker = importlib.util.module_from_spec(spec)
     sys.modules["coevo_worker"] = worker
@@ -614,7 +622,7 @@ def main(sock_fd: int) -> None:
                     pass
             continue
         try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 5)
+            data, fds, _flags, _addr = socket.recv_fds(sock, MESSAGE_BYTES, 5)
         except OSError:
             os._exit(0)
         if not data:
