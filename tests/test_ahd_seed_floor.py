@@ -80,6 +80,7 @@ def _training_objectives(eoh, names: list[str]) -> dict[str, float]:
         ("bpp_online.yaml", 200, ["funsearch_weibull"]),
     ],
 )
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_shipped_main_job_ends_no_worse_than_its_seeds_on_the_training_set(
     tmp_path, tiny_model_dir, config, size, published
 ):

@@ -29,7 +29,10 @@ from support import chromium_missing, run_cli
 from coevo.dashboard.reader import DashboardError, heuristic_id, is_heuristic, open_run
 from coevo.store import SCHEMA_VERSION, TrajectoryStore
 
-pytestmark = pytest.mark.slow  # two real tiny-model runs per module (about 40 s of CPU)
+pytestmark = [
+    pytest.mark.heavy,
+    pytest.mark.slow,
+]  # two real tiny-model runs per module and Chromium (~140 s on 2 cores)
 
 ROOT = Path(__file__).resolve().parents[1]
 AHD_SETS = [

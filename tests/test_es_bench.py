@@ -37,6 +37,7 @@ def _met(value: float, goal: str) -> bool:
     return value >= float(bound) if op == ">=" else value <= float(bound)
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_tiny_run_prints_table_and_metric_lines():
     cmd = [
         sys.executable,

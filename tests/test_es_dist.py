@@ -48,6 +48,7 @@ def test_same_noise_in_a_separate_process():
     assert len(set(remote.values())) == len(remote)
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.slow  # ~15 s on 2 shared cores (Ray start-up)
 def test_same_noise_in_a_ray_actor():
     ray = pytest.importorskip("ray")

@@ -151,6 +151,7 @@ def _start_run(run_dir: Path, data: dict, cwd: Path) -> subprocess.Popen:
     )
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_resume_after_kill_9_mid_generation_equals_uninterrupted(tiny_model_dir, tmp_path):
     ref_dir = tmp_path / "ref" / "run"
     run_loop(ref_dir, _kill_config(tiny_model_dir, tmp_path / "unused", None))

@@ -21,7 +21,11 @@ from coevo.store import TrajectoryStore
 from coevo.types import ESMember
 
 # Ray start-up plus actors importing torch: ~30 s on 2 busy cores
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = [
+    pytest.mark.heavy,
+    pytest.mark.slow,
+    pytest.mark.usefixtures("one_torch_thread"),
+]  # Ray actors, minutes per module on 2 cores: CI's second command (docs/guide.md, Tests)
 
 
 @pytest.fixture(scope="module")

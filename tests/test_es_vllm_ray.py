@@ -32,6 +32,7 @@ from coevo.types import ESMember
 
 # two engines start twice (the pool, then the run and its resume): minutes on 2 cores
 pytestmark = [
+    pytest.mark.heavy,  # real engines / browsers, minutes per module on 2 cores: CI's second command (docs/guide.md, Tests)
     pytest.mark.skipif(vllm_cpu_missing() is not None, reason=str(vllm_cpu_missing())),
     pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two engines need two cores"),
     pytest.mark.slow,

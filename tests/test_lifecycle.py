@@ -84,6 +84,7 @@ def _es_hashes(run_dir: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------- signals
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.slow
 def test_sigint_on_a_tiny_model_es_run_then_resume_equals_the_uninterrupted_run(tmp_path):
     cfg = str(ROOT / "configs" / "es" / "tiny.yaml")
@@ -110,6 +111,7 @@ def test_sigint_on_a_tiny_model_es_run_then_resume_equals_the_uninterrupted_run(
     assert _es_hashes(tmp_path / "ref") == _es_hashes(run)  # bit-identical weights after every generation
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_sigterm_stops_inside_a_step_and_the_resumed_run_matches(tmp_path):
     cfg = _toy(tmp_path, rounds=3, samples=8, sleep=0.15)
     rc, _, err = _finish(_spawn(str(cfg), "--out", str(tmp_path / "ref"), "--no-progress"))
@@ -159,6 +161,7 @@ def test_a_second_sigint_aborts_a_long_sample_at_once(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- one owner
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_two_resumes_started_together_one_wins_and_nothing_is_duplicated(tmp_path):
     cfg = _toy(tmp_path, rounds=8, samples=3, sleep=0.5)  # 12 s: time for a second process to start
     ref = _spawn(str(cfg), "--out", str(tmp_path / "ref"), "--no-progress")
@@ -196,6 +199,7 @@ def test_two_new_runs_into_one_folder_one_wins(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- budgets, progress
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_wall_budget_cuts_a_step_between_samples_and_the_run_resumes_cleanly(tmp_path):
     cfg = _toy(tmp_path, rounds=2, samples=20, sleep=0.1, wall=1.0)
     run = tmp_path / "run"
@@ -221,6 +225,7 @@ def test_wall_budget_cuts_a_step_between_samples_and_the_run_resumes_cleanly(tmp
     assert _trajs(ref) == _trajs(run)
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_progress_lines_without_a_terminal_quiet_and_log_files(tmp_path):
     cfg = _toy(tmp_path, rounds=2, samples=10, sleep=0.2)  # steps of 2 s
     run = tmp_path / "run"
@@ -250,6 +255,7 @@ def test_progress_lines_without_a_terminal_quiet_and_log_files(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- damaged folders
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_a_damaged_latest_falls_back_to_the_newest_intact_checkpoint(tmp_path):
     cfg = _toy(tmp_path, rounds=6, samples=3)
     rc, _, _ = _finish(_spawn(str(cfg), "--out", str(tmp_path / "ref"), "--no-progress"))

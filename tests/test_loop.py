@@ -93,6 +93,7 @@ def _spawn(args, env):
     )
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_resume_after_kill_9_loses_and_duplicates_nothing(tmp_path):
     data = _cfg()
     data["budget"]["max_rounds"] = 6

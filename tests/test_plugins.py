@@ -164,6 +164,7 @@ def _coevo(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return run_cli(*args, cwd=cwd, env=ENV)
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.slow
 def test_resume_and_replay_find_the_plugin_from_another_folder(plugin_dir, tmp_path):
     """A run with ES (tiny model) and the plug-in, made in the plug-in's folder, resumed, checked and replayed from

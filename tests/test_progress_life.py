@@ -78,6 +78,7 @@ def test_a_first_sigint_during_a_long_sample_is_acknowledged_at_once(tmp_path):
     assert done - acked > 1.0 and proc.returncode == 130  # the sample finished first, then the run stopped
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_the_model_load_and_a_long_batch_show_life(tmp_path, private_cache):
     sets = {
         "model.name": "tiny:micro",

@@ -104,6 +104,7 @@ def _replay_check(run_dir: Path) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_coevo_run_killed_with_sigkill_resumes_bit_identically(ref, tmp_path):
     run_dir = tmp_path / "killed"
     proc = _spawn([str(CONFIG), "--out", str(run_dir)])
@@ -129,6 +130,7 @@ def test_coevo_run_killed_with_sigkill_resumes_bit_identically(ref, tmp_path):
     _replay_check(run_dir)
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_a_copied_run_folder_keeps_its_run_id(ref, tmp_path):
     copy = tmp_path / "copy-of-ref"
     shutil.copytree(ref, copy, ignore=shutil.ignore_patterns("run.lock"))
@@ -140,6 +142,7 @@ def test_a_copied_run_folder_keeps_its_run_id(ref, tmp_path):
     _replay_check(copy)
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_workers_2_send_the_published_prompt_to_the_ray_actors(ref, tmp_path):
     pytest.importorskip("ray")
     run_dir = _api_run(tmp_path / "ray", ["evolvers.es.workers=2"])
@@ -153,6 +156,7 @@ def test_workers_2_send_the_published_prompt_to_the_ray_actors(ref, tmp_path):
         assert max(t.context.versions["system_prompt"] for t in members) >= 1  # actors ran under a published one
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_an_entry_point_names_the_example(tmp_path):
     """A package that declares ``[project.entry-points."coevo.evolvers"] prompt-evolver = ...`` (an installed
     distribution's metadata on sys.path): the config names the type without plugins or --import."""

@@ -53,6 +53,7 @@ def test_kp_published_values_reproduce_on_mcts_ahd_train100():
     assert len(paper) == 1 and greedy.objective < 40.1562 < paper[0].value
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_cvrp_published_values_reproduce_on_the_eoh_example():
     cvrp = load_problem("cvrp_construct")
     inst = PEER_SETS["eoh_cvrp_example"]()
@@ -64,6 +65,7 @@ def test_cvrp_published_values_reproduce_on_the_eoh_example():
     assert published == {"nearest feasible neighbour": 13.61078, "EoH's best heuristic": 13.23735}
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.parametrize("problem", ["kp_construct", "cvrp_construct"])
 def test_published_heuristics_run_at_every_standard_size_and_beat_the_seed(problem):
     """Each published heuristic is valid on every standard size of the problem (2 instances each) and no worse

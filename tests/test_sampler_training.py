@@ -252,6 +252,7 @@ def dpo_run(tiny_model_dir, tmp_path_factory):
         return run_dir, run(run_dir, data)
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_dpo_trains_on_pairs_from_the_store(dpo_run):
     run_dir, _ = dpo_run
     rows = updates(run_dir, "dpo")

@@ -44,6 +44,7 @@ from coevo.es import ReplayMismatchError, ScopeSpec
 from coevo.types import ESMember
 
 pytestmark = [
+    pytest.mark.heavy,  # real engines / browsers, minutes per module on 2 cores: CI's second command (docs/guide.md, Tests)
     pytest.mark.skipif(vllm_cpu_missing() is not None, reason=str(vllm_cpu_missing())),
     pytest.mark.usefixtures("one_torch_thread"),
 ]

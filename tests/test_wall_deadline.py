@@ -148,6 +148,7 @@ def _hashes(run_dir: Path) -> list[str]:
         return [r["weight_hash_after"] for r in s.es_history(run_dir.name, "es")]
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 def test_wall_budget_cuts_a_population_batch_and_resume_reruns_it(tiny_model_dir, tmp_path):
     tokens, wall = 1800, 1.0  # the population batch (4 rows x 1800 greedy tokens): 3-4 s uncut on an AVX512 EPYC
     ref = tmp_path / "ref"

@@ -154,6 +154,7 @@ def test_agent_rejects_bad_arguments_by_name():
 
 
 # -- episodes in the browser -----------------------------------------------------------------------------
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM_MISSING is not None, reason=CHROMIUM_MISSING or "")
 def test_agent_solves_click_button_and_records_the_trajectory(env):
@@ -176,6 +177,7 @@ def test_agent_solves_click_button_and_records_the_trajectory(env):
     assert traj.prompt_tokens > 50 and traj.completion_tokens > 3 and traj.duration_s > 0
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM_MISSING is not None, reason=CHROMIUM_MISSING or "")
 def test_malformed_outputs_are_fed_back_and_counted(env):
@@ -190,6 +192,7 @@ def test_malformed_outputs_are_fed_back_and_counted(env):
     assert "Step 2 of at most 5" in second_prompt and "1. (no valid action)" in second_prompt
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM_MISSING is not None, reason=CHROMIUM_MISSING or "")
 def test_max_steps_is_respected(env):
@@ -229,6 +232,7 @@ class FolderSkills:
         return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != "SKILL.md")
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM_MISSING is not None, reason=CHROMIUM_MISSING or "")
 def test_skill_actions_are_routed_to_the_library(env, tmp_path):
@@ -268,6 +272,7 @@ class FailingPolicy(Policy):
         return [Completion(text="", finish_reason="error", error="CUDA error: device lost") for _ in conversations]
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM_MISSING is not None, reason=CHROMIUM_MISSING or "")
 def test_model_error_gives_an_invalid_trajectory(env):
@@ -276,6 +281,7 @@ def test_model_error_gives_an_invalid_trajectory(env):
     assert "device lost" in traj.failure_detail and traj.steps[0].meta["kind"] == "llm_error"
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM_MISSING is not None, reason=CHROMIUM_MISSING or "")
 def test_batched_episodes_share_model_calls(env):
@@ -300,6 +306,7 @@ def test_batched_episodes_share_model_calls(env):
         run_episodes(policy, [env, env], [("click-button", 1)], sampling=SAMPLING)
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM_MISSING is not None, reason=CHROMIUM_MISSING or "")
 def test_tiny_random_qwen2_episode_handles_its_garbage(env, tiny_model_dir):

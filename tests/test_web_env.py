@@ -263,6 +263,7 @@ def test_webarena_missing_site_variable_is_named_before_anything_launches(monkey
 
 
 # -- the wrapper on a real browser -----------------------------------------------------------------------
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.browser
 @pytest.mark.skipif(CHROMIUM_MISSING is not None, reason=CHROMIUM_MISSING or "")
 def test_webenv_reset_and_step_in_headless_chromium(tmp_path_factory):

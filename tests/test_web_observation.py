@@ -21,6 +21,7 @@ from coevo.envs.openended import OpenEndedEnv
 
 CHROMIUM_MISSING = chromium_missing()
 pytestmark = [
+    pytest.mark.heavy,  # real engines / browsers, minutes per module on 2 cores: CI's second command (docs/guide.md, Tests)
     pytest.mark.browser,
     pytest.mark.skipif(CHROMIUM_MISSING is not None, reason=CHROMIUM_MISSING or ""),
 ]

@@ -19,6 +19,10 @@ from support import chromium_missing
 from coevo.agents.scripted import ScriptedPolicy
 from coevo.rollouts.base import build_rollout
 
+pytestmark = (
+    pytest.mark.heavy
+)  # Chromium and tiny-model episodes, minutes per module on 2 cores: CI's second command (docs/guide.md, Tests)
+
 CHROMIUM_MISSING = chromium_missing()
 browser = pytest.mark.skipif(CHROMIUM_MISSING is not None, reason=CHROMIUM_MISSING or "")
 

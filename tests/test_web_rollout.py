@@ -208,6 +208,7 @@ def test_member_reward_leaves_out_browser_failures():
 
 
 # -- real browser ------------------------------------------------------------------------------------------
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.browser
 @browser
 def test_web_rollout_on_click_button(ctx, tmp_path):
@@ -255,6 +256,7 @@ def test_web_rollout_on_click_button(ctx, tmp_path):
     assert ro._envs == []
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.browser
 @browser
 def test_tiny_qwen2_member_gets_recorded_zero_rewards(ctx, tiny_model_dir):
@@ -464,6 +466,7 @@ def test_skill_settings_are_checked_with_the_skills_validator(tmp_path):
         build_rollout({"type": "web", "use_skills": True, "skill_dirs": [str(library)]}, None)
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.browser
 @browser
 def test_the_users_skill_is_the_one_trace2skill_evolves_and_the_agent_sees(ctx, tmp_path):
@@ -491,6 +494,7 @@ def test_the_users_skill_is_the_one_trace2skill_evolves_and_the_agent_sees(ctx, 
     assert (t2s.path / "SKILL.md").read_text() == (Path(mine) / "SKILL.md").read_text()
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.browser
 @browser
 def test_a_loaded_skill_is_shown_once_and_whole(ctx):

@@ -175,6 +175,7 @@ def test_user_libraries_are_catalog_conditions_and_skill_use_is_summarised(bench
 
 
 # -- in Chromium -------------------------------------------------------------------------------------------
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.browser
 @needs_chromium
 def test_run_subset_keeps_keys_and_counts_load_skill(bench):
@@ -195,6 +196,7 @@ def test_run_subset_keeps_keys_and_counts_load_skill(bench):
     assert s["load_skill_step_fraction"] == 0.5 and s["episodes_with_load_skill"] == 1
 
 
+@pytest.mark.heavy  # over 10 s on 2 cores: CI's second command (docs/guide.md, Tests)
 @pytest.mark.browser
 @needs_chromium
 def test_benchmark_three_conditions_on_tiny_model_and_resume(bench, tiny_qwen, tmp_path, capsys):
