@@ -236,7 +236,7 @@ class Zygote:
 
     Args:
         python: the interpreter. env: its whole environment (``PYTHONPATH`` finds the packages).
-        packages: distributions to preload. seccomp: the filter program, or None. site_import: start with
+        packages: distributions to preload. seccomp: the filter program (a worker refuses to start without it, as without a uid). site_import: start with
         ``site``. start_timeout_s: how long the preloading may take.
 
     Raises:
@@ -511,21 +511,21 @@ def _worker_setup(req: dict, config: dict, libc) -> None:
         np_random.seed()
     worker = sys.modules["coevo_worker"]
     worker.apply_limits(req["limits"])
-    if req.get("uid") is not None:
-        worker.drop_privileges([req["uid"], req["uid"]])
+    if req.get("uid") is None or not config.get("seccomp"):  # fail closed: never a root or unfiltered candidate
+        raise RuntimeError("a zygote's worker needs the evaluation's uid and the seccomp filter")
+    worker.drop_privileges([req["uid"], req["uid"]])
     _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")  # reset by setuid
-    if config.get("seccomp"):
-        import ctypes
+    import ctypes
 
-        program = bytes.fromhex(config["seccomp"])
+    program = bytes.fromhex(config["seccomp"])
 
-        class SockFprog(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
-        buf = ctypes.create_string_buffer(program, len(program))
-        prog = SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
-        _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
-        _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "seccomp filter")
+    buf = ctypes.create_string_buffer(program, len(program))
+    prog = SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "seccomp filter")
     import importlib.machinery
 
     sys.meta_path[:] = [
