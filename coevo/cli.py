@@ -233,12 +233,19 @@ def _cmd_runs_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_runs_export(args: argparse.Namespace) -> int:
-    db, out = require_run_folder(args.run_dir) / "store.sqlite", Path(args.out)
-    if out.is_symlink() or (out.exists() and not out.is_file()):
-        raise UsageError(f"{out} exists and is not a regular file; give a new .jsonl path")
+    run_dir = require_run_folder(args.run_dir)
+    db, out = run_dir / "store.sqlite", Path(args.out)
+    from coevo.store.export import context_path, export_context_jsonl
+
+    for path in (out, context_path(out)):
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise UsageError(f"{path} exists and is not a regular file; give a new .jsonl path")
+        if path.exists() and path.resolve().parent == run_dir.resolve() and path.suffix != ".jsonl":
+            raise UsageError(f"{path} is a file of the run {run_dir}; give a new .jsonl path")
+        if path.exists() and not args.force:
+            raise UsageError(f"{path} exists; give a new .jsonl path, or --force to overwrite it")
     if not out.parent.is_dir():
         raise UsageError(f"folder {out.parent} does not exist")
-    from coevo.store.export import context_path, export_context_jsonl
 
     with _open_store(db, readonly=True) as store:
         n = store.export_jsonl(args.out)
@@ -310,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(func=_cmd_runs_show)
     exp = runs.add_parser("export", help="export a run's trajectories to JSONL")
     exp.add_argument("run_dir")
-    exp.add_argument("out")
+    exp.add_argument("out", help="a new .jsonl file (its published context values go to <stem>.context.jsonl)")
+    exp.add_argument("--force", action="store_true", help="overwrite existing export files (never the run's own)")
     exp.set_defaults(func=_cmd_runs_export)
     importlib.import_module("coevo.dashboard.cli").add_parser(runs)  # runs serve: the web dashboard
 

@@ -49,6 +49,16 @@ def test_export_refuses_links_and_missing_folders_and_runs_show_survives_a_renam
     assert main(["runs", "export", str(tmp_path / "nothing"), str(tmp_path / "x.jsonl")]) == 2
     assert main(["runs", "export", str(run), str(tmp_path / "ok.jsonl")]) == 0
     assert len((tmp_path / "ok.jsonl").read_text().splitlines()) == 4
+    # an existing file is never replaced silently (a new user once exported onto the run's own store.sqlite)
+    store = (run / "store.sqlite").read_bytes()
+    for own in ("store.sqlite", "config.yaml"):
+        capsys.readouterr()
+        assert main(["runs", "export", str(run), str(run / own), "--force"]) == 2
+        assert "is a file of the run" in capsys.readouterr().err
+    assert (run / "store.sqlite").read_bytes() == store
+    assert main(["runs", "export", str(run), str(tmp_path / "ok.jsonl")]) == 2
+    assert "--force to overwrite" in capsys.readouterr().err
+    assert main(["runs", "export", str(run), str(tmp_path / "ok.jsonl"), "--force"]) == 0
     moved = tmp_path / "renamed"
     shutil.move(run, moved)
     capsys.readouterr()

@@ -267,3 +267,18 @@ def test_a_section_check_naming_a_set_field_blames_the_set_item(capsys):
     # a section error that does not name the field set stays the file's
     assert main(["run", "--check", cfg, "--set", "evolvers.es.population_size=3", "--set", "run.seed=5"]) == 2
     assert "(from --set run.seed=5)" not in capsys.readouterr().err
+
+
+def test_an_empty_folder_as_the_model_is_refused_by_check_before_any_run_folder(tmp_path, capsys):
+    """A new user's empty folder as ``model.name`` passed `--check`; the run then made its folder and stopped
+    with a tokenizer hint (install sentencepiece) that did not apply. Now `--check` and the run say one line
+    naming the folder, and no run folder is left behind."""
+    cfg = str(Path(__file__).parents[1] / "configs" / "ahd" / "hillclimb" / "tsp_construct.yaml")
+    empty = tmp_path / "my-model"
+    empty.mkdir()
+    out = tmp_path / "run"
+    for check in (["--check"], ["--out", str(out), "--no-progress"]):
+        assert main(["run", *check, cfg, "--set", f"model.name={empty}"]) == 2
+        err = capsys.readouterr().err
+        assert f"model folder {empty} holds no model: no config.json" in err and "Traceback" not in err, err
+    assert not out.exists()

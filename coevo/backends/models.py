@@ -469,6 +469,11 @@ def check_model_ref(name_or_path: str | Path) -> None:
             raise ModelNameError(f"adapter folder {ref} names base model {base!r}, which is not usable: {e}") from e
         return
     if Path(ref).expanduser().is_dir():
+        if not (Path(ref).expanduser() / "config.json").is_file():
+            raise ModelNameError(
+                f"model folder {ref} holds no model: no config.json (a transformers model folder holds config.json, "
+                "the tokenizer files and the weights)"
+            )
         return
     _unknown_model(ref)
 
