@@ -8,6 +8,7 @@ Sub-commands: ``run``, ``model prepare|list``, ``runs show|export|serve``, ``es 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import signal
@@ -353,7 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     SIGINT / SIGTERM itself, see :mod:`coevo.loop`). Any other exception is a bug: it propagates, Python prints
     the traceback and exits with status 1.
     """
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)  # imports every command's module: seconds on a slow machine
+    except KeyboardInterrupt:
+        print("coevo: interrupted", file=sys.stderr)
+        return 130
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     level = logging.INFO if args.verbose else logging.WARNING
     logging.getLogger().setLevel(level)
@@ -371,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         plain = (UsageError, ConfigError, RunFolderError, EndpointError)  # fully said in the message: no traceback hint
         hint = "" if isinstance(exc, plain) else " (run with -v for the traceback)"
-        print(error_line(args.prog, f"{exc}{hint}"), file=sys.stderr)
+        with contextlib.suppress(OSError):  # stderr's reader gone (`... 2>&1 | head`): still bad input, status 2
+            print(error_line(args.prog, f"{exc}{hint}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{args.prog}: interrupted", file=sys.stderr)

@@ -282,3 +282,16 @@ def test_an_empty_folder_as_the_model_is_refused_by_check_before_any_run_folder(
         err = capsys.readouterr().err
         assert f"model folder {empty} holds no model: no config.json" in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+def test_ctrl_c_while_the_commands_load_is_one_line_and_130(monkeypatch, capsys):
+    """Ctrl-C in the first seconds (while the parser imports every command's module) printed a 50-line
+    KeyboardInterrupt traceback to a new user; it is the same one line as Ctrl-C later."""
+    from coevo import cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert cli.main(["runs", "show", "x"]) == 130
+    assert capsys.readouterr().err == "coevo: interrupted\n"
