@@ -507,6 +507,17 @@ def _evolver_errors_raw(evolvers: Any) -> list[str]:
     return _validate_evolvers(stub)
 
 
+def yaml_error_line(path: str | Path, exc: yaml.YAMLError) -> str:
+    """One line for a YAML syntax error of ``path``: ``PATH:LINE:COLUMN: not valid YAML: PROBLEM`` (1-based,
+    where PyYAML knows the place)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    text = f"{context}, {problem}" if context else problem
+    return f"{where}: not valid YAML: {' '.join(str(text).split())}"
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a config mapping (returns a copy).
 
@@ -584,7 +595,7 @@ def load_config(
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise ConfigError(yaml_error_line(path, exc)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the config file ({exc})") from None
     data = apply_overrides(data, overrides or [])

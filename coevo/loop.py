@@ -154,7 +154,9 @@ def load_run_config(run_dir: Path) -> RunConfig:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        from coevo.config import yaml_error_line
+
+        raise ConfigError(yaml_error_line(path, exc)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the config ({exc})") from None
     return parse_config(data, str(path), origins=read_plugin_origins(run_dir))

@@ -97,6 +97,12 @@ def test_missing_and_malformed_files(tmp_path):
     bad.write_text("run: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+    bad.write_text("run: {name: x\nbudget: 3\n")  # one line naming the file, line and column (was 8 lines)
+    with pytest.raises(ConfigError) as info:
+        load_config(bad)
+    assert (
+        str(info.value) == f"{bad}:2:7: not valid YAML: while parsing a flow mapping, expected ',' or '}}', but got ':'"
+    )
     lst = tmp_path / "list.yaml"
     lst.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="must be a YAML mapping"):
