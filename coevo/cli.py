@@ -35,14 +35,14 @@ _DOMAIN_CLIS = ("coevo.cli_es", "coevo.ahd.cli", "coevo.skills.cli")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.progress_interval <= 0:  # checked with --check too: what --check passes, the run accepts
+        raise UsageError(f"--progress-interval must be > 0 seconds, got {args.progress_interval}")
+    if args.log_file:
+        _check_log_file(Path(args.log_file))
     if args.check:
         return _check_only(args)
     if args.probe_endpoint:
         raise UsageError("--probe-endpoint goes with --check (coevo run probes the model server at start anyway)")
-    if args.progress_interval <= 0:
-        raise UsageError(f"--progress-interval must be > 0 seconds, got {args.progress_interval}")
-    if args.log_file:
-        _check_log_file(Path(args.log_file))
     with _setup_signals():  # until the loop installs its own: a signal while opening the run stops it cleanly
         try:
             loop = _open_run(args)

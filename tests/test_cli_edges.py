@@ -295,3 +295,16 @@ def test_ctrl_c_while_the_commands_load_is_one_line_and_130(monkeypatch, capsys)
     monkeypatch.setattr(cli, "build_parser", interrupted)
     assert cli.main(["runs", "show", "x"]) == 130
     assert capsys.readouterr().err == "coevo: interrupted\n"
+
+
+def test_check_refuses_the_flags_the_run_refuses(tmp_path, capsys):
+    """`--check` said "config OK" for `--progress-interval -3`, which the run then refused (a new user's find)."""
+    cfg = str(Path(__file__).parents[1] / "configs" / "ahd" / "hillclimb" / "tsp_construct.yaml")
+    cases = [
+        (["--progress-interval", "-3"], "--progress-interval must be > 0 seconds"),
+        (["--log-file", str(tmp_path)], "is a folder"),
+    ]
+    for flags, said in cases:
+        for check in (["--check"], []):
+            assert main(["run", *check, cfg, "--set", "model.name=tiny:micro", *flags]) == 2
+            assert said in capsys.readouterr().err
