@@ -690,8 +690,8 @@ class CoEvolutionLoop:
         if not isinstance(before, str) or not before or before == stop_reason:
             return stop_reason
         self.progress.note(
-            f"the run had already stopped and no step ran now ({stop_reason}); to continue, raise a budget in "
-            f"{self.run_dir / 'config.yaml'}"
+            f"the run had already stopped ({before}) and no step ran now ({stop_reason}); to continue, raise the "
+            f"limits that stopped it in {self.run_dir / 'config.yaml'}"
         )
         return before
 
