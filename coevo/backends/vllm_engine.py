@@ -178,7 +178,8 @@ def on_cpu_platform(vllm: Any) -> bool:
 
 def child_pids() -> set[int]:
     """Pids of this process's live descendants (an engine's core and worker processes, a server), without
-    multiprocessing's resource tracker, which lives as long as this process. Uses psutil (a vLLM dependency).
+    multiprocessing's resource tracker and the sandbox's zygotes (:mod:`coevo.sandbox.zygote`), which live as long
+    as this process once started. Uses psutil (a vLLM dependency).
 
     Raises:
         ImportError: psutil is not installed (it comes with vLLM).
@@ -188,7 +189,8 @@ def child_pids() -> set[int]:
     out = set()
     for p in psutil.Process().children(recursive=True):
         try:
-            if "resource_tracker" not in " ".join(p.cmdline()):
+            command = " ".join(p.cmdline())
+            if "resource_tracker" not in command and "sandbox/zygote.py" not in command:
                 out.add(p.pid)
         except psutil.Error:  # gone meanwhile
             continue
