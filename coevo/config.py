@@ -598,6 +598,11 @@ def load_config(
         raise ConfigError(yaml_error_line(path, exc)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the config file ({exc})") from None
+    if isinstance(data, dict) and "grpo" in data and "evolvers" not in data:  # a shipped configs/longhorizon file
+        raise ConfigError(
+            f"{path} is a config of the GRPO baseline (top-level 'grpo:'), not of `coevo run`; run it with: "
+            f"python -m coevo.rl.grpo {path} --out DIR"
+        )
     data = apply_overrides(data, overrides or [])
     if plugins:
         if not isinstance(data.get("plugins", []), list):

@@ -308,3 +308,12 @@ def test_check_refuses_the_flags_the_run_refuses(tmp_path, capsys):
         for check in (["--check"], []):
             assert main(["run", *check, cfg, "--set", "model.name=tiny:micro", *flags]) == 2
             assert said in capsys.readouterr().err
+
+
+def test_a_grpo_baseline_config_given_to_coevo_run_says_how_to_run_it(capsys):
+    """`coevo run --check configs/longhorizon/sudoku_grpo_tiny.yaml` (a new user checking every shipped tiny
+    config) listed missing and unknown fields; it is the GRPO baseline's config, and the line says how to run it."""
+    cfg = str(Path(__file__).parents[1] / "configs" / "longhorizon" / "sudoku_grpo_tiny.yaml")
+    assert main(["run", "--check", cfg]) == 2
+    err = capsys.readouterr().err
+    assert "not of `coevo run`; run it with: python -m coevo.rl.grpo" in err and len(err.strip().splitlines()) == 1
