@@ -507,6 +507,33 @@ def _evolver_errors_raw(evolvers: Any) -> list[str]:
     return _validate_evolvers(stub)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses a mapping with the same key twice (PyYAML keeps the last one silently:
+    ``budget: {max_rounds: 2, max_rounds: 5}`` would run 5 rounds)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                mark = key_node.start_mark
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} appears twice in one mapping (the later one would win)", mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml_text(text: str) -> Any:
+    """A run config's YAML text as Python objects (``yaml.safe_load``, but a key given twice in one mapping is a
+    ``yaml.YAMLError``).
+
+    Raises:
+        yaml.YAMLError: not valid YAML, or a duplicate key.
+    """
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+
+
 def yaml_error_line(path: str | Path, exc: yaml.YAMLError) -> str:
     """One line for a YAML syntax error of ``path``: ``PATH:LINE:COLUMN: not valid YAML: PROBLEM`` (1-based,
     where PyYAML knows the place)."""
@@ -593,7 +620,7 @@ def load_config(
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml_text(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(yaml_error_line(path, exc)) from None
     except (OSError, UnicodeDecodeError) as exc:

@@ -151,11 +151,11 @@ def load_run_config(run_dir: Path) -> RunConfig:
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise RunFolderError(f"{run_dir} holds no run (config.yaml missing)")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        from coevo.config import yaml_error_line
+    from coevo.config import load_yaml_text, yaml_error_line
 
+    try:
+        data = load_yaml_text(path.read_text())
+    except yaml.YAMLError as exc:
         raise ConfigError(yaml_error_line(path, exc)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read the config ({exc})") from None

@@ -103,6 +103,9 @@ def test_missing_and_malformed_files(tmp_path):
     assert (
         str(info.value) == f"{bad}:2:7: not valid YAML: while parsing a flow mapping, expected ',' or '}}', but got ':'"
     )
+    bad.write_text("run: {name: x}\nbudget: {max_rounds: 2, max_rounds: 5}\n")  # PyYAML would keep 5 silently
+    with pytest.raises(ConfigError, match=r":2:25: not valid YAML: the key 'max_rounds' appears twice"):
+        load_config(bad)
     lst = tmp_path / "list.yaml"
     lst.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="must be a YAML mapping"):
