@@ -57,7 +57,15 @@ from coevo.artifacts import RUN_IDENTITY, STEP_CUT
 from coevo.backends.base import decode_deadline
 from coevo.budget import Budget
 from coevo.checkpoint import CheckpointDir
-from coevo.config import PLUGINS_FILE, RunConfig, parse_config, plugin_origins, read_plugin_origins
+from coevo.config import (
+    PLUGINS_FILE,
+    RunConfig,
+    load_yaml_text,
+    parse_config,
+    plugin_origins,
+    read_plugin_origins,
+    yaml_error_line,
+)
 from coevo.errors import (
     BudgetExhausted,
     ConfigError,
@@ -151,8 +159,6 @@ def load_run_config(run_dir: Path) -> RunConfig:
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise RunFolderError(f"{run_dir} holds no run (config.yaml missing)")
-    from coevo.config import load_yaml_text, yaml_error_line
-
     try:
         data = load_yaml_text(path.read_text())
     except yaml.YAMLError as exc:

@@ -29,8 +29,8 @@ cannot read), so the C library falls back to ``clone``, whose flags are checked.
 Program layout (``struct sock_filter`` = ``<HBBI``, ``struct seccomp_data`` = nr @0, arch @4, args @16 + 8 i;
 Linux ``Documentation/userspace-api/seccomp_filter.rst``): check the architecture, load the number, one
 ``JEQ`` per refused call, then per call whose arguments decide (``clone``'s flags, ``preadv2``'s flags,
-``madvise``'s advice, ``socket``'s family, ``fcntl``'s command, ``mmap``'s flags, ``prctl``'s option) a jump to a block that
-tests the argument's low 32 bits.
+``madvise``'s advice, ``socket``'s family, ``fcntl``'s command, ``mmap``'s flags, ``prctl``'s option) a jump to
+a block that tests the argument's low 32 bits.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ FCNTL_DENIED = (5, 6, 7, 12, 13, 14, 36, 37, 38, 1024, 1025, 1026, 1031)
 MAP_SHARED = 0x01
 MAP_ANONYMOUS = 0x20
 #: ``prctl`` option refused (linux/prctl.h): clearing or changing the parent-death signal would let a worker
-#: outlive the process that watches it
+#: outlive the process that watches it (coevo.sandbox.zygote has its own copy: it is a standard-library-only script)
 PR_SET_PDEATHSIG = 1
 #: socket families a heuristic may create (AF_UNIX, AF_INET, AF_INET6; its network namespace has only
 #: loopback): every other family (AF_VSOCK, AF_PACKET, AF_NETLINK, AF_ALG, ...) is refused
@@ -356,8 +356,13 @@ def build_filter(machine: str | None = None) -> bytes:
         body.append((_JEQ_K, nr, "eperm", 0))
     body.append((_JEQ_K, table["clone3"], "enosys", 0))
     checked = [("clone", "clone"), ("preadv2", "rwf"), ("pwritev2", "rwf"), ("madvise", "madvise")]
-    checked += [("socket", "socket"), ("socketpair", "socket"), ("fcntl", "fcntl"), ("mmap", "mmap")]
-    checked += [("prctl", "prctl")]
+    checked += [
+        ("socket", "socket"),
+        ("socketpair", "socket"),
+        ("fcntl", "fcntl"),
+        ("mmap", "mmap"),
+        ("prctl", "prctl"),
+    ]
     for name, label in checked:
         body.append((_JEQ_K, table[name], label, 0))
     blocks = {  # label -> instructions testing the call's arguments (low 32 bits, little-endian)

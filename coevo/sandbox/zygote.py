@@ -85,6 +85,8 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_SET_NO_NEW_PRIVS, SECCOMP_MODE_FILTER = 1, 22, 38, 2
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 1
+#: the namespaces every worker gets (and a network namespace unless the evaluation allows network)
+WORKER_NAMESPACES = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
 PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 #: fd of the reply pipe in the worker (0-2: its stdin, stdout, stderr)
 REPLY_FD = 3
@@ -145,10 +147,7 @@ def probe() -> None:
     create a device node and change uid. Exits 0, or 1 after printing the step that failed."""
     libc = _libc()
     try:
-        _check(
-            libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP | CLONE_NEWNET),
-            "unshare",
-        )
+        _check(libc.unshare(WORKER_NAMESPACES | CLONE_NEWNET), "unshare")
         pid = os.fork()
         if pid == 0:
             try:
@@ -181,6 +180,7 @@ class ZygoteChild:
         self.stdout = open(stdout_r, "rb", buffering=0)  # noqa: SIM115
         self.stderr = open(stderr_r, "rb", buffering=0)  # noqa: SIM115
         self.returncode: int | None = None
+        self._kill_asked: float | None = None  # time.monotonic() of the first kill()
 
     #: How long :meth:`wait` gives the child, after :meth:`kill`, to SIGKILL the worker and report (s) before
     #: it SIGKILLs the child itself (the worker then dies of its parent-death signal).
@@ -191,7 +191,7 @@ class ZygoteChild:
         its PID namespace, so the kernel kills every other process of the namespace with it, whatever they
         did to their parent-death signal); :meth:`wait` SIGKILLs the child if it has not reported within
         :data:`KILL_GRACE_S`."""
-        self._kill_asked = getattr(self, "_kill_asked", None) or time.monotonic()
+        self._kill_asked = self._kill_asked or time.monotonic()
         self._signal(signal.SIGTERM)
 
     def _signal(self, sig: int) -> None:
@@ -208,13 +208,13 @@ class ZygoteChild:
         end = time.monotonic() + 30.0
         watch = select.poll()  # poll, not select: descriptors above 1023 in a busy trusted process
         watch.register(self.status_fd, select.POLLIN)
+        child_killed = False
         while time.monotonic() < end:
-            asked = getattr(self, "_kill_asked", None)
-            grace = end if asked is None else asked + self.KILL_GRACE_S
+            grace = end if self._kill_asked is None or child_killed else self._kill_asked + self.KILL_GRACE_S
             if not watch.poll(max(0.0, min(end, grace) - time.monotonic()) * 1000):
-                if asked is not None and time.monotonic() >= grace:
+                if grace < end:
                     self._signal(signal.SIGKILL)  # the child did not report in time
-                    self._kill_asked = end  # no second SIGKILL; wait for the status pipe to close
+                    child_killed = True  # then wait for its status pipe to close
                     continue
                 break
             chunk = os.read(self.status_fd, 64)
@@ -236,8 +236,8 @@ class Zygote:
 
     Args:
         python: the interpreter. env: its whole environment (``PYTHONPATH`` finds the packages).
-        packages: distributions to preload. seccomp: the filter program (a worker refuses to start without it, as without a uid). site_import: start with
-        ``site``. start_timeout_s: how long the preloading may take.
+        packages: distributions to preload. seccomp: the filter program (a worker refuses to start without it,
+        as without a uid). site_import: start with ``site``. start_timeout_s: how long the preloading may take.
 
     Raises:
         OSError: the zygote could not be started or did not report ready.
@@ -548,9 +548,7 @@ def _fork_worker(req: dict, fds: list[int], config: dict, trusted: int, sock: so
         for procs in req.get("cgroup", []):
             with open(procs, "w") as fh:
                 fh.write("0")
-        flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
-        flags |= 0 if req.get("network") else CLONE_NEWNET
-        _check(libc.unshare(flags), "unshare")
+        _check(libc.unshare(WORKER_NAMESPACES | (0 if req.get("network") else CLONE_NEWNET)), "unshare")
         # the trusted side's kill (SIGTERM): SIGKILL the worker, PID 1 of its namespace, so that the kernel kills
         # every process of the namespace with it (a candidate may have cleared its parent-death signal before
         # the seccomp filter refused that); before the worker exists, just end
