@@ -11,13 +11,15 @@ import sys
 import textwrap
 import threading
 import time
+import uuid
 
 import numpy as np
 import pytest
+from support import SET_COMM, pids_with_comm
 
 from coevo.ahd import load_problem
 from coevo.ahd.evaluate import evaluate_heuristic
-from coevo.sandbox import zygote
+from coevo.sandbox import isolation, zygote
 from coevo.sandbox.isolation import bwrap_status, project_root
 from coevo.sandbox.runner import Sandbox, SandboxLimits
 
@@ -330,10 +332,6 @@ def test_a_timed_out_worker_that_clears_its_parent_death_signal_leaves_no_proces
     clear its parent-death signal (``prctl(PR_SET_PDEATHSIG, 0)`` is refused by the seccomp filter), so the
     child's own death would take the worker too. (A review found the worker surviving the kill once it had
     cleared the signal: only the child was killed.)"""
-    import uuid
-
-    from support import SET_COMM, pids_with_comm
-
     sandbox = Sandbox(SandboxLimits(timeout_s=2, memory_mb=1024, isolation="zygote"), use_cgroups=False)
     assert sandbox.cgroups is None
     name = f"pds{uuid.uuid4().hex[:12]}"
@@ -390,8 +388,6 @@ def test_a_host_with_hundreds_of_cpus_still_spawns_workers(monkeypatch):
     """A request carries the ``/proc/cpuinfo`` stand-in, 1-2 KB per CPU: on a 300-CPU host (simulated by a
     cpuinfo 300 times this one's) it is past the kernel's default socket buffer (~208 KiB), which made every
     spawn fail (a review found it); the zygote's socket buffer is raised, and the worker reads it whole."""
-    from coevo.sandbox import isolation
-
     real = isolation.proc_stand_in_texts
 
     def many_cpus(memory_mb):
