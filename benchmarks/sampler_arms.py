@@ -21,11 +21,9 @@ per method: ``{"method", "model", "samples", "window_wall_s", "window_peak_rss_m
 "update_peak_rss_mib", "rss_before_mib", ...}``, then a line ``{"ratio": "es/grpo", ...}`` with the ES / GRPO
 peak-memory ratio (the seed paper's: 0.143, full-parameter GRPO of Qwen3.5-4B on GPUs).
 
-``arms``: the full arm table (frozen, ES, noise-only, GRPO, DPO, frozen 1.5B; the same training prompts and
-LLM-sample budget; the held-out sampler test before and after) extends issue 53's runner
-``benchmarks/sampler_train.py`` (its ``ARMS``, resumable steps and table) with the arms of :data:`ARMS` here: a
-GRPO or DPO arm trains with its config and is tested with its last adapter folder (``--model`` of the sampler test
-takes adapter folders: :mod:`coevo.backends.adapters`). It needs that runner in the checkout.
+``arms``: the full arm table (frozen, ES, noise-only, GRPO, DPO, frozen 1.5B; the held-out sampler test before
+and after): the same as ``benchmarks/sampler_train.py``, whose ``ARMS`` hold the GRPO and DPO arms (each trains
+with its config and is tested with its last adapter folder, merged by ``coevo model merge`` for ``--backend vllm``).
 
 Usage::
 
@@ -48,25 +46,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-#: GRPO / DPO arms: (training config, extra --set items); the same prompts (EoH m1 / m2 of the training population)
-#: and the same LLM-sample budget as the ES arms of benchmarks/sampler_train.py
-ARMS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "grpo": ("configs/ahd/grpo/tsp_construct.yaml", ()),
-    "dpo": ("configs/ahd/dpo/tsp_construct.yaml", ()),
-}
-
-
-def last_adapter(run_dir: Path, evolver: str) -> Path | None:
-    """The adapter folder of the last update recorded in a run (``sampler_update`` artifacts), or None."""
-    from coevo.artifacts import SAMPLER_UPDATE
-    from coevo.store import TrajectoryStore
-
-    with TrajectoryStore(run_dir / "store.sqlite", readonly=True) as store:
-        rows = [a.content for a in store.list_artifacts(SAMPLER_UPDATE) if a.content.get("evolver") == evolver]
-    if not rows:
-        return None
-    return run_dir / max(rows, key=lambda r: r["update"])["adapter"]
 
 
 # ----------------------------------------------------------------------------------------------- measure
@@ -264,24 +243,9 @@ def measure_all(args) -> int:
 
 # ----------------------------------------------------------------------------------------------- arms
 def arms(argv: list[str]) -> int:
-    """The full arm table: issue 53's runner with the GRPO / DPO arms added (module docstring)."""
-    try:
-        import sampler_train  # benchmarks/sampler_train.py (issue 53)
-    except ImportError:
-        raise SystemExit(
-            "benchmarks/sampler_train.py (issue 53's arm runner) is not in this checkout; `measure` works without it"
-        ) from None
-    for arm, (config, sets) in ARMS.items():
-        sampler_train.ARMS.setdefault(arm, (None, config, sets))
-    base_train = sampler_train.train
+    """The full arm table: ``benchmarks/sampler_train.py``, whose arms include GRPO and DPO (module docstring)."""
+    import sampler_train  # benchmarks/sampler_train.py (issue 53's runner; this folder is on sys.path)
 
-    def train(arm, config, sets, base, args, state, log):
-        out = base_train(arm, config, sets, base, args, state, log)
-        if arm in ARMS:  # tested with its adapter folder (the run folder holds no ES history)
-            out["adapter"] = str(last_adapter(Path(out["run_dir"]), arm))
-        return out
-
-    sampler_train.train = train
     return sampler_train.main(argv)
 
 

@@ -5,7 +5,11 @@ Arms (``--arms``, comma-separated):
 * ``frozen`` / ``frozen-1.5b``: the embedded 0.5B / 1.5B model as shipped (no training; "after" = "before");
 * ``es``: ``configs/ahd/sampler_es.yaml`` (ES that trains the 0.5B sampler on its own outcomes: EoH children of
   the training population, rank rewards), then the trained weights (rebuilt from the run's history);
-* ``noise``: the same run with ``evolvers.es.alpha=0`` (members perturbed and rolled out, no update).
+* ``noise``: the same run with ``evolvers.es.alpha=0`` (members perturbed and rolled out, no update);
+* ``grpo`` / ``dpo``: ``configs/ahd/grpo/tsp_construct.yaml`` / ``configs/ahd/dpo/tsp_construct.yaml`` (EoH with
+  online GRPO / DPO on a LoRA adapter of the 0.5B, TRL, on HF float32), then the run's last adapter
+  (``<run>/adapters/<evolver>/round-RRRRR``; with ``--backend vllm`` merged into a model folder by ``coevo model
+  merge``). These two train on TSP's prompts only, like the ES arm.
 
 For each arm: the sampler test of the model before training (``coevo heuristics sampler-test``, the first
 ``--prompts`` prompts per problem of the committed prompt set; the frozen base's test is shared by the arms that
@@ -46,6 +50,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from coevo.artifacts import SAMPLER_UPDATE
 from coevo.sampler_test.promptset import PROBLEMS
 
 #: arm -> (base model or None for the --base model, training config or None, extra --set items)
@@ -54,7 +59,15 @@ ARMS: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {
     "frozen-1.5b": ("qwen2.5-coder-1.5b-instruct", None, ()),
     "es": (None, "configs/ahd/sampler_es.yaml", ()),
     "noise": (None, "configs/ahd/sampler_es.yaml", ("evolvers.es.alpha=0",)),
+    "grpo": (None, "configs/ahd/grpo/tsp_construct.yaml", ()),
+    "dpo": (None, "configs/ahd/dpo/tsp_construct.yaml", ()),
 }
+
+
+def last_adapter(run_dir: Path) -> Path | None:
+    """The newest adapter a sampler-training run wrote (``<run>/adapters/<evolver>/round-RRRRR``), or None."""
+    rounds = sorted(run_dir.glob("adapters/*/round-*"), key=lambda p: p.name)
+    return rounds[-1] if rounds else None
 
 
 def run_step(cmd: list[str], log: Path) -> tuple[int, float, float]:
@@ -131,7 +144,8 @@ def train(arm: str, config: str, sets: list[str], base: str, args, state: State,
         state.add(step, wall, rss, rc == 0)
         if rc != 0:
             raise SystemExit(f"training run of arm {arm} stopped (exit {rc}); rerun to resume; see {log}")
-    if not state.done(f"replay:{arm}"):
+    adapter = last_adapter(run_dir)
+    if adapter is None and not state.done(f"replay:{arm}"):  # ES arms: the weights rebuilt from the history
         rc, wall, rss = run_step(coevo("es", "replay", "--check", str(run_dir)), log)
         state.add(f"replay:{arm}", wall, rss, True)
         state.data[f"replay:{arm}"]["ok"] = rc == 0
@@ -140,7 +154,9 @@ def train(arm: str, config: str, sets: list[str], base: str, args, state: State,
         run_id = store.run_identity(run_dir.name)
         hist = store.es_history(run_id, "es")
         samples = store.count_llm_calls(run_id)
+        sampler_updates = [a.content for a in store.list_artifacts(SAMPLER_UPDATE, run_id=run_id)]
     info = state.data[step]
+    applied = [u for u in sampler_updates if u.get("skipped") is None]
     return {
         "run_dir": str(run_dir),
         "wall_s": info["wall_s"],
@@ -148,21 +164,33 @@ def train(arm: str, config: str, sets: list[str], base: str, args, state: State,
         "llm_samples": samples,
         "es_generations": len(hist),
         "es_updates": sum(not h.get("skipped") for h in hist),
-        "replay_check": state.data[f"replay:{arm}"].get("ok"),
+        "replay_check": state.data.get(f"replay:{arm}", {}).get("ok"),
         "weights_hash": hist[-1].get("weight_hash_after") if hist else None,
+        # GRPO / DPO arms: the adapter the after-test samples, updates applied and their cost (SAMPLER_UPDATE rows)
+        "adapter": str(adapter) if adapter else None,
+        "adapter_updates": len(applied),
+        "update_wall_s": [u.get("wall_s") for u in applied],
+        "update_peak_rss_mib": [u.get("peak_rss_mib") for u in applied],
     }
 
 
 def export_step(arm: str, run_dir: Path, args, state: State, log: Path) -> Path:
-    """What the after-test samples: on ``--backend hf`` the run folder ``run_dir`` itself (weights rebuilt from
-    its history on HF float32); on ``vllm`` the folder ``coevo es export`` writes from it (``<run_dir>-export``),
-    which vLLM loads like any model folder (bfloat16 on the CPU, as the frozen arms)."""
+    """What the after-test samples: on ``--backend hf`` the run folder ``run_dir`` itself (ES: weights rebuilt
+    from its history on HF float32) or its last adapter (GRPO / DPO: merged on HF float32); on ``vllm`` the
+    folder ``coevo es export`` / ``coevo model merge`` writes from it (``<run_dir>-export``), which vLLM loads
+    like any model folder (bfloat16 on the CPU, as the frozen arms)."""
+    adapter = last_adapter(run_dir)
     if args.backend == "hf":
-        return run_dir
+        return adapter or run_dir
     out = run_dir.with_name(f"{run_dir.name}-export")
     step = f"export:{arm}"
     if not state.done(step):
-        rc, wall, rss = run_step(coevo("es", "export", str(run_dir), str(out)), log)
+        cmd = (
+            coevo("model", "merge", str(adapter), str(out))
+            if adapter
+            else coevo("es", "export", str(run_dir), str(out))
+        )
+        rc, wall, rss = run_step(cmd, log)
         state.add(step, wall, rss, rc == 0)
         if rc != 0:
             raise SystemExit(f"export of arm {arm} failed (exit {rc}); see {log}")

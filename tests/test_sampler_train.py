@@ -86,3 +86,36 @@ def test_es_arm_trains_replays_and_is_tested_from_its_run(tmp_path, tiny_model_d
     log_size = (tmp_path / "bench/steps.log").stat().st_size
     assert bench.main(argv) == 0
     assert (tmp_path / "bench/steps.log").stat().st_size == log_size
+
+
+@pytest.mark.heavy  # a GRPO run of one update, an adapter merge and two sampler tests on the tiny model: pytest -m heavy
+def test_grpo_arm_is_tested_from_its_last_adapter(tmp_path, tiny_model_dir):
+    """The GRPO arm: the shipped GRPO config shrunk to test size, then the after-test of the run's last adapter
+    (``<run>/adapters/grpo/round-RRRRR``), its update's cost in the row; no ES replay for an adapter arm."""
+    bench = _bench()
+    small = [
+        "model.dtype=float32",
+        "sampling.max_new_tokens=8",
+        "budget.max_wall_s=null",
+        "budget.max_samples=40",
+        "report.plots=false",
+        "evolvers.grpo.total_updates=1",
+        "evolvers.grpo.micro_batch=4",
+        "evolvers.eoh.train_size=8",
+        "evolvers.eoh.train_count=2",
+        "evolvers.eoh.test_sizes=[8]",
+        "evolvers.eoh.test_count=2",
+        "evolvers.eoh.validation_count=0",
+    ]
+    argv = ["--arms", "grpo", "--prompts", "8", "--problems", "tsp_construct", "--base", str(tiny_model_dir)]
+    argv += ["--out", str(tmp_path / "bench"), *[x for s in small for x in ("--set", s)]]
+    assert bench.main(argv) == 0
+    row = json.loads((tmp_path / "bench/results.jsonl").read_text().splitlines()[0])
+    t = row["train"]
+    assert row["arm"] == "grpo" and t["es_generations"] == 0 and t["replay_check"] is None
+    assert t["adapter"].endswith(("round-00001", "round-00002")) and "adapters/grpo/" in t["adapter"]
+    assert len(t["update_wall_s"]) == t["adapter_updates"] <= 1
+    model = json.loads((tmp_path / "bench/tests/grpo-after/model.json").read_text())
+    assert model["kind"] == "adapter" and model["adapter"] == t["adapter"]
+    assert row["after"]["overall"]["prompts"] == 8
+    assert "replay" not in (tmp_path / "bench/steps.log").read_text()

@@ -202,6 +202,42 @@ def test_grpo_samples_come_from_the_trained_adapter_which_loads_as_model_name(gr
     assert [frozen[i].text for i in real] != [recorded[i] for i in real]
 
 
+def test_coevo_model_merge_writes_the_adapter_merged_as_a_plain_folder(grpo_run, tmp_path, capsys):
+    """``coevo model merge ADAPTER OUT``: a plain model folder (what vLLM loads) whose weights are those the hf
+    backend computes with from the adapter; a non-empty OUT or a folder that is no adapter is one line, exit 2."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from coevo.backends.hf import HFPolicy
+    from coevo.cli import main
+
+    run_dir, _, _ = grpo_run
+    adapter = run_dir / updates(run_dir, "grpo")[-1]["adapter"]
+    out = tmp_path / "merged"
+    assert main(["model", "merge", str(adapter), str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert not (out / "adapter_config.json").exists()
+    info = json.loads((out / "coevo-merge.json").read_text())
+    assert info["adapters"] == [str(adapter)] and info["dtype"] == "float32"
+    merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    ref = HFPolicy(str(adapter), dtype="float32")
+    try:
+        want = dict(ref.model.named_parameters())
+        got = dict(merged.named_parameters())
+        assert want.keys() == got.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    finally:
+        ref.close()
+    capsys.readouterr()  # transformers' loading lines above
+    assert main(["model", "merge", str(adapter), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exists and is not empty" in err
+    assert main(["model", "merge", str(out), str(tmp_path / "again")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not an adapter folder" in err
+
+
 @pytest.mark.heavy  # 77-186 s on 2 cores (a run killed mid-update, resumed, and an uninterrupted one): pytest -m heavy (CI runs it)
 def test_resume_after_kill_9_mid_update_equals_uninterrupted(grpo_run, tiny_model_dir, tmp_path, private_cache):
     """``coevo run`` SIGKILLed inside GRPO update 1 (after its answers were recorded), then resumed: the same

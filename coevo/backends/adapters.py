@@ -112,3 +112,43 @@ def first_line(error: BaseException, limit: int = 300) -> str:
     """The first non-empty line of an exception's text, cut to ``limit`` characters."""
     lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
     return (lines[0] if lines else type(error).__name__)[:limit]
+
+
+#: what :func:`export_merged` writes beside the merged weights (base model, adapters, weights dtype)
+MERGE_INFO = "coevo-merge.json"
+
+
+def export_merged(adapter: str | Path, out: str | Path, dtype: str = "auto") -> Path:
+    """Write adapter folder ``adapter`` merged into its base model as a plain Hugging Face folder ``out``
+    (``save_pretrained``: config, safetensors weights, tokenizer; :data:`MERGE_INFO` names the base and the
+    adapters), which every engine loads like any model folder: vLLM (``model.backend: vllm``, which serves no
+    adapter folder), the sampler test's ``--backend vllm``, ``transformers``. A chain of adapters is merged base
+    first (:func:`adapter_chain`). The weights are those the hf backend computes with (``dtype``: "auto" =
+    float32 on a CPU; ``W' = W + (alpha / r) B A``), so a folder of the 0.5B model is about 2 GB in float32.
+
+    Raises:
+        AdapterError: ``adapter`` is not an adapter folder, or does not fit its base (one line).
+        FileExistsError: ``out`` exists and is not empty.
+        ModelPrepareError: the base is an embedded model whose chunk packages are not installed.
+    """
+    from coevo.backends.factory import make_policy
+    from coevo.backends.spec import ModelConfig
+    from coevo.es.checkpoint import export_hf
+
+    if not is_adapter_folder(adapter):
+        raise AdapterError(f"{adapter}: not an adapter folder (no {ADAPTER_CONFIG})")
+    target = Path(out).expanduser()
+    if target.exists() and any(target.iterdir()):
+        raise FileExistsError(f"export folder {target} exists and is not empty")
+    policy = make_policy(ModelConfig(name=str(Path(adapter).expanduser()), backend="hf", dtype=dtype))
+    try:
+        info = {
+            "base": str(policy.path),
+            "adapters": [str(a) for a in policy.adapters],
+            "dtype": str(policy.dtype).replace("torch.", ""),
+        }
+        path = export_hf(policy.model, policy.tokenizer, target)
+    finally:
+        policy.close()
+    (path / MERGE_INFO).write_text(json.dumps(info, indent=1, sort_keys=True))
+    return path

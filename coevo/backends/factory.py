@@ -180,7 +180,8 @@ def make_policy(cfg: ModelConfig, *, lora: tuple[int, int] | None = None) -> Pol
         if is_adapter_folder(cfg.name):
             raise PolicyError(
                 f"model.name: {cfg.name} is a LoRA adapter folder; model.backend vllm serves plain models here, "
-                "set model.backend: hf (it merges the adapter into its base)"
+                "set model.backend: hf (it merges the adapter into its base), or merge it into a model folder "
+                "first: coevo model merge ADAPTER OUT"
             )
         from coevo.backends.vllm_engine import VLLMPolicy
 
