@@ -22,6 +22,26 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("private_cache")
 
 
+#: the training configs shrunk to test size (tiny model, 8-token answers, TSP8 instances); each test adds its arm's
+TINY_SETS = [
+    "model.dtype=float32",
+    "sampling.max_new_tokens=8",
+    "budget.max_wall_s=null",
+    "budget.max_samples=40",
+    "report.plots=false",
+    "evolvers.eoh.train_size=8",
+    "evolvers.eoh.train_count=2",
+    "evolvers.eoh.test_sizes=[8]",
+    "evolvers.eoh.test_count=2",
+    "evolvers.eoh.validation_count=0",
+]
+
+
+def _argv(arms: str, tiny_model_dir: Path, out: Path, sets: list[str]) -> list[str]:
+    argv = ["--arms", arms, "--prompts", "8", "--problems", "tsp_construct", "--base", str(tiny_model_dir)]
+    return argv + ["--out", str(out), *[x for s in [*TINY_SETS, *sets] for x in ("--set", s)]]
+
+
 def _bench():
     spec = importlib.util.spec_from_file_location("sampler_train", ROOT / "benchmarks" / "sampler_train.py")
     mod = importlib.util.module_from_spec(spec)
@@ -51,22 +71,9 @@ def test_sampler_es_config_is_the_documented_plan():
 @pytest.mark.heavy  # 300-390 s on 2 cores (three ES generations, replay and two sampler tests): pytest -m heavy (CI runs it)
 def test_es_arm_trains_replays_and_is_tested_from_its_run(tmp_path, tiny_model_dir):
     bench = _bench()
-    small = [
-        "model.dtype=float32",
-        "sampling.max_new_tokens=8",
-        "budget.max_wall_s=null",
-        "budget.max_samples=40",
-        "report.plots=false",
-        "evolvers.es.total_generations=2",
-        "evolvers.es.sigma=0.05",
-        "evolvers.eoh.train_size=8",
-        "evolvers.eoh.train_count=2",
-        "evolvers.eoh.test_sizes=[8]",
-        "evolvers.eoh.test_count=2",
-        "evolvers.eoh.validation_count=0",
-    ]
-    argv = ["--arms", "frozen,es", "--prompts", "8", "--problems", "tsp_construct", "--base", str(tiny_model_dir)]
-    argv += ["--out", str(tmp_path / "bench"), *[x for s in small for x in ("--set", s)]]
+    argv = _argv(
+        "frozen,es", tiny_model_dir, tmp_path / "bench", ["evolvers.es.total_generations=2", "evolvers.es.sigma=0.05"]
+    )
     assert bench.main(argv) == 0
     rows = {
         json.loads(line)["arm"]: json.loads(line)
@@ -88,27 +95,14 @@ def test_es_arm_trains_replays_and_is_tested_from_its_run(tmp_path, tiny_model_d
     assert (tmp_path / "bench/steps.log").stat().st_size == log_size
 
 
-@pytest.mark.heavy  # a GRPO run of one update, an adapter merge and two sampler tests on the tiny model: pytest -m heavy
+@pytest.mark.heavy  # 208-240 s on 2 cores (a GRPO run of one update and two sampler tests, tiny model): pytest -m heavy
 def test_grpo_arm_is_tested_from_its_last_adapter(tmp_path, tiny_model_dir):
     """The GRPO arm: the shipped GRPO config shrunk to test size, then the after-test of the run's last adapter
     (``<run>/adapters/grpo/round-RRRRR``), its update's cost in the row; no ES replay for an adapter arm."""
     bench = _bench()
-    small = [
-        "model.dtype=float32",
-        "sampling.max_new_tokens=8",
-        "budget.max_wall_s=null",
-        "budget.max_samples=40",
-        "report.plots=false",
-        "evolvers.grpo.total_updates=1",
-        "evolvers.grpo.micro_batch=4",
-        "evolvers.eoh.train_size=8",
-        "evolvers.eoh.train_count=2",
-        "evolvers.eoh.test_sizes=[8]",
-        "evolvers.eoh.test_count=2",
-        "evolvers.eoh.validation_count=0",
-    ]
-    argv = ["--arms", "grpo", "--prompts", "8", "--problems", "tsp_construct", "--base", str(tiny_model_dir)]
-    argv += ["--out", str(tmp_path / "bench"), *[x for s in small for x in ("--set", s)]]
+    argv = _argv(
+        "grpo", tiny_model_dir, tmp_path / "bench", ["evolvers.grpo.total_updates=1", "evolvers.grpo.micro_batch=4"]
+    )
     assert bench.main(argv) == 0
     row = json.loads((tmp_path / "bench/results.jsonl").read_text().splitlines()[0])
     t = row["train"]
