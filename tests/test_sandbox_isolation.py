@@ -6,6 +6,7 @@ or the honest result of what the candidate really did.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from coevo.ahd.evaluate import evaluate_heuristic
 from coevo.ahd.seeds import SEEDS_FILE, run_instance_seed
 from coevo.sandbox import seccomp
 from coevo.sandbox.cgroups import detect as cgroup_layout
+from coevo.sandbox.cgroups import sweep_stale
 from coevo.sandbox.isolation import bwrap_status, project_root
 from coevo.sandbox.runner import Sandbox, SandboxLimits
 from coevo.sandbox.wire import FrameReader, MalformedFrame
@@ -177,6 +179,38 @@ def test_memory_is_limited_per_evaluation_not_per_process(sandbox):
     res = _call(sandbox, HOLD, 3, 420)
     assert res.valid, res.error
     assert res.metrics["values"][0] <= 2  # at most two 420 MiB children alive together under 1024 MiB
+
+
+@pytest.mark.skipif(cgroup_layout() is None, reason="no writable cgroup hierarchy (fallback: per-process rlimits)")
+def test_cgroups_a_killed_run_left_are_swept_and_no_live_ones(tmp_path):
+    """Before: a run SIGKILLed mid-evaluation left its empty ``coevo-<pid>-e<n>`` cgroups for good (3 on this
+    machine from the suite's kill -9 tests). Now the next process's detection removes the empty ones whose owner
+    is gone and older than a minute; a live owner's, a young one and a non-empty one stay."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that is gone
+    layout = cgroup_layout()
+    parent = next(iter(layout.parents.values()))
+    if layout.version == 2:
+        parent = os.path.dirname(parent)
+    old = time.time() - 3600
+    made = {
+        "stale": os.path.join(parent, f"coevo-{dead.pid}-e7"),
+        "young": os.path.join(parent, f"coevo-{dead.pid}-e8"),
+        "live": os.path.join(parent, f"coevo-{os.getppid()}-e9"),
+    }
+    try:
+        for name, folder in made.items():
+            os.mkdir(folder)
+            if name != "young":
+                os.utime(folder, (old, old))
+        removed = sweep_stale(parent)
+        assert made["stale"] in removed and not os.path.exists(made["stale"])
+        assert os.path.isdir(made["young"]) and os.path.isdir(made["live"])
+        assert not {made["young"], made["live"]} & set(removed)
+    finally:
+        for folder in made.values():
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
 
 
 def test_processes_are_counted_per_evaluation(sandbox):

@@ -20,6 +20,9 @@ cgroups before anything else runs (:func:`enter_prefix`), so no process of the e
 them. Where neither layout is writable (no cgroup mount, read-only ``/sys/fs/cgroup`` in a container, not
 root and nothing delegated), :func:`detect` returns None and the sandbox falls back to rlimits (see
 ``docs/sandbox.md``).
+
+A run SIGKILLed mid-evaluation cannot remove its cgroups; the next process's :func:`detect` removes the empty
+ones whose owner is gone (:func:`sweep_stale`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import functools
 import itertools
 import logging
 import os
+import re
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -146,6 +150,55 @@ def _detect_v1(own: dict[str, str], mounts) -> CgroupLayout | None:
     return CgroupLayout(1, parents)
 
 
+#: a stale cgroup is removed only when older than this (s): :func:`sweep_stale`
+STALE_AGE_S = 60.0
+#: names of the cgroups this module makes (v2 ``coevo-<pid>``, v1 ``coevo-<pid>-e<n>``, the probe's): owner pid
+_OWNED = re.compile(r"coevo-(?:probe-)?(\d+)(?:-e\d+)?")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(parent: str, min_age_s: float = STALE_AGE_S) -> list[str]:
+    """Remove the empty cgroups in ``parent`` that an earlier coevo process made and could not remove: its
+    owner (the pid in the name) is gone, SIGKILLed mid-evaluation (``close`` and the atexit hook never ran).
+    Only empty folders go (``rmdir`` refuses others), nothing is killed (the pids in a name may be another PID
+    namespace's), and only folders older than ``min_age_s`` (another process may have just made one and not
+    entered it yet); a v2 ``coevo-<pid>`` folder's ``e<n>`` children go before it. Returns the folders removed;
+    errors are ignored (a busy cgroup, another sweeper: a later run retries)."""
+    import time
+
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    now = time.time()
+    for name in names:
+        m = _OWNED.fullmatch(name)
+        if m is None or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
+            continue
+        top = os.path.join(parent, name)
+        with contextlib.suppress(OSError):
+            if now - os.stat(top).st_mtime < min_age_s:
+                continue
+            children = [os.path.join(top, c) for c in os.listdir(top) if re.fullmatch(r"e\d+", c)]
+            for folder in [*children, top]:
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)
+                    removed.append(folder)
+    if removed:
+        log.info("removed %d stale evaluation cgroup(s) of processes that are gone: %s", len(removed), removed)
+    return removed
+
+
 @functools.cache
 def detect() -> CgroupLayout | None:
     """The cgroup layout evaluations can use here, or None (see the module docstring); probed once."""
@@ -153,6 +206,9 @@ def detect() -> CgroupLayout | None:
         return None
     own, mounts = _own_paths(), _mounts()
     layout = _detect_v2(own, mounts) or _detect_v1(own, mounts)
+    if layout is not None:  # what SIGKILLed runs left behind (v2: beside this process's coevo-<pid>)
+        for parent in layout.parents.values():
+            sweep_stale(parent if layout.version == 1 else os.path.dirname(parent))
     if layout is None:
         log.info("no writable cgroup hierarchy: per-evaluation limits fall back to rlimits")
     return layout
