@@ -61,6 +61,7 @@ from coevo.backends.spec import ModelConfig
 from coevo.errors import ConfigError, unknown_field_message
 from coevo.evolvers.base import EvolverConfig, resolve_evolver
 from coevo.placement import placement_errors
+from coevo.schema import ConfigModel
 from coevo.tracking import TrackingConfig
 
 __all__ = [
@@ -78,7 +79,7 @@ __all__ = [
 BACKENDS_WITH_WEIGHTS = ("hf", "vllm")
 
 
-class _Strict(BaseModel):
+class _Strict(ConfigModel):
     model_config = ConfigDict(extra="forbid")
 
 

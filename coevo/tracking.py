@@ -41,7 +41,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from coevo.schema import ConfigModel
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ ES_FIELDS = {"sigma": "sigma", "alpha": "alpha", "test_reward_before": "test_rew
 UPDATE_FIELDS = ("update_norm", "changed_fraction")
 
 
-class TrackingConfig(BaseModel):
+class TrackingConfig(ConfigModel):
     """The ``tracking:`` section of a run config (every tracker off by default)."""
 
     model_config = ConfigDict(extra="forbid")

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
 from coevo.config import ConfigError, apply_overrides, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _base():
@@ -64,6 +68,26 @@ def test_negative_budget_rejected():
     data["budget"]["max_samples"] = -3
     with pytest.raises(ConfigError, match="budget.max_samples"):
         parse_config(data)
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("budget.max_samples", "true"),  # int | None
+        ("budget.max_wall_s", "on"),  # float | None: YAML 1.1 reads on / off / yes / no as booleans
+        ("model.batch_size", "yes"),
+        ("evolvers.eoh.population_size", "on"),  # an evolver's own Config
+        ("evolvers.es.sigma", "true"),
+        ("evolvers.es.rollout.children_per_operator", "yes"),  # a rollout's Config inside an evolver
+    ],
+)
+def test_a_boolean_is_never_taken_for_a_number(key, value):
+    """Before: pydantic's lax mode read ``true`` / ``on`` / ``yes`` as 1 (``population_size: on`` ran with 1).
+    Now the field is named, whatever section it is in; a boolean field still takes one."""
+    with pytest.raises(ConfigError) as err:
+        load_config(ROOT / "configs/ahd/tsp_construct.yaml", [f"{key}={value}"])
+    assert f"{key}: a boolean (True) where a number goes" in str(err.value)
+    load_config(ROOT / "configs/ahd/tsp_construct.yaml", ["evolvers.es.antithetic=true", "budget.max_samples=3"])
 
 
 def test_openai_backend_needs_base_url():

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from coevo.schema import ConfigModel
 
 
-class ModelConfig(BaseModel):
+class ModelConfig(ConfigModel):
     """Run config field ``model`` (unknown keys rejected)."""
 
     model_config = ConfigDict(extra="forbid")

@@ -26,10 +26,11 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from coevo.envs.browser import ensure_browser_env
 from coevo.envs.web import WebEnv
+from coevo.schema import ConfigModel
 
 GYM_BENCHMARK = "coevo"
 TASK_NAME = "openended"
@@ -54,7 +55,7 @@ def import_judge(ref: str) -> Callable[..., Any]:
     return fn
 
 
-class OpenEndedReward(BaseModel):
+class OpenEndedReward(ConfigModel):
     """Exactly one reward rule (module docstring)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -73,7 +74,7 @@ class OpenEndedReward(BaseModel):
         return self
 
 
-class OpenEndedSpec(BaseModel):
+class OpenEndedSpec(ConfigModel):
     """``start_url`` + ``goal`` + ``reward`` of an open-ended episode."""
 
     model_config = ConfigDict(extra="forbid")

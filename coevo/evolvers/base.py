@@ -41,11 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from coevo.artifacts import CONTEXT_SCORE, REPORT_SECTION
 from coevo.context import ContextValue, RunContext
 from coevo.registry import Registry
+from coevo.schema import ConfigModel
 from coevo.types import Space, Trajectory
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
     from coevo.store import TrajectoryStore
 
 
-class EvolverConfig(BaseModel):
+class EvolverConfig(ConfigModel):
     """Base of every evolver's config. Unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid")

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from coevo.artifacts import SKILL_GATE as GATE_KIND
 from coevo.backends.base import Completion, Policy
@@ -63,6 +63,7 @@ from coevo.evolvers.base import (
     score_context,
 )
 from coevo.rollouts.base import build_rollout, resolve_rollout, validate_rollout_spec
+from coevo.schema import ConfigModel
 from coevo.skills import (
     SHIPPED_SKILLS_DIR,
     SKILL_ARTIFACT_KIND,
@@ -84,7 +85,7 @@ from coevo.tables import md_table
 from coevo.types import ContextRef, Trajectory
 
 
-class GateConfig(BaseModel):
+class GateConfig(ConfigModel):
     """Held-out gate: keep a candidate only if its score is not lower than the current version's."""
 
     model_config = ConfigDict(extra="forbid")
@@ -248,7 +249,10 @@ class Trace2SkillConfig(EvolverConfig):
         try:
             merged = merged_spec()
         except ValidationError as exc:
-            return [f"{'.'.join([where_gate, *map(str, e['loc'])])}: {e['msg']}" for e in exc.errors()]
+            return [
+                f"{'.'.join([where_gate, *map(str, e['loc'])])}: {e['msg'].removeprefix('Value error, ')}"
+                for e in exc.errors()
+            ]
         if not errors:
             self.gate.rollout = merged
         return errors

@@ -36,9 +36,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from coevo.errors import ConfigError
+from coevo.schema import ConfigModel
 from coevo.types import ESMember, Trajectory
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ class RolloutJob:
         )
 
 
-class PlacementFields(BaseModel):
+class PlacementFields(ConfigModel):
     """The placement settings of an evolver that owns the run's weights (mixed into its config, e.g.
     ``ESConfig``); :func:`coevo.placement.choose_placement` reads them once per run."""
 

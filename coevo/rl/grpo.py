@@ -42,16 +42,17 @@ from typing import Any, Literal
 
 import torch
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from coevo.envs.multiturn import turns_to_steps
 from coevo.es.lowrank import stochastic_round_into
 from coevo.rollouts.base import build_rollout, resolve_rollout
+from coevo.schema import ConfigModel
 from coevo.training.trl_args import common_trainer_args, grpo_step_args
 from coevo.types import Trajectory
 
 
-class GRPOSettings(BaseModel):
+class GRPOSettings(ConfigModel):
     """Settings of a GRPO baseline run. Unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid")

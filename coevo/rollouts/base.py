@@ -23,11 +23,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from coevo.context import ContextValue
 from coevo.errors import unknown_field_message
 from coevo.registry import Registry
+from coevo.schema import ConfigModel
 from coevo.types import ContextRef, ESMember, Space, Trajectory
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 Split = Literal["train", "test"]
 
 
-class RolloutConfig(BaseModel):
+class RolloutConfig(ConfigModel):
     """Base of every rollout's config (``type`` plus the rollout's own fields). Unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid")
@@ -370,7 +371,7 @@ def validate_rollout_spec(spec: Any, where: str = "rollout") -> dict[str, Any]:
 def _field_error(where: str, config: type, err: dict[str, Any]) -> str:
     """``where.field: message`` of one pydantic error; an unknown top-level field gets the nearest allowed name."""
     loc = [str(p) for p in err["loc"]]
-    msg = err["msg"]
+    msg = err["msg"].removeprefix("Value error, ") if err["type"] == "value_error" else err["msg"]
     if err["type"] == "extra_forbidden" and len(loc) == 1:
         msg = unknown_field_message(loc[0], list(config.model_fields))
     return f"{'.'.join([where, *loc])}: {msg}"

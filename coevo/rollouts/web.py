@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from coevo.agents.web_agent import Provenance, WebAgent
 from coevo.backends.base import SamplingParams
@@ -55,6 +55,7 @@ from coevo.envs.openended import OpenEndedSpec
 from coevo.envs.web import WEB_ACTION_NAMES, WebEnv
 from coevo.resources import shipped_root
 from coevo.rollouts.base import Rollout, RolloutCall, RolloutConfig, RolloutContext, Split, register_rollout
+from coevo.schema import ConfigModel
 from coevo.types import ContextRef, ESMember, Trajectory
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def _warn_once(message: str) -> None:
         log.warning(message)
 
 
-class WebSampling(BaseModel):
+class WebSampling(ConfigModel):
     """Decoding overrides for the agent; ``None`` fields take the run's ``sampling`` section."""
 
     model_config = ConfigDict(extra="forbid")

@@ -22,12 +22,13 @@ import shutil
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from coevo.backends.adapters import AdapterError, first_line
+from coevo.schema import ConfigModel
 
 
-class LoRASettings(BaseModel):
+class LoRASettings(ConfigModel):
     """LoRA settings of a sampler-training evolver (``lora:`` in its config). Unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid")
