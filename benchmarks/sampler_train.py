@@ -155,6 +155,7 @@ def train(arm: str, config: str, sets: list[str], base: str, args, state: State,
         hist = store.es_history(run_id, "es")
         samples = store.count_llm_calls(run_id)
         sampler_updates = [a.content for a in store.list_artifacts(SAMPLER_UPDATE, run_id=run_id)]
+        children = training_children(store, run_id)
     info = state.data[step]
     applied = [u for u in sampler_updates if u.get("skipped") is None]
     return {
@@ -171,6 +172,28 @@ def train(arm: str, config: str, sets: list[str], base: str, args, state: State,
         "adapter_updates": len(applied),
         "update_wall_s": [u.get("wall_s") for u in applied],
         "update_peak_rss_mib": [u.get("peak_rss_mib") for u in applied],
+        "children": children,
+    }
+
+
+def training_children(store, run_id: str) -> dict[str, Any]:
+    """What the trained sampler wrote during training (the parameter-space evolver's trajectories: ES members'
+    or GRPO / DPO answers): ``{"n", "valid_new", "failures": {kind: n}, "by_round": [[round, n, valid_new]]}``.
+    A valid trajectory is a valid and new heuristic (copies are recorded invalid, failure ``duplicate``)."""
+    rows = [t for t in store.query(run_id=run_id, order_by="id") if t.space == "parameter"]
+    failures: dict[str, int] = {}
+    by_round: dict[int, list[int]] = {}
+    for t in rows:
+        r = by_round.setdefault(int(t.round), [0, 0])
+        r[0] += 1
+        r[1] += int(bool(t.valid))
+        if not t.valid:
+            failures[t.failure or "unknown"] = failures.get(t.failure or "unknown", 0) + 1
+    return {
+        "n": len(rows),
+        "valid_new": sum(v for _, v in by_round.values()),
+        "failures": dict(sorted(failures.items())),
+        "by_round": [[k, *v] for k, v in sorted(by_round.items())],
     }
 
 

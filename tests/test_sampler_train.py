@@ -83,6 +83,9 @@ def test_es_arm_trains_replays_and_is_tested_from_its_run(tmp_path, tiny_model_d
     assert frozen["train"] is None and frozen["after"] == frozen["before"]
     t = es["train"]
     assert t["es_generations"] == 2 and t["replay_check"] is True and t["llm_samples"] > 0
+    # what the members wrote during training, by round: 2 generations x 4 members x 4 children
+    assert t["children"]["n"] == 32 and [r[1] for r in t["children"]["by_round"]] == [16, 16]
+    assert t["children"]["valid_new"] + sum(t["children"]["failures"].values()) == 32
     assert t["wall_s"] > 0 and t["peak_rss_mb"] > 0
     assert es["before"] == frozen["before"]  # the base model's test is shared, not redone
     model = json.loads((tmp_path / "bench/tests/es-after/model.json").read_text())
@@ -109,6 +112,7 @@ def test_grpo_arm_is_tested_from_its_last_adapter(tmp_path, tiny_model_dir):
     assert row["arm"] == "grpo" and t["es_generations"] == 0 and t["replay_check"] is None
     assert t["adapter"].endswith(("round-00001", "round-00002")) and "adapters/grpo/" in t["adapter"]
     assert len(t["update_wall_s"]) == t["adapter_updates"] <= 1
+    assert t["children"]["n"] == 8  # one update: 2 prompts x 4 answers
     model = json.loads((tmp_path / "bench/tests/grpo-after/model.json").read_text())
     assert model["kind"] == "adapter" and model["adapter"] == t["adapter"]
     assert row["after"]["overall"]["prompts"] == 8
