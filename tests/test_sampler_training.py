@@ -138,6 +138,22 @@ def test_messages_read_back_from_the_recorded_prompt():
     assert messages_from_observation("no roles here") is None
 
 
+def test_a_saved_adapter_names_the_run_model_not_the_local_folder_it_was_loaded_from(tmp_path, tiny_model_dir):
+    """Before: PEFT renamed the base to the loaded folder, so a GRPO adapter of the embedded model named
+    ``/root/.cache/coevo/models/...`` (this machine's cache) instead of ``qwen2.5-coder-0.5b-instruct``."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from coevo.training.lora import LoRASettings, attach_lora, save_adapter
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    peft_model = attach_lora(model, LoRASettings(r=2, alpha=4), "qwen2.5-coder-0.5b-instruct", seed=1)
+    save_adapter(peft_model, tmp_path / "round-00001")
+    conf = json.loads((tmp_path / "round-00001" / "adapter_config.json").read_text())
+    assert conf["base_model_name_or_path"] == "qwen2.5-coder-0.5b-instruct"
+
+
 # ------------------------------------------------------------------------------------------ GRPO, updating
 @pytest.fixture(scope="module")
 def grpo_run(tiny_model_dir, tmp_path_factory):

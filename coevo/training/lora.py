@@ -73,9 +73,13 @@ def attach_lora(model, settings: LoRASettings, base_ref: str, seed: int = 0):
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))
-            return get_peft_model(model, settings.peft_config(base_ref))
+            peft_model = get_peft_model(model, settings.peft_config(base_ref))
     except (ValueError, RuntimeError) as e:
         raise AdapterError(f"lora.target_modules: PEFT cannot adapt this model: {first_line(e)}") from e
+    # PEFT renames the base to the loaded model's folder (a machine-local cache path for an embedded model);
+    # the saved adapter names base_ref, so it loads wherever that name resolves
+    peft_model.peft_config["default"].base_model_name_or_path = base_ref
+    return peft_model
 
 
 def adapter_state(peft_model) -> dict[str, Any]:
