@@ -268,8 +268,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                 cell(o["better"]),
                 o["tokens_per_valid_new"] if o["tokens_per_valid_new"] is not None else "n/a",
                 t.get("llm_samples", 0),
-                t.get("wall_s", 0),
-                t.get("peak_rss_mb", r["test_peak_rss_mb"]),
+                round(t.get("wall_s", 0)),
+                round(t.get("peak_rss_mb", r["test_peak_rss_mb"])),
             ]
         )
     head = ["arm", "model", "valid & new % before", "valid %", "valid & new %", "better %", "tokens / valid & new",
