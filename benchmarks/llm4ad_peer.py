@@ -359,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"error: --arms: unknown arm(s) {bad}; known: {list(ARMS)}", file=sys.stderr)
         return 2
+    # absolute, not resolved: the venv's python is a symlink whose own path selects the venv; the arm runs
+    # LLM4AD in its own folder, where a relative path would name nothing
+    args.llm4ad_python = os.path.abspath(args.llm4ad_python)
     if "llm4ad_eoh" in arms and not Path(args.llm4ad_python).is_file():
         print(f"error: --llm4ad-python: {args.llm4ad_python} not found; make it with --setup-venv DIR", file=sys.stderr)
         return 2
