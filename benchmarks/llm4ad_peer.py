@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     if "llm4ad_eoh" in arms and not Path(args.llm4ad_python).is_file():
         print(f"error: --llm4ad-python: {args.llm4ad_python} not found; make it with --setup-venv DIR", file=sys.stderr)
         return 2
-    out = Path(args.out)
+    out = Path(args.out).absolute()  # LLM4AD runs in its arm's folder: every path handed to it is absolute
     out.mkdir(parents=True, exist_ok=True)
     proc = None
     base_url = args.server_url
