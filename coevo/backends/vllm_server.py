@@ -22,6 +22,17 @@ class ServerStartError(RuntimeError):
     """The server exited or did not answer in time; the message ends with its log's tail."""
 
 
+def port_is_free(port: int) -> bool:
+    """Whether 127.0.0.1:``port`` can be bound (nothing listens there)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed connection's TIME_WAIT is no server
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
@@ -51,8 +62,14 @@ def start_vllm_server(
         ``(base URL ending in /v1, the server process)``; stop it with :func:`stop_process_group`.
 
     Raises:
-        ServerStartError: the server exited, or did not answer within ``timeout_s`` (then it is stopped).
+        ServerStartError: ``port`` is in use already (checked first: a server left running there would answer the
+            readiness check in place of the new one, which then exits); the server exited, or did not answer
+            within ``timeout_s`` (then it is stopped).
     """
+    if port and not port_is_free(port):
+        raise ServerStartError(
+            f"port {port} on 127.0.0.1 is in use (a server left running?); stop it or choose another port"
+        )
     port = port or free_port()
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
