@@ -86,7 +86,7 @@ def adapter_state(peft_model) -> dict[str, Any]:
     """The adapter's tensors (``peft.get_peft_model_state_dict``: PEFT's key names, as saved)."""
     from peft import get_peft_model_state_dict
 
-    return get_peft_model_state_dict(peft_model)
+    return get_peft_model_state_dict(peft_model, save_embedding_layers=False)  # as saved: see save_adapter
 
 
 def adapter_hash(peft_model) -> str:
@@ -110,7 +110,9 @@ def save_adapter(peft_model, folder: str | Path, extra: dict[str, Any] | None = 
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    peft_model.save_pretrained(str(tmp), selected_adapters=["default"])
+    # the vocabulary is never resized here, so no full embedding matrices: PEFT's "auto" would look the base name up
+    # on the Hugging Face Hub to compare vocabulary sizes (a network call, since the base is a registry name)
+    peft_model.save_pretrained(str(tmp), selected_adapters=["default"], save_embedding_layers=False)
     for name, obj in (extra or {}).items():
         torch.save(obj, tmp / f"{name}.pt")
     old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
