@@ -64,12 +64,6 @@ ARMS: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {
 }
 
 
-def last_adapter(run_dir: Path) -> Path | None:
-    """The newest adapter a sampler-training run wrote (``<run>/adapters/<evolver>/round-RRRRR``), or None."""
-    rounds = sorted(run_dir.glob("adapters/*/round-*"), key=lambda p: p.name)
-    return rounds[-1] if rounds else None
-
-
 def run_step(cmd: list[str], log: Path) -> tuple[int, float, float]:
     """Run ``cmd`` (output appended to ``log``); returns ``(exit status, wall s, peak RSS of its process tree
     in MiB)`` (``os.wait4``: the largest resident set of the process and the descendants it waited for)."""
@@ -144,18 +138,20 @@ def train(arm: str, config: str, sets: list[str], base: str, args, state: State,
         state.add(step, wall, rss, rc == 0)
         if rc != 0:
             raise SystemExit(f"training run of arm {arm} stopped (exit {rc}); rerun to resume; see {log}")
-    adapter = last_adapter(run_dir)
-    if adapter is None and not state.done(f"replay:{arm}"):  # ES arms: the weights rebuilt from the history
-        rc, wall, rss = run_step(coevo("es", "replay", "--check", str(run_dir)), log)
-        state.add(f"replay:{arm}", wall, rss, True)
-        state.data[f"replay:{arm}"]["ok"] = rc == 0
-        state.path.write_text(json.dumps(state.data, indent=1))
     with TrajectoryStore(run_dir / "store.sqlite", readonly=True) as store:
         run_id = store.run_identity(run_dir.name)
         hist = store.es_history(run_id, "es")
         samples = store.count_llm_calls(run_id)
         sampler_updates = [a.content for a in store.list_artifacts(SAMPLER_UPDATE, run_id=run_id)]
         children = training_children(store, run_id)
+    # GRPO / DPO arms: the adapter of the last update the run recorded (<run>/adapters/<evolver>/round-RRRRR;
+    # a skipped update saves its round too)
+    adapter = run_dir / max(sampler_updates, key=lambda u: u["update"])["adapter"] if sampler_updates else None
+    if adapter is None and not state.done(f"replay:{arm}"):  # ES arms: the weights rebuilt from the history
+        rc, wall, rss = run_step(coevo("es", "replay", "--check", str(run_dir)), log)
+        state.add(f"replay:{arm}", wall, rss, True)
+        state.data[f"replay:{arm}"]["ok"] = rc == 0
+        state.path.write_text(json.dumps(state.data, indent=1))
     info = state.data[step]
     applied = [u for u in sampler_updates if u.get("skipped") is None]
     return {
@@ -197,12 +193,13 @@ def training_children(store, run_id: str) -> dict[str, Any]:
     }
 
 
-def export_step(arm: str, run_dir: Path, args, state: State, log: Path) -> Path:
+def export_step(arm: str, trained: dict[str, Any], args, state: State, log: Path) -> Path:
     """What the after-test samples: on ``--backend hf`` the run folder ``run_dir`` itself (ES: weights rebuilt
     from its history on HF float32) or its last adapter (GRPO / DPO: merged on HF float32); on ``vllm`` the
     folder ``coevo es export`` / ``coevo model merge`` writes from it (``<run_dir>-export``), which vLLM loads
-    like any model folder (bfloat16 on the CPU, as the frozen arms)."""
-    adapter = last_adapter(run_dir)
+    like any model folder (bfloat16 on the CPU, as the frozen arms). ``trained``: the arm's row from :func:`train`."""
+    run_dir = Path(trained["run_dir"])
+    adapter = Path(trained["adapter"]) if trained["adapter"] else None
     if args.backend == "hf":
         return adapter or run_dir
     out = run_dir.with_name(f"{run_dir.name}-export")
@@ -329,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         if config:
             row["train"] = train(arm, config, list(sets), model, args, state, log)
-            trained = export_step(arm, Path(row["train"]["run_dir"]), args, state, log)
+            trained = export_step(arm, row["train"], args, state, log)
             row["after"] = sampler_test(str(trained), tests / f"{arm}-after", args, state, log)
         done[arm] = row
         results_path.write_text("".join(json.dumps(r) + "\n" for r in done.values()))

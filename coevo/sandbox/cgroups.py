@@ -206,11 +206,11 @@ def detect() -> CgroupLayout | None:
         return None
     own, mounts = _own_paths(), _mounts()
     layout = _detect_v2(own, mounts) or _detect_v1(own, mounts)
-    if layout is not None:  # what SIGKILLed runs left behind (v2: beside this process's coevo-<pid>)
-        for parent in layout.parents.values():
-            sweep_stale(parent if layout.version == 1 else os.path.dirname(parent))
     if layout is None:
         log.info("no writable cgroup hierarchy: per-evaluation limits fall back to rlimits")
+        return None
+    for parent in layout.parents.values():  # what SIGKILLed runs left behind (v2: beside this process's coevo-<pid>)
+        sweep_stale(parent if layout.version == 1 else os.path.dirname(parent))
     return layout
 
 
